@@ -1,0 +1,3 @@
+module github.com/hermesfs/hermesfs
+
+go 1.26.8
