@@ -1,0 +1,144 @@
+package uploader
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+)
+
+// Store is a flat namespace of immutable-while-read objects: a local
+// directory, an S3 bucket prefix. Keys are slash-separated relative paths
+// (see ValidKey).
+//
+// All methods may be called concurrently. Errors:
+//   - a missing key satisfies errors.Is(err, io/fs.ErrNotExist);
+//   - a failed put condition satisfies errors.Is(err, ErrPrecondition);
+//   - errors that cannot succeed on retry are marked (IsPermanent); anything
+//     else may be transient, and WithRetry retries it.
+type Store interface {
+	// Put stores the object read from r under key. size is the number of
+	// bytes r yields, or -1 if unknown; a reader that yields a different
+	// number fails the put. Readers of key see the previous object or the
+	// whole new one, never a part, and a failed put leaves the previous
+	// object in place. r is read from its current position; Put does not
+	// close it. The returned ObjectInfo has Key, Size and ETag set (ModTime
+	// may be zero).
+	Put(ctx context.Context, key string, r io.Reader, size int64, opts PutOptions) (ObjectInfo, error)
+
+	// Get opens length bytes of key from offset off (length -1: to the end;
+	// a range past the end is cut at the end). off may equal the size
+	// (an empty read); a larger off fails with ErrInvalidRange. The
+	// ObjectInfo describes the whole object whose bytes the reader returns
+	// (Size is its total size), so a caller can resume a broken read with
+	// a second Get and check the ETag is unchanged. The caller closes the
+	// reader.
+	Get(ctx context.Context, key string, off, length int64) (io.ReadCloser, ObjectInfo, error)
+
+	// Stat describes key.
+	Stat(ctx context.Context, key string) (ObjectInfo, error)
+
+	// List calls fn for each object whose key starts with prefix (any
+	// string, not only a directory), in ascending byte order of keys,
+	// serially on the caller's goroutine. Objects put or deleted while List
+	// runs may or may not be seen. An error from fn stops the listing and
+	// is returned as is.
+	List(ctx context.Context, prefix string, fn func(ObjectInfo) error) error
+
+	// Delete removes key. Deleting a missing key is not an error.
+	Delete(ctx context.Context, key string) error
+}
+
+// PutOptions are conditions on a Put, checked atomically with the write
+// (across processes and hosts, as far as the store allows: S3 conditional
+// writes, an flock for the local store).
+type PutOptions struct {
+	// IfNoneMatch makes the put create-only: it fails with ErrPrecondition
+	// if key exists.
+	IfNoneMatch bool
+	// IfMatch, if set, is the ETag the current object must have; the put
+	// fails with ErrPrecondition otherwise (including when key is missing).
+	IfMatch string
+}
+
+// ObjectInfo describes one stored object.
+type ObjectInfo struct {
+	Key  string
+	Size int64
+	// ETag identifies the object's content version; it is opaque: compare
+	// it only for equality, and only with ETags from the same store.
+	ETag    string
+	ModTime time.Time
+}
+
+var (
+	// ErrPrecondition is a failed PutOptions condition (HTTP 412, or the
+	// key already exists for IfNoneMatch).
+	ErrPrecondition = errors.New("precondition failed")
+	// ErrInvalidRange is a Get whose offset is past the end of the object.
+	ErrInvalidRange = errors.New("invalid range")
+	// ErrInvalidKey is a key that ValidKey rejects.
+	ErrInvalidKey = errors.New("invalid key")
+)
+
+// ValidKey reports whether key may name an object in every Store: a
+// non-empty slash-separated relative path without empty, "." or ".."
+// components, without NUL bytes, and without components starting with
+// ".hermesfs-" (reserved for the local store's temporary and lock files).
+func ValidKey(key string) error {
+	if key == "" || len(key) > 1024 {
+		return fmt.Errorf("%w %q: empty or longer than 1024 bytes", ErrInvalidKey, key)
+	}
+	if strings.ContainsRune(key, 0) {
+		return fmt.Errorf("%w %q: contains NUL", ErrInvalidKey, key)
+	}
+	for c := range strings.SplitSeq(key, "/") {
+		switch {
+		case c == "" || c == "." || c == "..":
+			return fmt.Errorf("%w %q: empty, \".\" or \"..\" path component", ErrInvalidKey, key)
+		case strings.HasPrefix(c, reservedPrefix):
+			return fmt.Errorf("%w %q: names starting with %q are reserved", ErrInvalidKey, key, reservedPrefix)
+		}
+	}
+	return nil
+}
+
+const reservedPrefix = ".hermesfs-"
+
+// checkPutArgs validates what every Put implementation checks first.
+func checkPutArgs(key string, opts PutOptions) error {
+	if err := ValidKey(key); err != nil {
+		return Permanent(err)
+	}
+	if opts.IfNoneMatch && opts.IfMatch != "" {
+		return Permanent(fmt.Errorf("put %s: IfNoneMatch and IfMatch together: %w", key, ErrInvalidKey))
+	}
+	return nil
+}
+
+// CheckGetArgs validates a Get's key and range; Store implementations
+// outside this package use it too.
+func CheckGetArgs(key string, off, length int64) error {
+	if err := ValidKey(key); err != nil {
+		return Permanent(err)
+	}
+	if off < 0 || length < -1 {
+		return Permanent(fmt.Errorf("get %s: offset %d length %d: %w", key, off, length, ErrInvalidRange))
+	}
+	return nil
+}
+
+// CheckPutArgs is checkPutArgs for Store implementations outside this
+// package.
+func CheckPutArgs(key string, opts PutOptions) error { return checkPutArgs(key, opts) }
+
+// emptyReader is the body of a zero-length Get.
+type emptyReader struct{}
+
+func (emptyReader) Read([]byte) (int, error) { return 0, io.EOF }
+func (emptyReader) Close() error             { return nil }
+
+// EmptyBody is a ReadCloser with no bytes, for zero-length Gets.
+func EmptyBody() io.ReadCloser { return emptyReader{} }
