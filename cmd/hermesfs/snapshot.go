@@ -4,15 +4,53 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 )
 
 func init() {
+	var stateDir string
 	register(&command{
 		name:    "snapshot",
 		summary: "take a snapshot of a running mount now and print its id",
-		usage:   "[flags] MOUNTPOINT",
+		usage:   "[--state-dir DIR] MOUNTPOINT",
+		help: `
+Asks the daemon of MOUNTPOINT to snapshot now, as its timer would: freeze,
+pack the merged tree, upload, publish. Prints the new snapshot id once it is
+published. When nothing changed since the last published snapshot nothing is
+uploaded, and that snapshot's id is printed with "(unchanged)".
+
+Exit codes: 0 published (or unchanged), 1 failed (the local state is kept and
+the daemon retries at its next tick), 4 another host took the store over.
+
+Example:
+  hermesfs snapshot ~/.hermes`,
+		flags: func(fs *flag.FlagSet) {
+			fs.StringVar(&stateDir, "state-dir", "", "state dir of the mount, if not the default (env HERMESFS_STATE_DIR)")
+		},
 		run: func(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error {
-			return errors.New("not implemented yet")
+			if len(args) != 1 {
+				return usageError("want one MOUNTPOINT")
+			}
+			loc, err := locateDaemon(e, args[0], stateDir)
+			if err != nil {
+				return err
+			}
+			resp, err := controlCall(ctx, loc.Socket, controlRequest{Op: "snapshot"})
+			if errors.Is(err, errNoDaemon) {
+				return fmt.Errorf("%s: %w", loc.Mountpoint, err)
+			}
+			if err != nil {
+				return err
+			}
+			if resp.Snapshot == nil {
+				return errors.New("empty answer from the daemon")
+			}
+			if resp.Snapshot.Unchanged {
+				fmt.Fprintf(e.stdout, "%s (unchanged)\n", orNone(resp.Snapshot.ID))
+				return nil
+			}
+			fmt.Fprintln(e.stdout, resp.Snapshot.ID)
+			return nil
 		},
 	})
 }

@@ -4,15 +4,80 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
+	"os/exec"
+	"syscall"
 )
 
 func init() {
+	var stateDir string
 	register(&command{
 		name:    "umount",
 		summary: "take a final snapshot, then unmount",
-		usage:   "[flags] MOUNTPOINT",
+		usage:   "[--state-dir DIR] MOUNTPOINT",
+		help: `
+Asks the daemon of MOUNTPOINT to stop, exactly as SIGTERM does: final
+snapshot and upload, unmount, exit. Waits for it and prints the final
+snapshot id. The exit code is the daemon's: 0 all published, 5 the final
+upload failed (the local changes are kept in the state dir and published by
+the next 'hermesfs mount').
+
+If no daemon answers but something is still mounted there (the daemon was
+killed), the mount is detached and the message says so; local changes stay in
+the state dir for the next mount.
+
+Example:
+  hermesfs umount ~/.hermes`,
+		flags: func(fs *flag.FlagSet) {
+			fs.StringVar(&stateDir, "state-dir", "", "state dir of the mount, if not the default (env HERMESFS_STATE_DIR)")
+		},
 		run: func(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error {
-			return errors.New("not implemented yet")
+			if len(args) != 1 {
+				return usageError("want one MOUNTPOINT")
+			}
+			loc, err := locateDaemon(e, args[0], stateDir)
+			if err != nil {
+				return err
+			}
+			resp, err := controlCall(ctx, loc.Socket, controlRequest{Op: "shutdown"})
+			if errors.Is(err, errNoDaemon) {
+				if !isMountpoint(loc.Mountpoint) {
+					return fmt.Errorf("%s: %w, and nothing is mounted there", loc.Mountpoint, err)
+				}
+				if err := detach(loc.Mountpoint); err != nil {
+					return fmt.Errorf("%s: no daemon answers and detaching the stale mount failed: %w", loc.Mountpoint, err)
+				}
+				fmt.Fprintf(e.stdout, "no daemon answered; detached the stale mount at %s (local changes stay in %s for the next mount)\n", loc.Mountpoint, loc.StateDir)
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			r := resp.Shutdown
+			if r == nil {
+				return errors.New("empty answer from the daemon")
+			}
+			if r.FinalID != "" {
+				fmt.Fprintln(e.stdout, r.FinalID)
+			}
+			if r.Code != exitOK {
+				return withCode(r.Code, errors.New(r.Error))
+			}
+			return nil
 		},
 	})
+}
+
+// detach lazily unmounts a FUSE mount whose daemon is gone: umount2 with
+// MNT_DETACH as root, else fusermount3 -uz.
+func detach(mountpoint string) error {
+	err := syscall.Unmount(mountpoint, syscall.MNT_DETACH)
+	if err == nil {
+		return nil
+	}
+	out, ferr := exec.Command("fusermount3", "-uz", mountpoint).CombinedOutput()
+	if ferr != nil {
+		return fmt.Errorf("umount: %v; fusermount3: %v: %s", err, ferr, out)
+	}
+	return nil
 }

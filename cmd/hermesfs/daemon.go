@@ -1,0 +1,659 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+)
+
+// daemon is one running `hermesfs mount`: the mount, its state dir, the
+// store, and the snapshot schedule. See the README section "hermesfs mount"
+// for the behaviour; the comments here say why it is built this way.
+type daemon struct {
+	cfg   *mountConfig
+	e     *env
+	log   *slog.Logger
+	parts parts
+	sd    *stateDir
+	cat   catalog
+	lease lease
+	host  string // hostname/per-state-dir random id: the lease holder
+
+	ov overlay
+
+	// snapMu serialises snapshots: the periodic tick, `hermesfs snapshot`
+	// and the final one never overlap.
+	snapMu sync.Mutex
+
+	mu sync.Mutex // guards everything below
+	st persistedState
+	// publishedGen is the overlay generation of the last published view;
+	// pending is true while the upper layer holds changes from before this
+	// mount that no snapshot has (a crash, a failed final upload).
+	publishedGen uint64
+	pending      bool
+	// expect is the LATEST value the next publish must replace: our last
+	// published id normally, another host's with --on-conflict keep-local.
+	expect     string
+	last       *snapshotRecord
+	count      int
+	nextDue    time.Time
+	inProgress bool
+	lastErr    string
+	lastErrAt  time.Time
+	leaseState string
+	started    time.Time
+
+	// publishedSHA is the sha256 of the archive of LastPublished.
+	publishedSHA string
+
+	stopOnce  sync.Once
+	stopCh    chan struct{}
+	result    shutdownResult // set before resultSet is closed
+	resultSet chan struct{}
+}
+
+// runDaemon runs the daemon in the foreground until a signal (ctx),
+// `hermesfs umount` or the mount going away; it returns the exit error.
+func runDaemon(ctx context.Context, e *env, cfg *mountConfig, p parts) (err error) {
+	d := &daemon{
+		cfg: cfg, e: e, parts: p,
+		stopCh:    make(chan struct{}),
+		resultSet: make(chan struct{}),
+		started:   time.Now(),
+	}
+	logOut := os.Stderr
+	d.log = newLogger(logOut, cfg.LogFormat, cfg.LogLevel).With("component", "daemon")
+
+	// Shutdown must run to its end even though ctx (the signal) is done:
+	// bootCtx is the signal context only while booting.
+	if err := d.boot(ctx); err != nil {
+		d.cleanupBoot()
+		return err
+	}
+	return d.serve(ctx)
+}
+
+func (d *daemon) setErr(err error) {
+	d.mu.Lock()
+	d.lastErr, d.lastErrAt = err.Error(), time.Now()
+	d.mu.Unlock()
+}
+
+// boot goes from nothing to a ready mount.
+func (d *daemon) boot(ctx context.Context) error {
+	cfg := d.cfg
+	if cfg.StateDir == "" {
+		sd, err := defaultStateDir(cfg.Mountpoint, os.Getuid(), d.e.getenv)
+		if err != nil {
+			return err
+		}
+		cfg.StateDir = sd
+	}
+	fi, err := os.Stat(cfg.Mountpoint)
+	if err != nil {
+		return fmt.Errorf("mountpoint: %w (create the directory first)", err)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("mountpoint %s: not a directory", cfg.Mountpoint)
+	}
+	if isMountpoint(cfg.Mountpoint) {
+		if loc, err := locateDaemon(d.e, cfg.Mountpoint, cfg.StateDir); err == nil {
+			if _, err := controlCall(ctx, loc.Socket, controlRequest{Op: "status"}); err == nil {
+				return fmt.Errorf("%s is already mounted by a running hermesfs", cfg.Mountpoint)
+			}
+		}
+		d.log.Warn("something is mounted at the mountpoint already; mounting over it", "mountpoint", cfg.Mountpoint)
+	}
+
+	sd, err := openStateDir(cfg.StateDir)
+	if err != nil {
+		return err
+	}
+	d.sd = sd
+	d.st, err = sd.load()
+	if err != nil {
+		return err
+	}
+	if d.st.Mountpoint != "" && d.st.Mountpoint != cfg.Mountpoint {
+		return usageError("state dir %s belongs to mountpoint %s, not %s", sd.path, d.st.Mountpoint, cfg.Mountpoint)
+	}
+	if d.st.Host == "" {
+		d.st.Host = newHostID()
+	}
+	d.host = d.st.Host
+	d.st.Mountpoint = cfg.Mountpoint
+	d.st.Store = d.parts.storeURL(cfg)
+	d.log = d.log.With("mountpoint", cfg.Mountpoint)
+
+	d.cat, err = d.parts.openCatalog(ctx, cfg, sd.path)
+	if err != nil {
+		return fmt.Errorf("store %s: %w", d.st.Store, err)
+	}
+
+	if cfg.ReadOnly {
+		d.leaseState = "none"
+	} else {
+		d.lease, err = d.cat.Lease(ctx, d.host)
+		if err != nil {
+			if errors.Is(err, errLeaseHeld) {
+				return withCode(exitConflict, fmt.Errorf("%w (use --read-only to mount the newest snapshot read-only)", err))
+			}
+			return fmt.Errorf("lease: %w", err)
+		}
+		d.leaseState = "held"
+	}
+
+	lower, err := d.decideBase(ctx)
+	if err != nil {
+		return err
+	}
+	d.ov, err = d.parts.mount(ctx, d, lower)
+	if err != nil {
+		return fmt.Errorf("mount %s: %w", cfg.Mountpoint, err)
+	}
+	d.publishedGen = d.ov.Generation()
+	d.st.CleanShutdown = false
+	if !cfg.ReadOnly {
+		// While the daemon runs the upper layer may hold anything: a
+		// crash from here on must publish it at the next start.
+		d.st.Unpublished = true
+		if err := sd.save(d.st); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// cleanupBoot undoes what a failed boot set up.
+func (d *daemon) cleanupBoot() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if d.ov != nil {
+		d.ov.Unmount(ctx)
+	}
+	if d.lease != nil {
+		d.lease.Release(ctx)
+	}
+	if d.cat != nil {
+		d.cat.Close()
+	}
+	if d.sd != nil {
+		d.sd.close()
+	}
+}
+
+// decideBase chooses the lower archive and whether the upper layer must
+// be published, and returns the archive's path ("" = empty lower).
+func (d *daemon) decideBase(ctx context.Context) (string, error) {
+	cfg, st := d.cfg, &d.st
+	latest, err := d.cat.Latest(ctx)
+	if err != nil {
+		return "", fmt.Errorf("store %s: read LATEST: %w", st.Store, err)
+	}
+	if cfg.ReadOnly {
+		// A read-only mount shows the newest snapshot, nothing local.
+		if latest.ID == "" {
+			return "", nil
+		}
+		return d.fetchBase(ctx, latest.ID)
+	}
+
+	upperEmpty, err := dirEmpty(d.sd.upper())
+	if err != nil {
+		return "", fmt.Errorf("state dir: %w", err)
+	}
+	local := !upperEmpty && (st.Unpublished || !st.CleanShutdown)
+	if !upperEmpty && !local {
+		// A clean shutdown that could not rebase: the upper is in
+		// LastPublished, mounting base + upper shows that same tree.
+		local = latest.ID != st.LastPublished
+	}
+	if local {
+		ours := st.LastPublished
+		if ours == "" {
+			ours = st.Base
+		}
+		switch {
+		case latest.ID == "" || latest.ID == st.Base || latest.ID == st.LastPublished:
+			d.pending, d.expect = true, latest.ID
+			d.log.Info("local changes found in the state dir; mounting them over their base and publishing them", "base", orNone(st.Base), "latest", orNone(latest.ID))
+			return d.baseFile(ctx, st.Base, st.BaseSHA256)
+		case cfg.OnConflict == "keep-local":
+			d.pending, d.expect = true, latest.ID
+			d.log.Warn("another host published since our changes; keeping ours (--on-conflict keep-local): the next snapshot replaces theirs as LATEST", "ours", orNone(ours), "theirs", latest.ID)
+			return d.baseFile(ctx, st.Base, st.BaseSHA256)
+		case cfg.OnConflict == "discard-local":
+			to, err := setAside(d.sd.upper(), "discarded")
+			if err != nil {
+				return "", err
+			}
+			if err := os.MkdirAll(d.sd.upper(), 0o700); err != nil {
+				return "", err
+			}
+			d.log.Warn("another host published since our changes; discarding ours (--on-conflict discard-local): moved aside, not deleted", "ours", orNone(ours), "theirs", latest.ID, "moved_to", to)
+			st.LastPublished, st.Unpublished = "", false
+		default:
+			return "", withCode(exitConflict, fmt.Errorf(
+				"the state dir %s holds local changes based on snapshot %s, but another host has published %s since; "+
+					"choose with --on-conflict keep-local (publish ours over theirs) or --on-conflict discard-local (set ours aside and mount theirs)",
+				d.sd.path, orNone(ours), latest.ID))
+		}
+	} else if !upperEmpty {
+		// Everything in the upper layer is in LATEST (our last snapshot).
+		d.expect = latest.ID
+		return d.baseFile(ctx, st.Base, st.BaseSHA256)
+	}
+
+	d.expect = latest.ID
+	if latest.ID != "" {
+		return d.fetchBase(ctx, latest.ID)
+	}
+	// An empty store. A non-empty directory at the mountpoint (a user's
+	// real home) becomes the first snapshot, so nothing is hidden by the
+	// mount and the original stays untouched underneath.
+	empty, err := dirEmpty(cfg.Mountpoint)
+	if err != nil {
+		return "", fmt.Errorf("mountpoint: %w", err)
+	}
+	if empty {
+		d.log.Info("empty store and empty mountpoint: starting from an empty tree")
+		st.Base, st.BaseSHA256 = "", ""
+		return "", nil
+	}
+	return d.seed(ctx)
+}
+
+// seed publishes the mountpoint directory's contents as the first snapshot
+// and makes it the base.
+func (d *daemon) seed(ctx context.Context) (string, error) {
+	t0 := time.Now()
+	tmp := filepath.Join(d.sd.packDir(), "seed.sqfs")
+	ps, err := d.parts.packDir(ctx, d.cfg.Mountpoint, tmp)
+	if err != nil {
+		return "", fmt.Errorf("seed from %s: %w", d.cfg.Mountpoint, err)
+	}
+	defer os.Remove(tmp)
+	packTime := time.Since(t0)
+	t1 := time.Now()
+	pr, err := d.cat.Publish(ctx, tmp, publishMeta{Files: ps.Files, Host: d.host}, "")
+	if err != nil {
+		return "", fmt.Errorf("seed from %s: publish: %w", d.cfg.Mountpoint, err)
+	}
+	path, err := d.adopt(tmp, pr.ID, ps.SHA256)
+	if err != nil {
+		return "", err
+	}
+	d.log.Info("seeded the store from the existing directory", "id", pr.ID, "files", ps.Files,
+		"bytes_packed", ps.BytesPacked, "size", ps.Size, "pack", packTime.Round(time.Millisecond), "upload", time.Since(t1).Round(time.Millisecond))
+	d.st.Base, d.st.BaseSHA256, d.st.LastPublished, d.st.PublishedAt = pr.ID, ps.SHA256, pr.ID, time.Now().UTC()
+	d.expect = pr.ID
+	return path, d.sd.save(d.st)
+}
+
+// adopt moves a published archive into the cache as cache/<id>.sqfs.
+func (d *daemon) adopt(path, id, sha string) (string, error) {
+	dst := d.sd.cached(id)
+	if err := os.Rename(path, dst); err != nil {
+		return "", fmt.Errorf("cache %s: %w", id, err)
+	}
+	if err := syncDir(d.sd.cacheDir()); err != nil {
+		return "", err
+	}
+	return dst, nil
+}
+
+// baseFile returns the cached archive of base, downloading it again if
+// the cache lost it. "" is the empty lower layer.
+func (d *daemon) baseFile(ctx context.Context, base, sha string) (string, error) {
+	if base == "" {
+		return "", nil
+	}
+	p := d.sd.cached(base)
+	if _, err := os.Stat(p); err == nil {
+		return p, nil
+	}
+	d.log.Warn("the base snapshot is missing from the cache; downloading it", "base", base)
+	got, _, err := d.cat.Fetch(ctx, base, p)
+	if err != nil {
+		return "", fmt.Errorf("base snapshot %s (the upper layer's changes are relative to it): %w", base, err)
+	}
+	if sha != "" && got.SHA256 != "" && got.SHA256 != sha {
+		return "", withCode(exitCorrupt, fmt.Errorf("base snapshot %s: sha256 %s in the store, %s recorded locally", base, got.SHA256, sha))
+	}
+	return p, nil
+}
+
+// fetchBase makes snapshot id (or an older one that verifies) the base:
+// from the cache when it holds it, else a verified download.
+func (d *daemon) fetchBase(ctx context.Context, id string) (string, error) {
+	st := &d.st
+	if id == st.Base && st.BaseSHA256 != "" {
+		p := d.sd.cached(id)
+		if ok, _ := fileHasSHA256(p, st.BaseSHA256); ok {
+			d.log.Info("base snapshot is in the cache", "id", id)
+			return p, nil
+		}
+	}
+	t0 := time.Now()
+	tmp := filepath.Join(d.sd.cacheDir(), "download.sqfs")
+	got, skipped, err := d.cat.Fetch(ctx, "", tmp)
+	if err != nil {
+		os.Remove(tmp)
+		return "", fmt.Errorf("restore newest snapshot: %w", err)
+	}
+	for _, s := range skipped {
+		d.log.Error("snapshot is corrupt in the store; fell back to an older one", "corrupt", s, "using", got.ID)
+		d.setErr(fmt.Errorf("snapshot %s is corrupt in the store; booted from %s", s, got.ID))
+	}
+	p, err := d.adopt(tmp, got.ID, got.SHA256)
+	if err != nil {
+		return "", err
+	}
+	d.log.Info("restored snapshot", "id", got.ID, "size", got.Size, "took", time.Since(t0).Round(time.Millisecond))
+	st.Base, st.BaseSHA256 = got.ID, got.SHA256
+	if st.LastPublished != got.ID {
+		st.LastPublished = "" // published by another host, or long ago
+	}
+	d.expect = latestOr(got.ID, skipped)
+	d.cleanCache(got.ID)
+	return p, d.sd.save(*st)
+}
+
+// latestOr is the LATEST value a publish must replace: the newest id even
+// when it was corrupt (LATEST still names it).
+func latestOr(got string, skipped []string) string {
+	if len(skipped) > 0 {
+		return skipped[0]
+	}
+	return got
+}
+
+// cleanCache removes cached archives other than keep.
+func (d *daemon) cleanCache(keep string) {
+	names, _ := filepath.Glob(filepath.Join(d.sd.cacheDir(), "*.sqfs"))
+	for _, n := range names {
+		if filepath.Base(n) != keep+".sqfs" {
+			os.Remove(n)
+		}
+	}
+}
+
+func fileHasSHA256(path, want string) (bool, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return false, err
+	}
+	return hex.EncodeToString(h.Sum(nil)) == want, nil
+}
+
+func newHostID() string {
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		h = "host"
+	}
+	var b [4]byte
+	rand.Read(b[:])
+	return strings.ReplaceAll(h, "/", "_") + "-" + hex.EncodeToString(b[:])
+}
+
+// serve runs a ready mount until it is told to stop, then shuts down.
+func (d *daemon) serve(ctx context.Context) error {
+	cfg := d.cfg
+	ctl, err := listenControl(d.sd.socket(), d, d.log)
+	if err != nil {
+		d.cleanupBoot()
+		return err
+	}
+	rdir := runtimeDir(os.Getuid(), d.e.getenv)
+	if err := registerMount(rdir, registryEntry{Mountpoint: cfg.Mountpoint, StateDir: d.sd.path, Socket: d.sd.socket(), PID: os.Getpid()}); err != nil {
+		d.log.Warn("cannot register the mount for 'hermesfs status'", "err", err)
+	}
+	defer unregisterMount(rdir, cfg.Mountpoint, os.Getpid())
+
+	base := d.st.Base
+	fmt.Fprintf(d.e.stdout, "ready %s snapshot=%s store=%s\n", cfg.Mountpoint, orNone(base), d.st.Store)
+	if f, ok := d.e.stdout.(interface{ Sync() error }); ok {
+		f.Sync()
+	}
+	if err := sdNotify(d.e.getenv, fmt.Sprintf("READY=1\nSTATUS=mounted %s from snapshot %s\nMAINPID=%d", cfg.Mountpoint, orNone(base), os.Getpid())); err != nil {
+		d.log.Warn("sd_notify", "err", err)
+	}
+	d.log.Info("ready", "snapshot", orNone(base), "store", d.st.Store, "state_dir", d.sd.path, "interval", cfg.Interval, "read_only", cfg.ReadOnly)
+
+	var tick <-chan time.Time
+	if cfg.Interval > 0 && !cfg.ReadOnly {
+		t := time.NewTicker(cfg.Interval)
+		defer t.Stop()
+		tick = t.C
+		d.mu.Lock()
+		d.nextDue = time.Now().Add(cfg.Interval)
+		d.mu.Unlock()
+	}
+	var wd <-chan time.Time
+	if iv := watchdogInterval(d.e.getenv, os.Getpid()); iv > 0 {
+		t := time.NewTicker(iv)
+		defer t.Stop()
+		wd = t.C
+	}
+	var lost <-chan struct{}
+	if d.lease != nil {
+		lost = d.lease.Lost()
+	}
+	// Changes left by a crash or a failed final upload go out right away.
+	kick := make(chan struct{}, 1)
+	if d.pending {
+		kick <- struct{}{}
+	}
+	// Periodic snapshots run on their own goroutine so that a signal
+	// arriving mid-pack is seen at once; the final snapshot waits for it.
+	var bg sync.WaitGroup
+	runSnap := func(reason string) {
+		bg.Add(1)
+		go func() {
+			defer bg.Done()
+			if !d.snapMu.TryLock() {
+				return // one is running; the next tick catches up
+			}
+			d.snapMu.Unlock()
+			d.snapshotNow(context.WithoutCancel(ctx), reason)
+		}()
+	}
+
+	why := ""
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			why = "signal"
+			break loop
+		case <-d.stopCh:
+			why = "hermesfs umount"
+			break loop
+		case <-d.ov.Done():
+			why = "the mount went away (unmounted from outside?)"
+			break loop
+		case <-lost:
+			lost = nil
+			d.mu.Lock()
+			d.leaseState = "lost"
+			d.mu.Unlock()
+			err := fmt.Errorf("%w: the lease was taken over; this host no longer publishes (local state kept, mount still served)", errLeaseHeld)
+			d.log.Error("lease lost", "err", err)
+			d.setErr(err)
+			sdNotify(d.e.getenv, "STATUS=lease lost: not publishing")
+		case <-tick:
+			d.mu.Lock()
+			d.nextDue = time.Now().Add(cfg.Interval)
+			d.mu.Unlock()
+			runSnap("interval")
+		case <-kick:
+			runSnap("unpublished local changes")
+		case <-wd:
+			sdNotify(d.e.getenv, "WATCHDOG=1")
+		}
+	}
+	d.log.Info("stopping", "why", why)
+	sdNotify(d.e.getenv, "STOPPING=1\nSTATUS=final snapshot")
+	ctl.stopAccepting()
+	res := d.stop(bg.Wait)
+	d.result = res
+	close(d.resultSet)
+	ctl.close(5 * time.Second)
+	if res.Code != exitOK {
+		return withCode(res.Code, errors.New(res.Error))
+	}
+	return nil
+}
+
+// stop takes the final snapshot with the mount live, unmounts and
+// rebases, all within the stop timeout.
+func (d *daemon) stop(waitBg func()) shutdownResult {
+	cfg := d.cfg
+	deadline := time.Now().Add(cfg.StopTimeout)
+	// Keep a part of the budget for the unmount.
+	reserve := min(10*time.Second, cfg.StopTimeout/4)
+	snapCtx, cancel := context.WithDeadline(context.Background(), deadline.Add(-reserve))
+	defer cancel()
+
+	res := shutdownResult{Code: exitOK}
+	var finalGen uint64
+	gone := false
+	select {
+	case <-d.ov.Done():
+		gone = true
+	default:
+	}
+	switch {
+	case cfg.ReadOnly:
+	case gone:
+		// Nothing can be frozen any more; the upper layer is intact on
+		// disk and the next start publishes it.
+		res.Code, res.Error = exitUnsynced, "the mount went away before a final snapshot; local changes are kept in the state dir and published by the next start"
+	default:
+		// A periodic snapshot in progress finishes (or fails) first; its
+		// context is bounded by the same deadline via snapCtx below.
+		done := make(chan struct{})
+		go func() { d.snapMu.Lock(); d.snapMu.Unlock(); close(done) }()
+		select {
+		case <-done:
+		case <-snapCtx.Done():
+		}
+		r, err := d.snapshotNow(snapCtx, "final")
+		if err != nil {
+			res.Code, res.Error = exitUnsynced, fmt.Sprintf("final snapshot failed: %v; local changes are kept in %s and published by the next start", err, d.sd.path)
+			if errors.Is(err, errLeaseHeld) {
+				res.Code = exitConflict
+			}
+		} else {
+			res.FinalID = r.ID
+		}
+		d.mu.Lock()
+		finalGen = d.publishedGen
+		d.mu.Unlock()
+	}
+
+	uctx, ucancel := context.WithDeadline(context.Background(), deadline.Add(reserve/2))
+	defer ucancel()
+	if err := d.ov.Unmount(uctx); err != nil {
+		d.log.Error("unmount", "err", err)
+		if res.Code == exitOK {
+			res.Code, res.Error = exitFailure, fmt.Sprintf("unmount: %v", err)
+		}
+	}
+	// Snapshot goroutines see the cancelled mount and return.
+	waitDone := make(chan struct{})
+	go func() { waitBg(); close(waitDone) }()
+	select {
+	case <-waitDone:
+	case <-time.After(time.Until(deadline) + reserve):
+	}
+
+	if !cfg.ReadOnly {
+		d.finish(res.Code == exitOK && !gone, finalGen)
+	}
+	if d.lease != nil {
+		rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if err := d.lease.Release(rctx); err != nil {
+			d.log.Warn("lease release", "err", err)
+		}
+		rcancel()
+	}
+	d.cat.Close()
+	d.sd.close()
+	if res.Code == exitOK {
+		d.log.Info("stopped", "final_snapshot", orNone(res.FinalID))
+	} else {
+		d.log.Error("stopped with unpublished changes", "err", res.Error, "code", res.Code)
+	}
+	return res
+}
+
+// finish records the state for the next start. When the final snapshot
+// holds the whole tree (no mutation after its freeze), it becomes the new
+// base and the upper layer is set aside: the next start needs neither a
+// download nor the old upper layer.
+func (d *daemon) finish(synced bool, finalGen uint64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	st := &d.st
+	rebase := synced && d.ov.Generation() == finalGen && st.LastPublished != ""
+	if rebase && st.LastPublished != st.Base {
+		if _, err := os.Stat(filepath.Join(d.sd.packDir(), st.LastPublished+".sqfs")); err != nil {
+			rebase = false
+		}
+	}
+	if rebase {
+		if st.LastPublished != st.Base {
+			if _, err := d.adopt(filepath.Join(d.sd.packDir(), st.LastPublished+".sqfs"), st.LastPublished, ""); err != nil {
+				d.log.Warn("rebase: keeping base + upper", "err", err)
+				rebase = false
+			}
+		}
+	}
+	if rebase {
+		newSHA := st.BaseSHA256
+		if st.LastPublished != st.Base {
+			newSHA = d.publishedSHA
+		}
+		// The upper layer moves aside before state.json names the new
+		// base: a crash in between leaves an empty upper over the old
+		// base, and the next start downloads LATEST (= the new base).
+		aside, err := setAside(d.sd.upper(), "rebased")
+		if err != nil {
+			d.log.Warn("rebase: keeping base + upper", "err", err)
+		} else {
+			os.MkdirAll(d.sd.upper(), 0o700)
+			oldBase := st.Base
+			st.Base, st.BaseSHA256 = st.LastPublished, newSHA
+			st.Unpublished, st.CleanShutdown = false, true
+			if err := d.sd.save(*st); err != nil {
+				d.log.Error("state", "err", err)
+			}
+			os.RemoveAll(aside)
+			d.cleanCache(st.Base)
+			d.log.Info("rebased: the final snapshot is the new base", "base", st.Base, "previous", orNone(oldBase))
+			return
+		}
+	}
+	st.Unpublished = !synced || d.ov.Generation() != finalGen
+	st.CleanShutdown = synced
+	if err := d.sd.save(*st); err != nil {
+		d.log.Error("state", "err", err)
+	}
+}

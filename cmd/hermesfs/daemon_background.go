@@ -1,0 +1,135 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// runBackground starts the daemon again as a child in its own session
+// (so a terminal's signals do not reach it), working directory "/" (never
+// inside the mount, which would keep it busy), output appended to the log
+// file. It returns once the child printed its ready line (echoed here) or
+// exited (its exit code, and the last lines it logged).
+func runBackground(ctx context.Context, e *env, cfg *mountConfig, fset *flag.FlagSet) error {
+	stateDir := cfg.StateDir
+	if stateDir == "" {
+		var err error
+		if stateDir, err = defaultStateDir(cfg.Mountpoint, os.Getuid(), e.getenv); err != nil {
+			return err
+		}
+	}
+	logFile := cfg.LogFile
+	if logFile == "" {
+		logFile = filepath.Join(stateDir, "hermesfs.log")
+	}
+	logFile, err := filepath.Abs(logFile)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(logFile), 0o700); err != nil {
+		return fmt.Errorf("log file: %w", err)
+	}
+	f, err := os.OpenFile(logFile, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("log file: %w", err)
+	}
+	defer f.Close()
+	start, err := f.Seek(0, io.SeekEnd)
+	if err != nil {
+		return fmt.Errorf("log file: %w", err)
+	}
+
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("background: %w", err)
+	}
+	args := []string{"mount"}
+	fset.Visit(func(fl *flag.Flag) {
+		switch fl.Name {
+		case "background":
+		case "state-dir":
+			args = append(args, "--state-dir="+stateDir)
+		default:
+			args = append(args, "--"+fl.Name+"="+fl.Value.String())
+		}
+	})
+	if cfg.StateDir == "" {
+		args = append(args, "--state-dir="+stateDir)
+	}
+	args = append(args, "--", cfg.Mountpoint)
+	cmd := exec.Command(exe, args...)
+	cmd.Dir = "/"
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("background: start %s: %w", exe, err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if line := findReady(logFile, start); line != "" {
+			fmt.Fprintln(e.stdout, line)
+			fmt.Fprintf(e.stderr, "hermesfs: running in the background as pid %d, logging to %s\n", cmd.Process.Pid, logFile)
+			return nil
+		}
+		select {
+		case err := <-exited:
+			if line := findReady(logFile, start); line != "" {
+				fmt.Fprintln(e.stdout, line)
+			}
+			code := exitFailure
+			var ee *exec.ExitError
+			if errors.As(err, &ee) && ee.ExitCode() > 0 {
+				code = ee.ExitCode()
+			}
+			return withCode(code, fmt.Errorf("the daemon exited before it was ready (%v); last lines of %s:\n%s", err, logFile, tailLines(logFile, start, 10)))
+		case <-ctx.Done():
+			cmd.Process.Signal(syscall.SIGTERM)
+			<-exited
+			return fmt.Errorf("interrupted while waiting for the mount; stopped the daemon (log: %s)", logFile)
+		case <-t.C:
+		}
+	}
+}
+
+// findReady returns the ready line written to the log after offset off.
+func findReady(path string, off int64) string {
+	b := readFrom(path, off)
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "ready ") {
+			return l
+		}
+	}
+	return ""
+}
+
+func readFrom(path string, off int64) []byte {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	b, _ := io.ReadAll(io.NewSectionReader(f, off, 1<<30))
+	return b
+}
+
+func tailLines(path string, off int64, n int) string {
+	lines := bytes.Split(bytes.TrimRight(readFrom(path, off), "\n"), []byte("\n"))
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return string(bytes.Join(lines, []byte("\n")))
+}

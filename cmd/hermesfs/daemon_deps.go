@@ -1,0 +1,124 @@
+package main
+
+import (
+	"context"
+	"errors"
+	iofs "io/fs"
+)
+
+// The daemon drives three parts through these small interfaces; the real
+// implementations (package fs, archive, uploader) are wired in
+// daemon_wire.go. Keeping the daemon's logic on interfaces keeps the
+// decisions (what to mount, when to publish, what to keep) readable in one
+// place, apart from how each part does its job.
+
+// overlay is the mounted filesystem.
+type overlay interface {
+	// Generation increments on every mutation of the merged tree.
+	Generation() uint64
+	// Dirty approximates the files and bytes changed after generation since.
+	Dirty(since uint64) (files int, bytes int64)
+	// Freeze captures the merged tree at one instant.
+	Freeze(ctx context.Context) (frozenView, error)
+	// Unmount detaches the mount (lazily, open files allowed) and waits for
+	// the server to stop.
+	Unmount(ctx context.Context) error
+	// Done is closed once the mount is gone, however it went.
+	Done() <-chan struct{}
+}
+
+// frozenView is the merged tree at a freeze instant, packable by the
+// archive writer.
+type frozenView interface {
+	iofs.FS
+	Generation() uint64
+	Close() error
+}
+
+// snapshotInfo names one published snapshot.
+type snapshotInfo struct {
+	ID     string
+	Size   int64
+	SHA256 string // hex
+}
+
+// publishResult is what publishing one archive cost.
+type publishResult struct {
+	snapshotInfo
+	BytesUploaded int64
+}
+
+// catalog is the snapshot catalog of one store prefix.
+type catalog interface {
+	// Latest returns the snapshot LATEST names; ID "" when the store holds
+	// no snapshot.
+	Latest(ctx context.Context) (snapshotInfo, error)
+	// Fetch downloads snapshot id (the newest one that verifies when id is
+	// "") to the file dst, verifying its size and sha256 on the way. A
+	// corrupt newest snapshot is skipped for the next older one; the ids
+	// skipped are returned.
+	Fetch(ctx context.Context, id, dst string) (got snapshotInfo, skipped []string, err error)
+	// Publish uploads the archive at path and moves LATEST to it, provided
+	// LATEST still names expect ("" = absent). A failed condition is
+	// errConflict. parent is recorded in the manifest.
+	Publish(ctx context.Context, path string, meta publishMeta, expect string) (publishResult, error)
+	// Prune applies retention: the newest keep snapshots stay.
+	Prune(ctx context.Context, keep int) error
+	// Lease acquires the writer lease of the prefix for holder, refusing
+	// with errLeaseHeld while another live holder has it.
+	Lease(ctx context.Context, holder string) (lease, error)
+	// Close releases the catalog's resources.
+	Close() error
+}
+
+// publishMeta goes into a snapshot's manifest.
+type publishMeta struct {
+	Parent string
+	Files  int64
+	Host   string
+}
+
+// lease is a held writer lease; it heartbeats in the background.
+type lease interface {
+	// Lost is closed when another holder took the lease over; the daemon
+	// must stop publishing.
+	Lost() <-chan struct{}
+	// Release gives the lease up.
+	Release(ctx context.Context) error
+}
+
+var (
+	errConflict  = errors.New("another host published since")
+	errLeaseHeld = errors.New("the store is held by another host")
+)
+
+// archiveFile is the opened lower-layer archive.
+type archiveFile interface {
+	Close() error
+}
+
+// packStats are the figures of one pack.
+type packStats struct {
+	Files       int64
+	BytesPacked int64
+	Size        int64
+	BytesReused int64
+	SHA256      string
+}
+
+// parts builds the real parts; tests of the wiring do not replace it (the
+// end-to-end tests run the real binary).
+type parts interface {
+	openCatalog(ctx context.Context, cfg *mountConfig, stateDir string) (catalog, error)
+	// packDir packs directory dir to the file out (atomically).
+	packDir(ctx context.Context, dir, out string) (packStats, error)
+	// packView packs a frozen view to the file out (atomically).
+	packView(ctx context.Context, v frozenView, out string) (packStats, error)
+	// mount opens the lower archive (path; "" = empty lower) and mounts
+	// the overlay.
+	mount(ctx context.Context, d *daemon, lowerPath string) (overlay, error)
+	// rejections returns the newest n memory-hook rejections.
+	rejections(auditPath string, n int) []auditRecord
+	// storeURL is the store's URL with credentials redacted.
+	storeURL(cfg *mountConfig) string
+}

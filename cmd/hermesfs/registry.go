@@ -1,0 +1,159 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+)
+
+// A registry of running mounts lives in the runtime dir (see runtimeDir),
+// one file per mountpoint, so that `hermesfs status` with no argument finds
+// every mount, and `snapshot`/`umount` find a daemon started with a
+// non-default state dir. Entries of daemons that died are stale: callers
+// check the pid and the socket, and ignore them.
+type registryEntry struct {
+	Mountpoint string `json:"mountpoint"`
+	StateDir   string `json:"state_dir"`
+	Socket     string `json:"socket"`
+	PID        int    `json:"pid"`
+}
+
+func registryPath(dir, mountpoint string) string {
+	return filepath.Join(dir, escapePath(mountpoint)+".json")
+}
+
+func registerMount(dir string, e registryEntry) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("registry %s: %w", dir, err)
+	}
+	b, err := json.Marshal(e)
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(registryPath(dir, e.Mountpoint), b, 0o600)
+}
+
+// unregisterMount removes the entry if it is still ours.
+func unregisterMount(dir, mountpoint string, pid int) {
+	e, err := lookupRegistry(dir, mountpoint)
+	if err == nil && e.PID == pid {
+		os.Remove(registryPath(dir, mountpoint))
+	}
+}
+
+func lookupRegistry(dir, mountpoint string) (registryEntry, error) {
+	var e registryEntry
+	b, err := os.ReadFile(registryPath(dir, mountpoint))
+	if err != nil {
+		return e, err
+	}
+	if err := json.Unmarshal(b, &e); err != nil {
+		return e, fmt.Errorf("registry entry for %s: %w", mountpoint, err)
+	}
+	return e, nil
+}
+
+// listRegistry returns the entries whose process is alive, by mountpoint.
+func listRegistry(dir string) ([]registryEntry, error) {
+	names, err := filepath.Glob(filepath.Join(dir, "*.json"))
+	if err != nil {
+		return nil, err
+	}
+	var out []registryEntry
+	for _, n := range names {
+		b, err := os.ReadFile(n)
+		if err != nil {
+			continue
+		}
+		var e registryEntry
+		if json.Unmarshal(b, &e) != nil || !processAlive(e.PID) {
+			continue
+		}
+		out = append(out, e)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Mountpoint < out[j].Mountpoint })
+	return out, nil
+}
+
+func processAlive(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	err := syscall.Kill(pid, 0)
+	return err == nil || errors.Is(err, syscall.EPERM)
+}
+
+// locateDaemon finds the control socket and state dir of the daemon for
+// mountpoint: a live registry entry first, else stateDir (if given), else
+// the default state dir.
+func locateDaemon(e *env, mountpoint, stateDir string) (registryEntry, error) {
+	mp, err := filepath.Abs(mountpoint)
+	if err != nil {
+		return registryEntry{}, err
+	}
+	mp = filepath.Clean(mp)
+	if stateDir == "" {
+		if r, err := lookupRegistry(runtimeDir(os.Getuid(), e.getenv), mp); err == nil && processAlive(r.PID) {
+			return r, nil
+		}
+		stateDir = e.getenv("HERMESFS_STATE_DIR")
+	}
+	if stateDir == "" {
+		if stateDir, err = defaultStateDir(mp, os.Getuid(), e.getenv); err != nil {
+			return registryEntry{}, err
+		}
+	}
+	if stateDir, err = filepath.Abs(stateDir); err != nil {
+		return registryEntry{}, err
+	}
+	return registryEntry{Mountpoint: mp, StateDir: stateDir, Socket: filepath.Join(stateDir, "control.sock")}, nil
+}
+
+// isMountpoint reports whether path is currently a mountpoint (from
+// /proc/self/mountinfo, which does not touch a possibly dead FUSE mount).
+func isMountpoint(path string) bool {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && unescapeMountinfo(f[4]) == path {
+			return true
+		}
+	}
+	return false
+}
+
+// unescapeMountinfo undoes the octal escapes (\040 for space) of mountinfo.
+func unescapeMountinfo(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			var v byte
+			ok := true
+			for _, c := range s[i+1 : i+4] {
+				if c < '0' || c > '7' {
+					ok = false
+					break
+				}
+				v = v*8 + byte(c-'0')
+			}
+			if ok {
+				b.WriteByte(v)
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
