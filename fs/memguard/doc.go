@@ -1,0 +1,59 @@
+// Package memguard is the policy behind the memory write hook: it decides whether
+// a complete new version of a memory file (memories/MEMORY.md, memories/USER.md, or
+// any file added to Options.Files) may replace the old one, and records every
+// decision in an audit log.
+//
+// # Where it sits
+//
+// The overlay (package fs) owns the mechanics: for a guarded path it stages the
+// writer's bytes privately and, at close or at a rename over the guarded name,
+// hands the whole new content to [Guard.Check]. Check is pure policy plus one
+// fsynced append; it never touches the mounted tree. memguard does not import fs:
+// *Guard satisfies fs.Guard structurally (the tests pin that with a compile-time
+// check).
+//
+// # Verdicts, in order
+//
+//  1. Invalid UTF-8: rejected with EPERM, reason "invalid-utf8". Counting characters
+//     of bytes that are not text would be a guess.
+//  2. A blocked invisible or bidi-control code point (zero-width characters, word
+//     joiners, the BOM, bidi embeddings, overrides and isolates): EPERM, reason
+//     "char U+XXXX". These hide text from a human reading the file.
+//  3. A threat pattern (see [DefaultPatterns]), matched case-insensitively on the
+//     NFKC-normalised text so that fullwidth or mathematical letters and
+//     compatibility spaces cannot dodge it: EPERM, reason the pattern's id.
+//  4. Over the character limit: EFBIG, reason "limit".
+//
+// The content scan wins over the limit: content that is blocked stays blocked
+// however short it is made, so a writer told "too big" would only trim, retry and
+// then learn the real reason. EPERM for content that is both is the more useful
+// answer, and the audit log records what was found.
+//
+// One exception softens the limit: when the file already holds more than its
+// limit (the limit was lowered after it was written, or the file came from an
+// older snapshot) a change that makes it strictly shorter is accepted, with reason
+// "over-limit-shrink". Without it, removing one entry at a time (which is how
+// Hermes' memory tool edits) would be refused until a single write got under the
+// new limit in one go.
+//
+// # Limits
+//
+// A limit counts Unicode code points of the whole file, entry delimiters
+// ("\n§\n") included: not bytes, not tokens, not entries. Each guarded file has a
+// [Kind]; the limit of a kind is resolved at every Check, first match wins:
+// the home's config.yaml (memory.memory_char_limit, memory.user_char_limit) when it
+// exists and the key holds a positive integer; else the flag value in Options;
+// else the default (2,200 and 1,375). config.yaml is read through a callback so
+// that editing it takes effect without a remount; the parsed result is cached by
+// the content's hash, and a malformed file is reported once per distinct content
+// (a Warn log line) and otherwise ignored, never blocking a write.
+//
+// # Audit log
+//
+// Every decision, accepted or rejected, is one JSON object per line appended to
+// Options.AuditLog (mode 0600) and fsynced before Check returns: the log is the
+// transaction log of memory mutations, so a change that cannot be recorded is not
+// made (Check fails with EIO). Appends are serialised by a mutex; Check may be
+// called from many goroutines. [ReadAudit] reads the newest events from the end of
+// the file without reading all of it.
+package memguard

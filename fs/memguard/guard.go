@@ -1,0 +1,315 @@
+package memguard
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path"
+	"strings"
+	"syscall"
+	"time"
+	"unicode/utf8"
+)
+
+// Kind says which limit applies to a guarded file.
+type Kind string
+
+const (
+	// KindMemory is the agent's own notes: config key memory.memory_char_limit,
+	// flag --memory-limit, default [DefaultMemoryLimit].
+	KindMemory Kind = "memory"
+	// KindUser is what the agent knows about its user: config key
+	// memory.user_char_limit, flag --user-limit, default [DefaultUserLimit].
+	KindUser Kind = "user"
+)
+
+// Default limits, in Unicode code points, as Hermes Agent ships them.
+const (
+	DefaultMemoryLimit = 2200
+	DefaultUserLimit   = 1375
+)
+
+// DefaultFiles are the files guarded when Options.Files is nil.
+func DefaultFiles() map[string]Kind {
+	return map[string]Kind{
+		"memories/MEMORY.md": KindMemory,
+		"memories/USER.md":   KindUser,
+	}
+}
+
+// Reasons recorded in the audit log and carried by [*RejectError]. A rejection
+// by a threat pattern carries the pattern's id; one by a blocked character
+// carries "char U+XXXX".
+const (
+	ReasonOK          = "ok"
+	ReasonShrink      = "over-limit-shrink"
+	ReasonLimit       = "limit"
+	ReasonInvalidUTF8 = "invalid-utf8"
+)
+
+// Options configures a Guard. The zero value of every field but AuditLog is
+// usable; [New] fills in the defaults.
+type Options struct {
+	// Files maps each guarded file, as a slash-separated path relative to the
+	// mount root ("memories/MEMORY.md"), to the limit that applies to it. Nil
+	// means [DefaultFiles]; an empty non-nil map guards nothing.
+	Files map[string]Kind
+
+	// MemoryLimit and UserLimit are the --memory-limit and --user-limit flags, in
+	// code points. They apply when config.yaml does not set the limit; zero
+	// means the default. Negative values are an error.
+	MemoryLimit int
+	UserLimit   int
+
+	// ConfigYAML returns the current content of the home's config.yaml, or an
+	// error satisfying errors.Is(err, iofs.ErrNotExist) when there is none. It
+	// is called at every Check (memory writes are rare) so edits take effect
+	// at once; it must not go through the mount's guarded write path. Nil
+	// means there is no config file.
+	ConfigYAML func() ([]byte, error)
+
+	// AuditLog is the path of the JSON-lines audit log, normally in the state
+	// dir, outside the mount. Required. Its directory is created (0700) if
+	// missing, the file with mode 0600.
+	AuditLog string
+
+	// Patterns are the threat patterns of the content scan. Nil means
+	// [DefaultPatterns]; to extend, append to DefaultPatterns().
+	Patterns []Pattern
+
+	// Logger receives a Warn line per rejection and per malformed
+	// config.yaml, an Info line per accepted change. Nil discards.
+	Logger *slog.Logger
+
+	// Now is the clock of audit timestamps. Nil means time.Now.
+	Now func() time.Time
+}
+
+// Guard is the memory-file policy. It implements the overlay's Guard interface
+// (Guarded, Check). Its methods may be called concurrently.
+type Guard struct {
+	files   map[string]Kind
+	flags   map[Kind]int // flag value, or the default
+	scanner *scanner
+	config  *configCache
+	audit   *auditLog
+	log     *slog.Logger
+	now     func() time.Time
+}
+
+// New checks opts, fills in defaults, and opens (creating if needed) the audit
+// log. Close the Guard when the mount is gone.
+func New(opts Options) (*Guard, error) {
+	if opts.AuditLog == "" {
+		return nil, errors.New("memguard: no audit log path")
+	}
+	if opts.MemoryLimit < 0 || opts.UserLimit < 0 {
+		return nil, fmt.Errorf("memguard: negative limit (memory %d, user %d)", opts.MemoryLimit, opts.UserLimit)
+	}
+	files := opts.Files
+	if files == nil {
+		files = DefaultFiles()
+	}
+	g := &Guard{
+		files: make(map[string]Kind, len(files)),
+		flags: map[Kind]int{
+			KindMemory: orDefault(opts.MemoryLimit, DefaultMemoryLimit),
+			KindUser:   orDefault(opts.UserLimit, DefaultUserLimit),
+		},
+		log: opts.Logger,
+		now: opts.Now,
+	}
+	if g.log == nil {
+		g.log = slog.New(slog.DiscardHandler)
+	}
+	g.log = g.log.With("component", "memguard")
+	if g.now == nil {
+		g.now = time.Now
+	}
+	for rel, kind := range files {
+		if err := validRel(rel); err != nil {
+			return nil, fmt.Errorf("memguard: guarded file %q: %w", rel, err)
+		}
+		if _, ok := g.flags[kind]; !ok {
+			return nil, fmt.Errorf("memguard: guarded file %q: unknown limit kind %q (want %q or %q)", rel, kind, KindMemory, KindUser)
+		}
+		g.files[rel] = kind
+	}
+	patterns := opts.Patterns
+	if patterns == nil {
+		patterns = DefaultPatterns()
+	}
+	sc, err := newScanner(patterns)
+	if err != nil {
+		return nil, err
+	}
+	g.scanner = sc
+	g.config = newConfigCache(opts.ConfigYAML, g.log)
+	g.audit, err = openAudit(opts.AuditLog)
+	if err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+func orDefault(v, def int) int {
+	if v == 0 {
+		return def
+	}
+	return v
+}
+
+// validRel accepts what the overlay hands to Guarded: a clean, relative,
+// slash-separated path naming something below the root.
+func validRel(rel string) error {
+	switch {
+	case rel == "" || rel == ".":
+		return errors.New("empty path")
+	case strings.HasPrefix(rel, "/"):
+		return errors.New("must be relative to the mount root")
+	case path.Clean(rel) != rel:
+		return fmt.Errorf("not clean (want %q)", path.Clean(rel))
+	case rel == ".." || strings.HasPrefix(rel, "../"):
+		return errors.New("outside the mount")
+	}
+	return nil
+}
+
+// Close closes the audit log. Check must not be called after Close.
+func (g *Guard) Close() error {
+	return g.audit.close()
+}
+
+// Guarded reports whether rel (slash-separated, relative to the mount root) is a
+// guarded file. It is called on hot paths for every file and does not allocate.
+func (g *Guard) Guarded(rel string) bool {
+	_, ok := g.files[rel]
+	return ok
+}
+
+// Limits returns the limits Check would apply now, by kind, after consulting
+// config.yaml; for `hermesfs status`.
+func (g *Guard) Limits(ctx context.Context) map[Kind]int {
+	lim := g.config.limits()
+	out := make(map[Kind]int, len(g.flags))
+	for k, v := range g.flags {
+		if c, ok := lim[k]; ok {
+			v = c
+		}
+		out[k] = v
+	}
+	return out
+}
+
+// RejectError is the error of a rejected change. It unwraps to its Errno
+// (syscall.EFBIG for the limit, syscall.EPERM for blocked content), so
+// errors.Is(err, syscall.EFBIG) works.
+type RejectError struct {
+	File   string        // guarded path, relative to the mount root
+	Reason string        // as in the audit log: "limit", a pattern id, "invalid-utf8", "char U+XXXX"
+	Detail string        // for humans: counts, the matched text
+	Errno  syscall.Errno // EFBIG or EPERM
+}
+
+func (e *RejectError) Error() string {
+	return fmt.Sprintf("memguard: %s rejected: %s: %s", e.File, e.Reason, e.Detail)
+}
+
+func (e *RejectError) Unwrap() error { return e.Errno }
+
+// Check decides whether new may replace old as the content of the guarded file
+// rel; old is nil when the file does not exist yet (an existing empty file is a
+// non-nil empty slice). pid is the writer's, for the audit log. Check returns
+// nil to accept, a *RejectError (wrapping EFBIG or EPERM) to reject, or an error
+// wrapping syscall.EIO when the decision could not be recorded in the audit log,
+// in which case the change must not be made either. Check never modifies old or
+// new and does not keep them.
+func (g *Guard) Check(ctx context.Context, rel string, old, new []byte, pid uint32) error {
+	kind, ok := g.files[rel]
+	if !ok {
+		return fmt.Errorf("memguard: check %s: not a guarded file: %w", rel, syscall.EINVAL)
+	}
+	limit := g.flags[kind]
+	if c, ok := g.config.limits()[kind]; ok {
+		limit = c
+	}
+	ev := Event{
+		File:         rel,
+		Limit:        limit,
+		CharsBefore:  utf8.RuneCount(old),
+		CharsAfter:   utf8.RuneCount(new),
+		SHA256Before: digest(old),
+		SHA256After:  digest(new),
+		PID:          pid,
+	}
+	rej := g.decide(rel, old, new, &ev)
+	if rej != nil {
+		ev.Verdict, ev.Reason, ev.Detail = VerdictRejected, rej.Reason, rej.Detail
+	} else {
+		ev.Verdict = VerdictAccepted
+	}
+	ev.Time = g.now().UTC()
+	if err := g.audit.append(&ev); err != nil {
+		g.log.Error("memory change not recorded, refusing it", "file", rel, "pid", pid, "err", err)
+		return fmt.Errorf("memguard: check %s: %w: %w", rel, err, syscall.EIO)
+	}
+	attrs := []any{"file", rel, "reason", ev.Reason, "chars_before", ev.CharsBefore,
+		"chars_after", ev.CharsAfter, "limit", limit, "pid", pid}
+	if rej != nil {
+		g.log.Warn("memory change rejected", append(attrs, "detail", rej.Detail, "errno", rej.Errno.Error())...)
+		return rej
+	}
+	g.log.Info("memory change accepted", attrs...)
+	return nil
+}
+
+// decide runs the checks in the order doc.go gives. It fills ev.Reason and
+// ev.Detail for accepted changes too.
+func (g *Guard) decide(rel string, old, new []byte, ev *Event) *RejectError {
+	reject := func(errno syscall.Errno, reason, detail string) *RejectError {
+		return &RejectError{File: rel, Reason: reason, Detail: detail, Errno: errno}
+	}
+	if !utf8.Valid(new) {
+		off := invalidUTF8Offset(new)
+		return reject(syscall.EPERM, ReasonInvalidUTF8, fmt.Sprintf("not valid UTF-8 at byte %d", off))
+	}
+	if f := findBlockedChar(new); f != nil {
+		return reject(syscall.EPERM, f.reason(), f.detail())
+	}
+	if m := g.scanner.match(new); m != nil {
+		return reject(syscall.EPERM, m.id, m.detail())
+	}
+	switch {
+	case ev.CharsAfter <= ev.Limit:
+		ev.Reason = ReasonOK
+	case old != nil && ev.CharsBefore > ev.Limit && ev.CharsAfter < ev.CharsBefore:
+		ev.Reason = ReasonShrink
+		ev.Detail = fmt.Sprintf("%d characters, over the limit of %d but down from %d", ev.CharsAfter, ev.Limit, ev.CharsBefore)
+	default:
+		return reject(syscall.EFBIG, ReasonLimit, fmt.Sprintf("%d characters exceeds the limit of %d", ev.CharsAfter, ev.Limit))
+	}
+	return nil
+}
+
+func invalidUTF8Offset(b []byte) int {
+	for i := 0; i < len(b); {
+		r, n := utf8.DecodeRune(b[i:])
+		if r == utf8.RuneError && n <= 1 {
+			return i
+		}
+		i += n
+	}
+	return len(b)
+}
+
+// digest is the audit log's hash of a version: "" for a file that did not exist.
+func digest(b []byte) string {
+	if b == nil {
+		return ""
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}

@@ -1,0 +1,206 @@
+package memguard
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+	"unicode/utf8"
+
+	"golang.org/x/text/unicode/norm"
+)
+
+// blockedChars are the invisible and bidi-control code points the scan rejects,
+// with the names a reader of the log needs to recognise them.
+var blockedChars = map[rune]string{
+	0x200B: "ZERO WIDTH SPACE",
+	0x200C: "ZERO WIDTH NON-JOINER",
+	0x200D: "ZERO WIDTH JOINER",
+	0x2060: "WORD JOINER",
+	0x2062: "INVISIBLE TIMES",
+	0x2063: "INVISIBLE SEPARATOR",
+	0x2064: "INVISIBLE PLUS",
+	0xFEFF: "ZERO WIDTH NO-BREAK SPACE (BOM)",
+	0x202A: "LEFT-TO-RIGHT EMBEDDING",
+	0x202B: "RIGHT-TO-LEFT EMBEDDING",
+	0x202C: "POP DIRECTIONAL FORMATTING",
+	0x202D: "LEFT-TO-RIGHT OVERRIDE",
+	0x202E: "RIGHT-TO-LEFT OVERRIDE",
+	0x2066: "LEFT-TO-RIGHT ISOLATE",
+	0x2067: "RIGHT-TO-LEFT ISOLATE",
+	0x2068: "FIRST STRONG ISOLATE",
+	0x2069: "POP DIRECTIONAL ISOLATE",
+}
+
+// BlockedChars returns the code points the content scan rejects.
+func BlockedChars() []rune {
+	out := make([]rune, 0, len(blockedChars))
+	for r := range blockedChars {
+		out = append(out, r)
+	}
+	return out
+}
+
+type blockedChar struct {
+	r    rune
+	name string
+	at   int // index in code points
+}
+
+func (b *blockedChar) reason() string { return fmt.Sprintf("char U+%04X", b.r) }
+func (b *blockedChar) detail() string {
+	return fmt.Sprintf("blocked invisible character U+%04X %s at character %d", b.r, b.name, b.at)
+}
+
+// findBlockedChar returns the first blocked code point of valid UTF-8 text b.
+func findBlockedChar(b []byte) *blockedChar {
+	at := 0
+	for i := 0; i < len(b); at++ {
+		r, n := utf8.DecodeRune(b[i:])
+		i += n
+		if r < 0x200B { // all blocked code points are above; most text is below
+			continue
+		}
+		if name, ok := blockedChars[r]; ok {
+			return &blockedChar{r: r, name: name, at: at}
+		}
+	}
+	return nil
+}
+
+// Pattern is one threat pattern of the content scan.
+type Pattern struct {
+	// ID is stable: it is the reason in the audit log and in errors, and
+	// people grep for it. Lower case, words joined by hyphens.
+	ID string
+	// Description says what the pattern catches, for humans.
+	Description string
+	// Regexp (RE2 syntax) is matched case-insensitively against the content
+	// after Unicode NFKC normalisation; write it in plain ASCII/lower case.
+	Regexp string
+}
+
+// DefaultPatterns returns the built-in threat patterns, a fresh slice each call
+// so that callers may append their own.
+//
+// They aim at text that has no business in an agent's long-term memory and
+// would act on the agent when the memory is loaded into its prompt: orders to
+// drop its instructions, identity switches, smuggled system prompts, and shell
+// commands that send secrets away or plant access. Each is written to leave
+// ordinary notes alone: mentioning curl, ssh keys, a .env file or "the system
+// prompt" as a topic passes; using them in those ways does not.
+func DefaultPatterns() []Pattern {
+	return []Pattern{
+		{
+			ID:          "ignore-instructions",
+			Description: "an order to ignore, disregard or forget earlier instructions",
+			Regexp:      `\b(?:ignore|disregard|forget)\s+(?:(?:all|any|every|of|the|these|those|your|my)\s+){0,3}(?:previous|prior|above|earlier|preceding|foregoing|all|any|your|system|developer|original)\s+(?:instructions?|prompts?|directives?|rules|guidelines|guardrails)\b`,
+		},
+		{
+			ID:          "role-hijack",
+			Description: "an identity switch aimed at the agent (\"you are now ...\")",
+			Regexp:      `\byou\s+are\s+now\b|\bfrom\s+now\s+on,?\s+you\s+are\b|\bact\s+as\s+(?:if|though)\s+you\s+(?:have|had)\s+no\s+(?:restrictions|limits|rules|guidelines)\b`,
+		},
+		{
+			ID:          "system-prompt-override",
+			Description: "a replacement or override of the system prompt",
+			Regexp:      `\b(?:override|overwrite|replace|ignore|disregard|bypass)\s+(?:the\s+|your\s+|my\s+|any\s+|all\s+)?system\s+prompts?\b|\bsystem\s+prompt\s+(?:override|overwrite|replacement)\b|\bnew\s+system\s+prompt\s*[:=]`,
+		},
+		{
+			ID:          "chat-template-tokens",
+			Description: "chat template control tokens that fake a new conversation turn",
+			Regexp:      `<\|(?:im_start|im_end|system|endoftext|start_header_id|end_header_id|eot_id)\|>|\[/?inst\]|<<sys>>`,
+		},
+		{
+			ID:          "hide-from-user",
+			Description: "an instruction to keep something from the user",
+			Regexp:      `\b(?:do\s+not|don['’]t|never)\s+(?:tell|inform)\s+the\s+user\b|\bwithout\s+(?:telling|informing)\s+the\s+user\b`,
+		},
+		{
+			ID:          "exfil-secret-env",
+			Description: "curl or wget sending an environment variable that holds a key, token, secret or password",
+			Regexp:      `\b(?:curl|wget)\b[^\n]*` + secretVar + `|` + secretVar + `[^\n]*\|\s*(?:curl|wget)\b`,
+		},
+		{
+			ID:          "exfil-env-dump",
+			Description: "the whole environment piped or posted to the network",
+			Regexp:      `\b(?:env|printenv|set)\s*\|\s*(?:curl|wget|nc|ncat|netcat)\b|\b(?:curl|wget)\b[^\n]*\$\(\s*(?:env|printenv)\s*\)`,
+		},
+		{
+			ID:          "ssh-authorized-keys",
+			Description: "a write to an ssh authorized_keys file",
+			Regexp:      `(?:>>?|\btee\b|\bcp\b|\bmv\b|\bscp\b|\brsync\b|\binstall\b|\bssh-copy-id\b|\b(?:add|append|write|insert|put)\b[^\n]*\bto\b)[^\n]*authorized_keys2?\b`,
+		},
+		{
+			ID:          "read-hermes-env",
+			Description: "reading the agent's own secrets file ~/.hermes/.env",
+			Regexp:      `\b(?:cat|less|more|head|tail|source|grep|awk|sed|base64|xxd|od|strings|cp|scp|rsync|curl|wget|dump|send|upload|post|exfiltrate)\b[^\n]*\.hermes/\.env\b|\bopen\s*\([^\n]*\.hermes/\.env\b|(?m:^|[\s;&|(])\.\s+\S*\.hermes/\.env\b`,
+		},
+	}
+}
+
+// secretVar is a shell variable whose name says it holds a credential:
+// $API_KEY, ${GITHUB_TOKEN}, $OPENAI_API_KEY, $DB_PASSWORD ...
+const secretVar = `\$\{?(?:\w*_)?(?:api_?)?(?:key|token|secret|passw(?:or)?d|credentials?|auth)(?:_\w*)?\}?\b`
+
+type compiledPattern struct {
+	Pattern
+	re *regexp.Regexp
+}
+
+type scanner struct {
+	patterns []compiledPattern
+}
+
+func newScanner(ps []Pattern) (*scanner, error) {
+	s := &scanner{patterns: make([]compiledPattern, 0, len(ps))}
+	seen := make(map[string]bool, len(ps))
+	for _, p := range ps {
+		if p.ID == "" {
+			return nil, fmt.Errorf("memguard: pattern %q: empty id", p.Regexp)
+		}
+		if seen[p.ID] {
+			return nil, fmt.Errorf("memguard: pattern %s: duplicate id", p.ID)
+		}
+		seen[p.ID] = true
+		re, err := regexp.Compile(`(?i)` + p.Regexp)
+		if err != nil {
+			return nil, fmt.Errorf("memguard: pattern %s: %w", p.ID, err)
+		}
+		s.patterns = append(s.patterns, compiledPattern{Pattern: p, re: re})
+	}
+	return s, nil
+}
+
+type patternMatch struct {
+	id   string
+	text string
+}
+
+func (m *patternMatch) detail() string {
+	return fmt.Sprintf("matched threat pattern %s: %q", m.id, m.text)
+}
+
+// match returns the first pattern, in table order, found in the NFKC form of b.
+func (s *scanner) match(b []byte) *patternMatch {
+	if len(s.patterns) == 0 {
+		return nil
+	}
+	text := norm.NFKC.Bytes(b)
+	for i := range s.patterns {
+		p := &s.patterns[i]
+		if loc := p.re.FindIndex(text); loc != nil {
+			return &patternMatch{id: p.ID, text: excerpt(string(text[loc[0]:loc[1]]))}
+		}
+	}
+	return nil
+}
+
+// excerpt bounds what a match puts into logs.
+func excerpt(s string) string {
+	const max = 120
+	if utf8.RuneCountInString(s) <= max {
+		return s
+	}
+	r := []rune(s)
+	return strings.TrimSpace(string(r[:max])) + "…"
+}
