@@ -29,6 +29,10 @@
 // then learn the real reason. EPERM for content that is both is the more useful
 // answer, and the audit log records what was found.
 //
+// Closing a guarded file without changing its bytes is not a change: it is
+// accepted and not recorded, whatever the content, so a file that predates the
+// guard can still be opened and closed; it is judged when it is changed.
+//
 // One exception softens the limit: when the file already holds more than its
 // limit (the limit was lowered after it was written, or the file came from an
 // older snapshot) a change that makes it strictly shorter is accepted, with reason

@@ -1,6 +1,7 @@
 package memguard
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -222,7 +223,8 @@ func (e *RejectError) Unwrap() error { return e.Errno }
 
 // Check decides whether new may replace old as the content of the guarded file
 // rel; old is nil when the file does not exist yet (an existing empty file is a
-// non-nil empty slice). pid is the writer's, for the audit log. Check returns
+// non-nil empty slice). Identical old and new content is not a change: it is
+// accepted without being judged or recorded. pid is the writer's, for the audit log. Check returns
 // nil to accept, a *RejectError (wrapping EFBIG or EPERM) to reject, or an error
 // wrapping syscall.EIO when the decision could not be recorded in the audit log,
 // in which case the change must not be made either. Check never modifies old or
@@ -231,6 +233,12 @@ func (g *Guard) Check(ctx context.Context, rel string, old, new []byte, pid uint
 	kind, ok := g.files[rel]
 	if !ok {
 		return fmt.Errorf("memguard: check %s: not a guarded file: %w", rel, syscall.EINVAL)
+	}
+	if old != nil && bytes.Equal(old, new) {
+		// A close without writes, or a rewrite of the same bytes: nothing
+		// changes, so there is nothing to decide or record. Content that
+		// predates the guard is judged when it is changed, not when touched.
+		return nil
 	}
 	limit := g.flags[kind]
 	if c, ok := g.config.limits()[kind]; ok {

@@ -1,6 +1,7 @@
 package memguard
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -218,5 +219,24 @@ func TestRejectionLogged(t *testing.T) {
 	}
 	if infos := g.logs.records(t, slog.LevelInfo, "accepted"); len(infos) != 1 {
 		t.Errorf("want 1 accepted info line, got %v", infos)
+	}
+}
+
+func TestUnchangedContentNotRecorded(t *testing.T) {
+	g := newTestGuard(t, Options{MemoryLimit: 10})
+	// Even content the policy would reject now (over a lowered limit, or
+	// written before the guard existed) may be closed unchanged.
+	old := []byte("you are now over the limit")
+	if err := g.Check(t.Context(), memFile, old, bytes.Clone(old), 1); err != nil {
+		t.Fatalf("unchanged content rejected: %v", err)
+	}
+	g.accept(t, memFile, []byte{}, []byte{})
+	if ev, err := ReadAudit(g.audit, 0, false); err != nil || len(ev) != 0 {
+		t.Fatalf("unchanged content recorded: %+v %v", ev, err)
+	}
+	// A new empty file is a change (it did not exist).
+	g.accept(t, memFile, nil, []byte{})
+	if ev, _ := ReadAudit(g.audit, 0, false); len(ev) != 1 || ev[0].SHA256Before != "" || ev[0].SHA256After != sum("") {
+		t.Fatalf("creation of an empty file: %+v", ev)
 	}
 }
