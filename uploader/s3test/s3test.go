@@ -1,0 +1,185 @@
+// Package s3test runs a real S3-compatible server (versitygw, posix
+// backend) on 127.0.0.1 for tests and benchmarks, so the S3 store is tested
+// against S3 semantics instead of a mock.
+//
+// versitygw must be in PATH or in $(go env GOPATH)/bin (scripts/deps.sh
+// installs it: go install github.com/versity/versitygw/cmd/versitygw@v1.8.0).
+// Without it Start skips the test, or fails it under HERMESFS_TEST_STRICT=1.
+package s3test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	awss3 "github.com/aws/aws-sdk-go-v2/service/s3"
+)
+
+// Credentials of the root user of every server started here.
+const (
+	AccessKey = "hermesfs-test"
+	SecretKey = "hermesfs-test-secret"
+	Region    = "us-east-1"
+)
+
+// Start runs a fresh server with one empty bucket and returns where it
+// listens (http://127.0.0.1:PORT, path-style addressing) and how to sign
+// in. The server stops, and its data goes, when the test ends.
+func Start(t testing.TB) (endpoint, bucket, accessKey, secretKey string) {
+	t.Helper()
+	bin, err := Binary()
+	if err != nil {
+		if os.Getenv("HERMESFS_TEST_STRICT") == "1" {
+			t.Fatalf("s3test: %v", err)
+		}
+		t.Skipf("s3test: %v", err)
+	}
+	srv, err := Launch(bin, t.TempDir(), nil)
+	if err != nil {
+		t.Fatalf("s3test: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := srv.Close(); err != nil {
+			t.Errorf("s3test: stop versitygw: %v", err)
+		}
+	})
+	bucket = "hermesfs-test"
+	if err := srv.CreateBucket(context.Background(), bucket); err != nil {
+		t.Fatalf("s3test: %v", err)
+	}
+	return srv.Endpoint, bucket, AccessKey, SecretKey
+}
+
+// Binary finds the versitygw executable.
+func Binary() (string, error) {
+	if p, err := exec.LookPath("versitygw"); err == nil {
+		return p, nil
+	}
+	gopath := os.Getenv("GOPATH")
+	if gopath == "" {
+		if out, err := exec.Command("go", "env", "GOPATH").Output(); err == nil {
+			gopath = strings.TrimSpace(string(out))
+		}
+	}
+	for _, dir := range filepath.SplitList(gopath) {
+		p := filepath.Join(dir, "bin", "versitygw")
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+	}
+	return "", errors.New("versitygw not found in PATH or $(go env GOPATH)/bin; install it with: go install github.com/versity/versitygw/cmd/versitygw@v1.8.0")
+}
+
+// Server is a running versitygw.
+type Server struct {
+	Endpoint string
+	cmd      *exec.Cmd
+	done     chan error
+}
+
+// Launch starts the versitygw binary serving dir (whose subdirectories are
+// buckets) on a free loopback port, and waits until it answers. Its output
+// goes to logw (nil discards it).
+func Launch(bin, dir string, logw io.Writer) (*Server, error) {
+	if logw == nil {
+		logw = io.Discard
+	}
+	var lastErr error
+	for range 5 { // the free port can be taken between probe and bind
+		port, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
+		cmd := exec.Command(bin, "--access", AccessKey, "--secret", SecretKey, "--region", Region,
+			"--port", addr, "--quiet", "posix", dir)
+		cmd.Stdout, cmd.Stderr = logw, logw
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		if err := cmd.Start(); err != nil {
+			return nil, fmt.Errorf("start versitygw: %w", err)
+		}
+		s := &Server{Endpoint: "http://" + addr, cmd: cmd, done: make(chan error, 1)}
+		go func() { s.done <- cmd.Wait() }()
+		if lastErr = s.waitReady(addr, 15*time.Second); lastErr == nil {
+			return s, nil
+		}
+		s.Close()
+	}
+	return nil, lastErr
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func (s *Server) waitReady(addr string, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for time.Now().Before(deadline) {
+		select {
+		case err := <-s.done:
+			s.done <- err
+			return fmt.Errorf("versitygw exited before serving: %v", err)
+		default:
+		}
+		resp, err := http.Get("http://" + addr + "/")
+		if err == nil {
+			resp.Body.Close()
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return fmt.Errorf("versitygw did not answer on %s within %v", addr, limit)
+}
+
+// Client returns an SDK client signed in as the root user.
+func (s *Server) Client() *awss3.Client {
+	return Client(s.Endpoint)
+}
+
+// Client returns an SDK client for a server started here at endpoint.
+func Client(endpoint string) *awss3.Client {
+	return awss3.New(awss3.Options{
+		Region:       Region,
+		BaseEndpoint: aws.String(endpoint),
+		UsePathStyle: true,
+		Credentials:  credentials.NewStaticCredentialsProvider(AccessKey, SecretKey, ""),
+	})
+}
+
+// CreateBucket creates bucket name.
+func (s *Server) CreateBucket(ctx context.Context, name string) error {
+	if _, err := s.Client().CreateBucket(ctx, &awss3.CreateBucketInput{Bucket: aws.String(name)}); err != nil {
+		return fmt.Errorf("create bucket %s: %w", name, err)
+	}
+	return nil
+}
+
+// Close stops the server.
+func (s *Server) Close() error {
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-s.done:
+		return nil
+	case <-time.After(10 * time.Second):
+		s.cmd.Process.Kill()
+		<-s.done
+		return errors.New("versitygw ignored SIGTERM for 10s; killed")
+	}
+}
