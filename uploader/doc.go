@@ -20,3 +20,48 @@
 // Each request is retried on its own; the S3 store disables the SDK's
 // retries so the two never multiply.
 package uploader
+
+// # The catalog
+//
+// A Catalog keeps snapshots under a store prefix:
+//
+//	snapshots/<id>.sqfs   the archive: one standard squashfs file per snapshot
+//	snapshots/<id>.json   its Manifest: id, created, host, parent, size, sha256,
+//	                      compression, file count, hermesfs version
+//	LATEST                the id of the newest published snapshot, one line
+//	lease                 the writer lease (JSON), see AcquireLease
+//
+// Ids look like 20261122T134501.123Z-host-1a2b3c4d: bytewise order is
+// creation order, the random tail keeps hosts apart, and a new id always
+// sorts after the LATEST it builds on even if this host's clock is behind.
+//
+// Publish uploads the archive, then the manifest, then moves LATEST with a
+// conditional put against the LATEST object it read (create-only if there
+// was none). A crash at any step leaves LATEST on a complete snapshot; the
+// loser of a race gets a ConflictError naming both snapshots, and its
+// upload stays in the store. Restore downloads the archive LATEST names
+// into a local file while hashing it, and on a size or sha256 mismatch (or
+// a failed caller-supplied Verify) reports a CorruptError naming the
+// snapshot and falls back to the newest older snapshot that verifies,
+// logging loudly and listing what it skipped. Prune keeps the newest N and
+// never touches LATEST or anything newer; it deletes a manifest before its
+// archive, so no manifest ever names a missing archive.
+//
+// # How the daemon uses it
+//
+//	store, _ := storeurl.Open(ctx, url, ...)            // local or S3
+//	store = uploader.WithRetry(store, policy, logger)
+//	cat := uploader.NewCatalog(store, uploader.CatalogOptions{Host: host, Version: v, Logger: logger})
+//	lease, err := cat.AcquireLease(ctx, uploader.LeaseOptions{Holder: "hermesfs mount " + dir})
+//	                                                    // ErrLeaseHeld: another host writes here
+//	res, err := cat.Restore(ctx, stateDir+"/base.sqfs", uploader.RestoreOptions{Verify: archiveVerify})
+//	                                                    // ErrNoSnapshots: first boot; res.Skipped: warn
+//	m, err := cat.Publish(ctx, uploader.PublishInput{Path: packed, SHA256: sum, Size: n,
+//	        Parent: base, Expect: base, Files: files, Lease: lease})
+//	                                                    // ErrConflict: another host published; stop
+//	base = m.ID
+//	cat.Prune(ctx, keep)
+//	<-lease.Lost()                                      // taken over: stop publishing
+//	lease.Release(ctx)                                  // at shutdown, after the last publish
+//
+// Status pages read cat.Latest, cat.Snapshots and cat.ReadLease.

@@ -1,0 +1,581 @@
+package uploader
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	iofs "io/fs"
+	"log/slog"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Keys of the catalog, relative to the store's prefix.
+const (
+	LatestKey       = "LATEST"
+	LeaseKey        = "lease"
+	SnapshotsPrefix = "snapshots/"
+	ArchiveExt      = ".sqfs"
+	ManifestExt     = ".json"
+)
+
+// ArchiveKey is the key of snapshot id's archive.
+func ArchiveKey(id string) string { return SnapshotsPrefix + id + ArchiveExt }
+
+// ManifestKey is the key of snapshot id's manifest.
+func ManifestKey(id string) string { return SnapshotsPrefix + id + ManifestExt }
+
+// ManifestFormat is the version of the manifest's JSON layout.
+const ManifestFormat = 1
+
+// Manifest describes one snapshot. It is stored as JSON next to the archive
+// and holds nothing secret.
+type Manifest struct {
+	Format  int       `json:"format"`
+	ID      string    `json:"id"`
+	Created time.Time `json:"created"`
+	Host    string    `json:"host"`
+	// Parent is the snapshot the tree was restored from ("" for the first).
+	Parent      string `json:"parent,omitempty"`
+	Size        int64  `json:"size"`
+	SHA256      string `json:"sha256"` // hex, of the whole archive
+	Compression string `json:"compression"`
+	Files       int64  `json:"files"`
+	Version     string `json:"hermesfs_version"`
+	Archive     string `json:"archive"` // the archive's key
+}
+
+var (
+	// ErrNoSnapshots is returned when the store holds no snapshot. It
+	// satisfies errors.Is(err, io/fs.ErrNotExist) too.
+	ErrNoSnapshots = fmt.Errorf("no snapshot in the store: %w", iofs.ErrNotExist)
+	// ErrConflict is a publish that lost: LATEST no longer names the
+	// snapshot the publisher expected. See ConflictError.
+	ErrConflict = errors.New("snapshot conflict")
+	// ErrCorrupt is a snapshot that failed verification. See CorruptError.
+	ErrCorrupt = errors.New("corrupted snapshot")
+)
+
+// ConflictError tells the loser of a publish race what happened.
+type ConflictError struct {
+	ID       string // the snapshot we uploaded; "" if we stopped before uploading
+	Expected string // what LATEST named when our tree was taken ("" = nothing)
+	Latest   string // what LATEST names now
+}
+
+func (e *ConflictError) Error() string {
+	msg := fmt.Sprintf("another host published: LATEST names %s, expected %s", orNone(e.Latest), orNone(e.Expected))
+	if e.ID != "" {
+		msg += fmt.Sprintf("; snapshot %s is in the store but not published", e.ID)
+	}
+	return msg
+}
+
+func (e *ConflictError) Is(target error) bool { return target == ErrConflict }
+
+// CorruptError names a snapshot that failed verification and why.
+type CorruptError struct {
+	ID  string
+	Err error
+}
+
+func (e *CorruptError) Error() string { return fmt.Sprintf("corrupted snapshot %s: %v", e.ID, e.Err) }
+func (e *CorruptError) Unwrap() error { return e.Err }
+func (e *CorruptError) Is(target error) bool { return target == ErrCorrupt }
+
+func orNone(id string) string {
+	if id == "" {
+		return "(none)"
+	}
+	return id
+}
+
+// CatalogOptions configures a Catalog. The zero value works.
+type CatalogOptions struct {
+	// Host names this machine in snapshot ids, manifests and the lease;
+	// default os.Hostname.
+	Host string
+	// Version is the hermesfs version recorded in manifests.
+	Version string
+	// Logger; nil discards.
+	Logger *slog.Logger
+	// Now is the clock; nil means time.Now. Tests inject one.
+	Now func() time.Time
+	// OrphanGrace is how old an archive without a manifest must be before
+	// Prune deletes it: younger ones may be a publish in progress
+	// (default one hour).
+	OrphanGrace time.Duration
+}
+
+// Catalog is the snapshots of one store prefix. Its methods may be called
+// concurrently, also with other hosts' catalogs on the same prefix.
+type Catalog struct {
+	store Store
+	opts  CatalogOptions
+	log   *slog.Logger
+
+	mu     sync.Mutex
+	lastID string // the newest id this catalog made, to keep ids increasing
+}
+
+// NewCatalog returns the catalog kept in s.
+func NewCatalog(s Store, o CatalogOptions) *Catalog {
+	if o.Host == "" {
+		o.Host, _ = os.Hostname()
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.OrphanGrace <= 0 {
+		o.OrphanGrace = time.Hour
+	}
+	return &Catalog{store: s, opts: o, log: o.Logger}
+}
+
+// Store is the store the catalog lives in.
+func (c *Catalog) Store() Store { return c.store }
+
+// readLatest returns the id LATEST names and the ETag of the LATEST object
+// read; both "" when there is none.
+func (c *Catalog) readLatest(ctx context.Context) (id, etag string, err error) {
+	rc, info, err := c.store.Get(ctx, LatestKey, 0, 1024)
+	if errors.Is(err, iofs.ErrNotExist) {
+		return "", "", nil
+	}
+	if err != nil {
+		return "", "", fmt.Errorf("read %s: %w", LatestKey, err)
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(rc)
+	if err != nil {
+		return "", "", fmt.Errorf("read %s: %w", LatestKey, err)
+	}
+	id = strings.TrimSpace(string(b))
+	if err := ValidID(id); err != nil {
+		return "", "", fmt.Errorf("%s holds %q, not a snapshot id: %w", LatestKey, b, err)
+	}
+	return id, info.ETag, nil
+}
+
+// LatestID returns the id LATEST names, or "" if there is no LATEST.
+func (c *Catalog) LatestID(ctx context.Context) (string, error) {
+	id, _, err := c.readLatest(ctx)
+	return id, err
+}
+
+// Latest returns the manifest of the snapshot LATEST names, or
+// ErrNoSnapshots.
+func (c *Catalog) Latest(ctx context.Context) (Manifest, error) {
+	id, _, err := c.readLatest(ctx)
+	if err != nil {
+		return Manifest{}, err
+	}
+	if id == "" {
+		return Manifest{}, ErrNoSnapshots
+	}
+	return c.Manifest(ctx, id)
+}
+
+// Manifest reads snapshot id's manifest. A missing or unreadable manifest
+// is a CorruptError (the snapshot cannot be verified); a missing one also
+// satisfies errors.Is(err, io/fs.ErrNotExist).
+func (c *Catalog) Manifest(ctx context.Context, id string) (Manifest, error) {
+	if err := ValidID(id); err != nil {
+		return Manifest{}, err
+	}
+	rc, _, err := c.store.Get(ctx, ManifestKey(id), 0, 1<<20)
+	if errors.Is(err, iofs.ErrNotExist) {
+		return Manifest{}, &CorruptError{ID: id, Err: fmt.Errorf("manifest missing: %w", err)}
+	}
+	if err != nil {
+		return Manifest{}, err
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(rc)
+	if err != nil {
+		return Manifest{}, fmt.Errorf("read manifest of %s: %w", id, err)
+	}
+	var m Manifest
+	if err := json.Unmarshal(b, &m); err != nil {
+		return Manifest{}, &CorruptError{ID: id, Err: fmt.Errorf("manifest: %w", err)}
+	}
+	switch {
+	case m.ID != id:
+		return Manifest{}, &CorruptError{ID: id, Err: fmt.Errorf("manifest names snapshot %q", m.ID)}
+	case m.Format > ManifestFormat:
+		return Manifest{}, fmt.Errorf("manifest of %s has format %d; this hermesfs reads up to %d: upgrade it", id, m.Format, ManifestFormat)
+	case len(m.SHA256) != 64 || m.Size < 0:
+		return Manifest{}, &CorruptError{ID: id, Err: errors.New("manifest lacks size or sha256")}
+	}
+	if m.Archive == "" {
+		m.Archive = ArchiveKey(id)
+	}
+	return m, nil
+}
+
+// PublishInput is one snapshot to publish.
+type PublishInput struct {
+	// Path is the archive file. It is read once to hash it unless SHA256
+	// is given, and once to upload it.
+	Path string
+	// SHA256 (hex) and Size of the archive, if the packer computed them.
+	SHA256 string
+	Size   int64
+	// Parent is recorded in the manifest: the snapshot the tree came from.
+	Parent string
+	// Expect is what LATEST must still name ("" = no LATEST) for this
+	// publish to win; usually the same as Parent. If another host moved
+	// LATEST, Publish fails with a ConflictError, before uploading if it
+	// can tell then.
+	Expect string
+	// Files and Compression are recorded in the manifest (Compression
+	// defaults to "zstd").
+	Files       int64
+	Compression string
+	// Lease, if set, must still be held when LATEST is about to move.
+	Lease *Lease
+}
+
+// Publish uploads the archive, then its manifest, then moves LATEST to it
+// with a conditional write against the LATEST it read. A crash or error at
+// any step leaves LATEST on the previous complete snapshot; what was
+// uploaded stays until Prune removes it. The returned manifest is the new
+// snapshot's. The store should be wrapped in WithRetry: Publish itself
+// does not retry.
+func (c *Catalog) Publish(ctx context.Context, in PublishInput) (Manifest, error) {
+	latest, etag, err := c.readLatest(ctx)
+	if err != nil {
+		return Manifest{}, fmt.Errorf("publish: %w", err)
+	}
+	if latest != in.Expect {
+		return Manifest{}, &ConflictError{Expected: in.Expect, Latest: latest}
+	}
+	f, err := os.Open(in.Path)
+	if err != nil {
+		return Manifest{}, fmt.Errorf("publish: %w", err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return Manifest{}, fmt.Errorf("publish: %w", err)
+	}
+	sum := in.SHA256
+	if sum == "" {
+		h := sha256.New()
+		if _, err := io.Copy(h, &ctxReader{ctx: ctx, r: f}); err != nil {
+			return Manifest{}, fmt.Errorf("publish: hash %s: %w", in.Path, err)
+		}
+		sum = hex.EncodeToString(h.Sum(nil))
+		if _, err := f.Seek(0, io.SeekStart); err != nil {
+			return Manifest{}, fmt.Errorf("publish: %w", err)
+		}
+	} else if in.Size != st.Size() {
+		return Manifest{}, fmt.Errorf("publish: %s has %d bytes, the packer reported %d", in.Path, st.Size(), in.Size)
+	}
+	id := c.newID(latest, in.Parent)
+	m := Manifest{
+		Format:      ManifestFormat,
+		ID:          id,
+		Created:     c.opts.Now().UTC(),
+		Host:        c.opts.Host,
+		Parent:      in.Parent,
+		Size:        st.Size(),
+		SHA256:      sum,
+		Compression: cmp(in.Compression, "zstd"),
+		Files:       in.Files,
+		Version:     c.opts.Version,
+		Archive:     ArchiveKey(id),
+	}
+	start := time.Now()
+	info, err := c.store.Put(ctx, m.Archive, f, m.Size, PutOptions{})
+	if err != nil {
+		return Manifest{}, fmt.Errorf("publish %s: upload archive: %w", id, err)
+	}
+	if info.Size != m.Size {
+		return Manifest{}, fmt.Errorf("publish %s: store holds %d bytes of the %d-byte archive", id, info.Size, m.Size)
+	}
+	mj, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return Manifest{}, err
+	}
+	mj = append(mj, '\n')
+	if _, err := c.store.Put(ctx, ManifestKey(id), bytes.NewReader(mj), int64(len(mj)), PutOptions{}); err != nil {
+		return Manifest{}, fmt.Errorf("publish %s: upload manifest: %w", id, err)
+	}
+	if in.Lease != nil {
+		if err := in.Lease.Err(); err != nil {
+			return Manifest{}, fmt.Errorf("publish %s: uploaded but not published: %w", id, err)
+		}
+	}
+	if err := c.moveLatest(ctx, id, latest, etag); err != nil {
+		return Manifest{}, err
+	}
+	c.log.Info("published snapshot", "id", id, "parent", in.Parent, "size", m.Size, "files", m.Files, "took", time.Since(start).Round(time.Millisecond))
+	return m, nil
+}
+
+// moveLatest points LATEST at id if it still is the object read as prev
+// (etag; "" = absent).
+func (c *Catalog) moveLatest(ctx context.Context, id, prev, etag string) error {
+	body := []byte(id + "\n")
+	opts := PutOptions{IfMatch: etag, IfNoneMatch: etag == ""}
+	_, err := c.store.Put(ctx, LatestKey, bytes.NewReader(body), int64(len(body)), opts)
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, ErrPrecondition) {
+		return fmt.Errorf("publish %s: move %s: %w", id, LatestKey, err)
+	}
+	// Lost the race, or a retried write found its own first attempt had
+	// landed: look.
+	now, _, rerr := c.readLatest(ctx)
+	if rerr != nil {
+		return fmt.Errorf("publish %s: move %s: %w; then: %w", id, LatestKey, err, rerr)
+	}
+	if now == id {
+		return nil
+	}
+	return &ConflictError{ID: id, Expected: prev, Latest: now}
+}
+
+func cmp(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+const idTimeLayout = "20060102T150405.000Z"
+
+// newID makes an id later than every id it knows of: the clock may be
+// behind another host's, but a snapshot must sort after its parent.
+func (c *Catalog) newID(known ...string) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t := c.opts.Now().UTC().Truncate(time.Millisecond)
+	for _, k := range append(known, c.lastID) {
+		if kt, err := IDTime(k); err == nil && !t.After(kt) {
+			t = kt.Add(time.Millisecond)
+		}
+	}
+	var rnd [4]byte
+	rand.Read(rnd[:])
+	id := t.Format(idTimeLayout) + "-" + sanitizeHost(c.opts.Host) + "-" + hex.EncodeToString(rnd[:])
+	c.lastID = id
+	return id
+}
+
+// sanitizeHost keeps an id to [a-z0-9-] and at most 40 bytes of host.
+func sanitizeHost(h string) string {
+	b := []byte(strings.ToLower(h))
+	for i, ch := range b {
+		if !(ch >= 'a' && ch <= 'z' || ch >= '0' && ch <= '9' || ch == '-') {
+			b[i] = '-'
+		}
+	}
+	s := strings.Trim(string(b[:min(len(b), 40)]), "-")
+	if s == "" {
+		s = "host"
+	}
+	return s
+}
+
+// IDTime is the creation time encoded at the start of a snapshot id.
+// Ids sort bytewise in creation order.
+func IDTime(id string) (time.Time, error) {
+	if len(id) < len(idTimeLayout) {
+		return time.Time{}, fmt.Errorf("snapshot id %q: too short", id)
+	}
+	return time.Parse(idTimeLayout, id[:len(idTimeLayout)])
+}
+
+// ValidID checks that id has the shape of a snapshot id
+// (20261122T134501.123Z-host-1a2b3c4d), so it cannot name other keys.
+func ValidID(id string) error {
+	if _, err := IDTime(id); err != nil {
+		return fmt.Errorf("invalid snapshot id %q", id)
+	}
+	rest := id[len(idTimeLayout):]
+	if len(id) > 100 || len(rest) < 2 || rest[0] != '-' || strings.ContainsAny(rest, "/. \t\n") {
+		return fmt.Errorf("invalid snapshot id %q", id)
+	}
+	return nil
+}
+
+// Snapshot is one entry of the catalog's listing.
+type Snapshot struct {
+	Manifest
+	// Latest marks the snapshot LATEST names.
+	Latest bool
+	// Incomplete: the archive or the manifest is missing (a publish in
+	// progress, or one that crashed).
+	Incomplete bool
+	// ModTime is when the archive (else the manifest) was stored.
+	ModTime time.Time
+	// Err is set if the manifest could not be read.
+	Err error
+}
+
+type objects struct {
+	archive, manifest *ObjectInfo
+}
+
+// scan lists the snapshot keys by id.
+func (c *Catalog) scan(ctx context.Context) (map[string]*objects, error) {
+	byID := map[string]*objects{}
+	err := c.store.List(ctx, SnapshotsPrefix, func(o ObjectInfo) error {
+		name := strings.TrimPrefix(o.Key, SnapshotsPrefix)
+		var id string
+		var slot func(*objects) **ObjectInfo
+		switch {
+		case strings.HasSuffix(name, ArchiveExt):
+			id, slot = strings.TrimSuffix(name, ArchiveExt), func(x *objects) **ObjectInfo { return &x.archive }
+		case strings.HasSuffix(name, ManifestExt):
+			id, slot = strings.TrimSuffix(name, ManifestExt), func(x *objects) **ObjectInfo { return &x.manifest }
+		default:
+			return nil
+		}
+		if ValidID(id) != nil {
+			return nil
+		}
+		if byID[id] == nil {
+			byID[id] = &objects{}
+		}
+		*slot(byID[id]) = &o
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list snapshots: %w", err)
+	}
+	return byID, nil
+}
+
+// Snapshots lists the catalog, newest first.
+func (c *Catalog) Snapshots(ctx context.Context) ([]Snapshot, error) {
+	latest, _, err := c.readLatest(ctx)
+	if err != nil {
+		return nil, err
+	}
+	byID, err := c.scan(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ids := sortedIDs(byID)
+	out := make([]Snapshot, len(ids))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 8)
+	for i, id := range ids {
+		o := byID[id]
+		s := &out[i]
+		s.ID, s.Latest, s.Incomplete = id, id == latest, o.archive == nil || o.manifest == nil
+		if o.archive != nil {
+			s.ModTime, s.Size = o.archive.ModTime, o.archive.Size
+		} else {
+			s.ModTime = o.manifest.ModTime
+		}
+		if o.manifest == nil {
+			continue
+		}
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			m, err := c.Manifest(ctx, id)
+			if err != nil {
+				s.Err = err
+				return
+			}
+			s.Manifest = m
+		})
+	}
+	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// sortedIDs returns the ids newest first.
+func sortedIDs(byID map[string]*objects) []string {
+	ids := make([]string, 0, len(byID))
+	for id := range byID {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	slices.Reverse(ids)
+	return ids
+}
+
+// PruneResult lists what Prune did.
+type PruneResult struct {
+	Kept    []string // complete snapshots kept, newest first
+	Deleted []string // snapshots whose objects were deleted
+}
+
+// DefaultKeep is how many snapshots retention keeps by default.
+const DefaultKeep = 10
+
+// Prune deletes old snapshots, keeping the newest keep complete ones up to
+// and including the one LATEST names. It never deletes what LATEST names
+// or anything newer (a publish in progress, or a loser of a race that may
+// still be wanted), nor an archive without a manifest younger than
+// OrphanGrace. A snapshot's manifest is deleted before its archive, so a
+// manifest never points at a missing archive, and a crash half way leaves
+// only an orphan archive for the next Prune.
+func (c *Catalog) Prune(ctx context.Context, keep int) (PruneResult, error) {
+	var res PruneResult
+	if keep < 1 {
+		return res, fmt.Errorf("prune: keep %d: must keep at least 1 snapshot", keep)
+	}
+	latest, _, err := c.readLatest(ctx)
+	if err != nil {
+		return res, fmt.Errorf("prune: %w", err)
+	}
+	byID, err := c.scan(ctx)
+	if err != nil {
+		return res, fmt.Errorf("prune: %w", err)
+	}
+	now := c.opts.Now()
+	kept := 0 // complete snapshots kept, up to LATEST
+	for _, id := range sortedIDs(byID) {
+		o := byID[id]
+		complete := o.archive != nil && o.manifest != nil
+		switch {
+		case latest != "" && id > latest:
+			if complete {
+				res.Kept = append(res.Kept, id)
+			}
+			continue
+		case id == latest || complete && kept < keep:
+			res.Kept = append(res.Kept, id)
+			kept++
+			continue
+		case o.manifest == nil && now.Sub(o.archive.ModTime) < c.opts.OrphanGrace:
+			continue // maybe being published right now
+		}
+		if o.manifest != nil {
+			if err := c.store.Delete(ctx, ManifestKey(id)); err != nil {
+				return res, fmt.Errorf("prune %s: %w", id, err)
+			}
+		}
+		if o.archive != nil {
+			if err := c.store.Delete(ctx, ArchiveKey(id)); err != nil {
+				return res, fmt.Errorf("prune %s: %w", id, err)
+			}
+		}
+		res.Deleted = append(res.Deleted, id)
+		c.log.Info("pruned snapshot", "id", id, "complete", complete)
+	}
+	return res, nil
+}

@@ -1,0 +1,312 @@
+package uploader
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	iofs "io/fs"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// The writer lease: one host at a time may publish to a prefix. The lease
+// is the JSON object LeaseKey, changed only by conditional puts, so two
+// hosts can never both believe they took it. A holder renews it every
+// Heartbeat; a lease not renewed for TTL is stale and any host may take it
+// over (a conditional put against the stale object's ETag). A holder that
+// finds the object changed under it, or that could not renew before its
+// own expiry, has lost the lease and must stop publishing: Lost() closes
+// and Err() says why.
+//
+// Expiry compares the clocks of different hosts; keep them within a few
+// seconds (NTP), well under TTL.
+
+// Lease defaults.
+const (
+	DefaultLeaseTTL       = 25 * time.Second
+	DefaultLeaseHeartbeat = 10 * time.Second
+)
+
+var (
+	// ErrLeaseHeld is an Acquire refused because another holder's lease is
+	// live. See LeaseHeldError.
+	ErrLeaseHeld = errors.New("lease held by another holder")
+	// ErrLeaseLost is returned once a lease was taken over or expired.
+	ErrLeaseLost = errors.New("lease lost")
+)
+
+// LeaseHeldError names the live holder.
+type LeaseHeldError struct {
+	Holder  string
+	Host    string
+	Expires time.Time
+}
+
+func (e *LeaseHeldError) Error() string {
+	return fmt.Sprintf("the store is in use by %s on host %s (lease valid until %s unless renewed)",
+		e.Holder, e.Host, e.Expires.UTC().Format(time.RFC3339))
+}
+
+func (e *LeaseHeldError) Is(target error) bool { return target == ErrLeaseHeld }
+
+// LeaseRecord is the content of the lease object.
+type LeaseRecord struct {
+	Holder     string    `json:"holder"`
+	Host       string    `json:"host"`
+	Token      string    `json:"token"` // random, one per acquisition
+	Generation int64     `json:"generation"`
+	Acquired   time.Time `json:"acquired"`
+	Renewed    time.Time `json:"renewed"`
+	Expires    time.Time `json:"expires"`
+	Released   bool      `json:"released,omitempty"`
+	// Write is random per write: after an ambiguous failure (the request
+	// may have landed) the writer re-reads and recognises its own write.
+	Write string `json:"write"`
+}
+
+// live reports whether the lease binds others at now.
+func (r LeaseRecord) live(now time.Time) bool { return !r.Released && now.Before(r.Expires) }
+
+// LeaseOptions configures AcquireLease.
+type LeaseOptions struct {
+	// Holder names the writer for humans and for restarts, e.g.
+	// "hermesfs mount /home/a/.hermes". A live lease with the same Holder
+	// and the catalog's Host is taken over at once: it belonged to an
+	// earlier run of the same writer that did not release it (a crash).
+	// So Holder must not name the process, and the caller must make sure
+	// only one writer per Holder runs on a host (a lock in its state dir).
+	Holder string
+	// TTL is how long a lease lives without renewal (default 25s).
+	TTL time.Duration
+	// Heartbeat is the renewal period (default 10s); negative disables
+	// background renewal (call Renew yourself).
+	Heartbeat time.Duration
+}
+
+// Lease is a held writer lease.
+type Lease struct {
+	c    *Catalog
+	opts LeaseOptions
+	log  *slog.Logger
+
+	mu      sync.Mutex
+	rec     LeaseRecord
+	etag    string
+	err     error // set once lost or released
+	lost    chan struct{}
+	stop    context.CancelFunc
+	stopped chan struct{}
+}
+
+// ReadLease returns the current lease record and its ETag, or an error
+// satisfying errors.Is(err, io/fs.ErrNotExist) if there is none.
+func (c *Catalog) ReadLease(ctx context.Context) (LeaseRecord, string, error) {
+	rc, info, err := c.store.Get(ctx, LeaseKey, 0, 64<<10)
+	if err != nil {
+		return LeaseRecord{}, "", fmt.Errorf("read lease: %w", err)
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(rc)
+	if err != nil {
+		return LeaseRecord{}, "", fmt.Errorf("read lease: %w", err)
+	}
+	var r LeaseRecord
+	if err := json.Unmarshal(b, &r); err != nil {
+		// Unreadable: treat as a stale lease anyone may replace.
+		c.log.Warn("lease object is not valid JSON; treating it as stale", "err", err)
+		return LeaseRecord{}, info.ETag, nil
+	}
+	return r, info.ETag, nil
+}
+
+// AcquireLease takes the writer lease of the prefix, or fails with a
+// LeaseHeldError while another holder's lease is live. Unless
+// o.Heartbeat is negative, the lease renews itself in the background
+// until Release.
+func (c *Catalog) AcquireLease(ctx context.Context, o LeaseOptions) (*Lease, error) {
+	if o.TTL <= 0 {
+		o.TTL = DefaultLeaseTTL
+	}
+	if o.Heartbeat == 0 {
+		o.Heartbeat = DefaultLeaseHeartbeat
+	}
+	l := &Lease{c: c, opts: o, log: c.log.With("lease_holder", o.Holder), lost: make(chan struct{})}
+	token := randomHex(8)
+	for attempt := 0; ; attempt++ {
+		cur, etag, err := c.ReadLease(ctx)
+		exists := err == nil
+		if err != nil && !errors.Is(err, iofs.ErrNotExist) {
+			return nil, err
+		}
+		now := c.opts.Now()
+		sameHolder := cur.Host == c.opts.Host && cur.Holder == o.Holder
+		if exists && cur.live(now) && !sameHolder {
+			return nil, &LeaseHeldError{Holder: cur.Holder, Host: cur.Host, Expires: cur.Expires}
+		}
+		if exists && etag != "" && !cur.Released && cur.Token != "" {
+			l.log.Warn("taking over a stale lease", "stale_holder", cur.Holder, "stale_host", cur.Host, "expired", cur.Expires)
+		}
+		rec := LeaseRecord{
+			Holder: o.Holder, Host: c.opts.Host, Token: token, Generation: cur.Generation + 1,
+			Acquired: now.UTC(), Renewed: now.UTC(), Expires: now.Add(o.TTL).UTC(), Write: randomHex(8),
+		}
+		cond := PutOptions{IfNoneMatch: !exists, IfMatch: etag}
+		newTag, err := l.write(ctx, rec, cond)
+		if err == nil {
+			l.rec, l.etag = rec, newTag
+			break
+		}
+		if !errors.Is(err, ErrPrecondition) || attempt >= 3 {
+			return nil, err
+		}
+		// Someone else wrote first; look again (they may hold it now).
+	}
+	l.log.Info("acquired the writer lease", "generation", l.rec.Generation, "expires", l.rec.Expires)
+	if o.Heartbeat > 0 {
+		hctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		l.stop, l.stopped = cancel, make(chan struct{})
+		go l.heartbeat(hctx)
+	}
+	return l, nil
+}
+
+// write puts rec under cond and returns the new ETag. A failed condition
+// is re-checked: if the object holds rec's own write, an earlier attempt
+// landed and the write succeeded.
+func (l *Lease) write(ctx context.Context, rec LeaseRecord, cond PutOptions) (string, error) {
+	b, err := json.MarshalIndent(rec, "", "  ")
+	if err != nil {
+		return "", err
+	}
+	info, err := l.c.store.Put(ctx, LeaseKey, bytes.NewReader(b), int64(len(b)), cond)
+	if err == nil {
+		return info.ETag, nil
+	}
+	if !errors.Is(err, ErrPrecondition) {
+		return "", fmt.Errorf("write lease: %w", err)
+	}
+	cur, etag, rerr := l.c.ReadLease(ctx)
+	if rerr == nil && cur.Write == rec.Write {
+		return etag, nil
+	}
+	return "", fmt.Errorf("write lease: %w", err)
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return fmt.Sprintf("%x", b)
+}
+
+func (l *Lease) heartbeat(ctx context.Context) {
+	defer close(l.stopped)
+	t := time.NewTicker(l.opts.Heartbeat)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-l.lost:
+			return
+		case <-t.C:
+		}
+		rctx, cancel := context.WithTimeout(ctx, l.opts.Heartbeat)
+		err := l.Renew(rctx)
+		cancel()
+		if err != nil && ctx.Err() == nil {
+			l.log.Warn("lease renewal failed", "err", err)
+		}
+	}
+}
+
+// Renew extends the lease by TTL from now. It fails with ErrLeaseLost once
+// the lease was taken over, or when renewals kept failing until it expired.
+func (l *Lease) Renew(ctx context.Context) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err != nil {
+		return l.err
+	}
+	now := l.c.opts.Now()
+	rec := l.rec
+	rec.Renewed, rec.Expires, rec.Write = now.UTC(), now.Add(l.opts.TTL).UTC(), randomHex(8)
+	etag, err := l.write(ctx, rec, PutOptions{IfMatch: l.etag})
+	switch {
+	case err == nil:
+		l.rec, l.etag = rec, etag
+		return nil
+	case errors.Is(err, ErrPrecondition):
+		cur, _, _ := l.c.ReadLease(ctx)
+		return l.markLost(fmt.Errorf("%w: taken over by %s on %s (generation %d)", ErrLeaseLost, cur.Holder, cur.Host, cur.Generation))
+	case !now.Before(l.rec.Expires):
+		return l.markLost(fmt.Errorf("%w: not renewed before it expired at %s: %w", ErrLeaseLost, l.rec.Expires.Format(time.RFC3339), err))
+	}
+	return err
+}
+
+// markLost records the loss; l.mu is held.
+func (l *Lease) markLost(err error) error {
+	if l.err == nil {
+		l.err = err
+		close(l.lost)
+		l.log.Error("lost the writer lease; publishing must stop", "err", err)
+	}
+	return l.err
+}
+
+// Lost is closed when the lease is lost (or released).
+func (l *Lease) Lost() <-chan struct{} { return l.lost }
+
+// Err is nil while the lease is held: not lost, not released, and not past
+// its expiry by this host's clock (so a holder cut off from the store stops
+// believing in its lease when others may take it).
+func (l *Lease) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err != nil {
+		return l.err
+	}
+	if !l.c.opts.Now().Before(l.rec.Expires) {
+		return l.markLost(fmt.Errorf("%w: expired at %s without renewal", ErrLeaseLost, l.rec.Expires.Format(time.RFC3339)))
+	}
+	return nil
+}
+
+// Record is the lease as last written by this holder.
+func (l *Lease) Record() LeaseRecord {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.rec
+}
+
+// Release stops the heartbeat and gives the lease up, so the next host need
+// not wait for it to expire. Releasing a lost lease does nothing.
+func (l *Lease) Release(ctx context.Context) error {
+	if l.stop != nil {
+		l.stop()
+		<-l.stopped
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err != nil {
+		return nil
+	}
+	rec := l.rec
+	rec.Released, rec.Expires, rec.Write = true, l.c.opts.Now().UTC(), randomHex(8)
+	_, err := l.write(ctx, rec, PutOptions{IfMatch: l.etag})
+	l.err = errors.New("lease released")
+	close(l.lost)
+	if errors.Is(err, ErrPrecondition) {
+		return nil // someone else holds it now: nothing of ours to release
+	}
+	if err != nil {
+		return fmt.Errorf("release lease: %w", err)
+	}
+	l.log.Info("released the writer lease")
+	return nil
+}

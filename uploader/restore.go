@@ -1,0 +1,196 @@
+package uploader
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	iofs "io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+)
+
+// RestoreOptions tunes Restore.
+type RestoreOptions struct {
+	// ID is the snapshot to restore; "" means the newest good one.
+	ID string
+	// Verify, if set, checks the downloaded archive further (every block,
+	// say) after its size and sha256 matched; an error marks the snapshot
+	// corrupt, with the same fallback as a hash mismatch. f is the
+	// temporary file, complete; read it with ReadAt.
+	Verify func(ctx context.Context, f *os.File, m Manifest) error
+	// Progress, if set, is called as bytes arrive (from the calling
+	// goroutine), with the archive's total size.
+	Progress func(done, total int64)
+}
+
+// RestoreResult says what Restore fetched.
+type RestoreResult struct {
+	Manifest Manifest
+	// Skipped holds a *CorruptError for each newer snapshot that failed
+	// verification and was passed over, newest first. Non-empty means the
+	// restored tree is older than the newest published one: tell the user.
+	Skipped []error
+	// NoLatest is set when LATEST was missing and the newest manifest was
+	// used instead.
+	NoLatest bool
+}
+
+// Restore downloads a snapshot's archive to the file dst (written to a
+// temporary file beside it and renamed into place only once verified),
+// checking its size and sha256 against the manifest while it streams.
+//
+// With no ID it starts from the snapshot LATEST names, or, if there is no
+// LATEST, from the newest manifest. A corrupt snapshot (hash mismatch,
+// missing or unreadable manifest or archive, Verify failure) is logged as
+// an error and skipped for the next older one; the skipped ones are in the
+// result. With an ID, that snapshot or an error. An error that is not
+// corruption (the network, the disk) stops the restore: falling back then
+// would silently hand out older data. A store without snapshots returns
+// ErrNoSnapshots.
+func (c *Catalog) Restore(ctx context.Context, dst string, o RestoreOptions) (RestoreResult, error) {
+	var res RestoreResult
+	if o.ID != "" {
+		m, err := c.fetch(ctx, o.ID, dst, o)
+		res.Manifest = m
+		return res, err
+	}
+	latest, _, err := c.readLatest(ctx)
+	if err != nil {
+		return res, fmt.Errorf("restore: %w", err)
+	}
+	byID, err := c.scan(ctx)
+	if err != nil {
+		return res, fmt.Errorf("restore: %w", err)
+	}
+	var candidates []string
+	if latest != "" {
+		candidates = append(candidates, latest)
+	}
+	for _, id := range sortedIDs(byID) {
+		if byID[id].manifest == nil {
+			continue // no manifest: never published
+		}
+		if latest == "" || id < latest {
+			candidates = append(candidates, id)
+		}
+	}
+	if latest == "" && len(candidates) > 0 {
+		res.NoLatest = true
+		c.log.Warn("the store has no LATEST; restoring the newest snapshot with a manifest", "id", candidates[0])
+	}
+	if len(candidates) == 0 {
+		return res, ErrNoSnapshots
+	}
+	for _, id := range candidates {
+		m, err := c.fetch(ctx, id, dst, o)
+		if err == nil {
+			res.Manifest = m
+			if len(res.Skipped) > 0 {
+				c.log.Error("restored an OLDER snapshot because newer ones are corrupt", "id", id, "skipped", len(res.Skipped), "newest_corrupt", res.Skipped[0])
+			}
+			return res, nil
+		}
+		if !errors.Is(err, ErrCorrupt) {
+			return res, fmt.Errorf("restore %s: %w", id, err)
+		}
+		c.log.Error("snapshot failed verification; trying the previous one", "id", id, "err", err)
+		res.Skipped = append(res.Skipped, err)
+	}
+	return res, fmt.Errorf("restore: every snapshot failed verification: %w", errors.Join(res.Skipped...))
+}
+
+// fetch downloads and verifies one snapshot into dst.
+func (c *Catalog) fetch(ctx context.Context, id, dst string, o RestoreOptions) (Manifest, error) {
+	m, err := c.Manifest(ctx, id)
+	if err != nil {
+		return Manifest{}, err
+	}
+	rc, info, err := c.store.Get(ctx, m.Archive, 0, -1)
+	if errors.Is(err, iofs.ErrNotExist) {
+		return m, &CorruptError{ID: id, Err: fmt.Errorf("archive %s missing", m.Archive)}
+	}
+	if err != nil {
+		return m, fmt.Errorf("download %s: %w", m.Archive, err)
+	}
+	defer rc.Close()
+	if info.Size != m.Size {
+		return m, &CorruptError{ID: id, Err: fmt.Errorf("archive has %d bytes, manifest says %d", info.Size, m.Size)}
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".tmp-*")
+	if err != nil {
+		return m, fmt.Errorf("restore %s: %w", id, err)
+	}
+	keep := false
+	defer func() {
+		if !keep {
+			tmp.Close()
+			os.Remove(tmp.Name())
+		}
+	}()
+	h := sha256.New()
+	var w io.Writer = io.MultiWriter(tmp, h)
+	if o.Progress != nil {
+		w = &progressWriter{w: w, total: m.Size, fn: o.Progress}
+	}
+	n, err := io.CopyBuffer(w, &ctxReader{ctx: ctx, r: rc}, make([]byte, copyBufSize))
+	if err != nil {
+		return m, fmt.Errorf("download %s: %w", m.Archive, err)
+	}
+	if n != m.Size {
+		return m, &CorruptError{ID: id, Err: fmt.Errorf("archive has %d bytes, manifest says %d", n, m.Size)}
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != m.SHA256 {
+		return m, &CorruptError{ID: id, Err: fmt.Errorf("archive sha256 is %s, manifest says %s", got, m.SHA256)}
+	}
+	if o.Verify != nil {
+		if err := o.Verify(ctx, tmp, m); err != nil {
+			if ctx.Err() != nil {
+				return m, err
+			}
+			return m, &CorruptError{ID: id, Err: err}
+		}
+	}
+	if err := tmp.Sync(); err != nil {
+		return m, fmt.Errorf("restore %s: %w", id, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return m, fmt.Errorf("restore %s: %w", id, err)
+	}
+	if err := os.Rename(tmp.Name(), dst); err != nil {
+		return m, fmt.Errorf("restore %s: %w", id, err)
+	}
+	keep = true
+	if err := syncDir(filepath.Dir(dst)); err != nil {
+		return m, fmt.Errorf("restore %s: %w", id, err)
+	}
+	return m, nil
+}
+
+type progressWriter struct {
+	w     io.Writer
+	done  int64
+	total int64
+	fn    func(done, total int64)
+}
+
+func (p *progressWriter) Write(b []byte) (int, error) {
+	n, err := p.w.Write(b)
+	p.done += int64(n)
+	p.fn(p.done, p.total)
+	return n, err
+}
+
+// SkippedIDs returns the ids of the corrupt snapshots a restore skipped.
+func (r RestoreResult) SkippedIDs() []string {
+	var ids []string
+	for _, err := range r.Skipped {
+		if ce, ok := errors.AsType[*CorruptError](err); ok {
+			ids = append(ids, ce.ID)
+		}
+	}
+	return slices.Clip(ids)
+}
