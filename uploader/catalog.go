@@ -88,8 +88,8 @@ type CorruptError struct {
 	Err error
 }
 
-func (e *CorruptError) Error() string { return fmt.Sprintf("corrupted snapshot %s: %v", e.ID, e.Err) }
-func (e *CorruptError) Unwrap() error { return e.Err }
+func (e *CorruptError) Error() string        { return fmt.Sprintf("corrupted snapshot %s: %v", e.ID, e.Err) }
+func (e *CorruptError) Unwrap() error        { return e.Err }
 func (e *CorruptError) Is(target error) bool { return target == ErrCorrupt }
 
 func orNone(id string) string {
