@@ -1,0 +1,34 @@
+package archive
+
+import (
+	"errors"
+	"fmt"
+)
+
+// ErrCorrupt is matched (errors.Is) by every error that reports damage in
+// an archive: a checksum mismatch, a block that does not decompress, a
+// table that points outside the image, a structure that makes no sense.
+// Such errors are *CorruptError values naming the archive and the byte
+// offset of the first bad block.
+var ErrCorrupt = errors.New("archive corrupt")
+
+// CorruptError describes damage found in an archive.
+type CorruptError struct {
+	Name   string // the archive, as given in ReaderOptions.Name
+	Offset int64  // byte offset of the bad block or structure in the file
+	What   string // what lives there: "data block", "inode table block", ...
+	Err    error  // what is wrong with it
+}
+
+func (e *CorruptError) Error() string {
+	name := e.Name
+	if name == "" {
+		name = "(unnamed)"
+	}
+	return fmt.Sprintf("archive %s: corrupt %s at offset %d: %v", name, e.What, e.Offset, e.Err)
+}
+
+func (e *CorruptError) Is(target error) bool { return target == ErrCorrupt }
+func (e *CorruptError) Unwrap() error        { return e.Err }
+
+var errChecksum = errors.New("checksum mismatch")

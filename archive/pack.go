@@ -1,0 +1,458 @@
+package archive
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	iofs "io/fs"
+	"log/slog"
+	"math"
+	"os"
+	"path"
+	"runtime"
+	"syscall"
+	"time"
+)
+
+// PackOptions configures Pack. The zero value packs with zstd level 3 in
+// 128 KiB blocks on all cores.
+type PackOptions struct {
+	Compression Compression // default Zstd
+	// Level is the compressor's level; 0 means its default (zstd 3, gzip 9,
+	// lz4 fast). zstd 1..22 map onto four encoder speeds (1-2 fastest,
+	// 3-5 default, 6-9 better, 10+ best); gzip 1..9; lz4 0..9 (2+ is HC).
+	Level int
+	// BlockSize is the data block size: a power of two from 4 KiB to 1 MiB.
+	// Default 128 KiB.
+	BlockSize int
+	// Workers is the number of goroutines compressing blocks. Default
+	// runtime.GOMAXPROCS(0).
+	Workers int
+	// ModTime is the superblock's creation time. Zero means the newest
+	// mtime in the tree, so the same tree always packs to the same bytes.
+	ModTime time.Time
+	Logger  *slog.Logger
+}
+
+// PackResult describes a packed archive.
+type PackResult struct {
+	Size        int64    // bytes written to w
+	SHA256      [32]byte // of those bytes
+	Inodes      int64    // inodes in the archive (hard links share one)
+	Files       int64    // regular files (inodes)
+	Dirs        int64    // directories, the root included
+	DataBytes   int64    // bytes of regular file content read from the tree
+	ReusedBytes int64    // of DataBytes, bytes whose compressed blocks were copied from an earlier archive (see BlockSource)
+}
+
+// BlockSource is an optional interface of the files Pack opens from its
+// source FS. A file that is byte-for-byte the content of inode ino of the
+// archive r (for example an unchanged file of a lower layer) returns them
+// with ok=true; Pack then copies the compressed blocks verbatim from r,
+// verifying their checksums as it goes, instead of reading and
+// recompressing the content. Pack only does so when r is checksummed and
+// was written with the same compression and block size as the new archive,
+// and the inode's size matches the file's; otherwise it reads the file.
+type BlockSource interface {
+	ArchiveSource() (r *Reader, ino Inode, ok bool)
+}
+
+// packFile is what Pack needs of the destination when it writes straight
+// into it: sequential writes, the superblock written last at the start, and
+// the finished bytes read back for the checksum. *os.File qualifies.
+type packFile interface {
+	io.Writer
+	io.WriterAt
+	io.ReaderAt
+}
+
+// PackDir packs the directory tree at dir (see Pack).
+func PackDir(ctx context.Context, w io.Writer, dir string, opts PackOptions) (PackResult, error) {
+	st, err := os.Stat(dir)
+	if err != nil {
+		return PackResult{}, fmt.Errorf("archive: pack %s: %w", dir, err)
+	}
+	if !st.IsDir() {
+		return PackResult{}, fmt.Errorf("archive: pack %s: not a directory", dir)
+	}
+	return Pack(ctx, w, os.DirFS(dir), opts)
+}
+
+// Pack writes the tree of src as a squashfs 4.0 image followed by an
+// integrity trailer, and returns its size and SHA-256.
+//
+// src must implement iofs.ReadDirFS and iofs.ReadLinkFS; ownership, device
+// numbers and hard links come from FileInfo.Sys() when it is a
+// *syscall.Stat_t (entries with the same Dev and Ino and Nlink > 1 become
+// one inode). The output depends only on the tree and opts: the same input
+// packs to the same bytes.
+//
+// A squashfs superblock describes tables that come after the data, so it is
+// written last. When w is an *os.File (anything with WriteAt and ReadAt),
+// Pack writes the image into it from its current offset, then the
+// superblock, then reads the result back once to compute the SHA-256. Any
+// other io.Writer receives the archive from a temporary file under
+// os.TempDir(), streamed through once it is complete.
+//
+// Memory stays bounded by the block pipeline (a few blocks per worker) plus
+// the metadata of the tree (roughly 200 bytes per entry).
+func Pack(ctx context.Context, w io.Writer, src iofs.FS, opts PackOptions) (PackResult, error) {
+	p, err := newPacker(src, opts)
+	if err != nil {
+		return PackResult{}, fmt.Errorf("archive: pack: %w", err)
+	}
+	if f, ok := w.(packFile); ok {
+		return p.packTo(ctx, f)
+	}
+	tmp, err := os.CreateTemp("", "hermesfs-pack-*.sqfs")
+	if err != nil {
+		return PackResult{}, fmt.Errorf("archive: pack: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	defer tmp.Close()
+	res, err := p.packTo(ctx, tmp)
+	if err != nil {
+		return res, err
+	}
+	n, err := io.Copy(w, io.NewSectionReader(tmp, 0, res.Size))
+	if err != nil {
+		return res, fmt.Errorf("archive: pack: write: %w", err)
+	}
+	if n != res.Size {
+		return res, fmt.Errorf("archive: pack: wrote %d of %d bytes", n, res.Size)
+	}
+	return res, nil
+}
+
+// node is one entry of the source tree.
+type node struct {
+	name     string
+	path     string // in src; "." for the root
+	mode     iofs.FileMode
+	uid, gid uint32
+	mtime    time.Time
+	rdev     uint64
+	size     int64
+	target   string // symlinks
+	children []*node
+	subdirs  uint32
+
+	// Hard links: every link points at the node that owns the inode.
+	owner *node
+	nlink uint32 // links within the archive (owner only)
+
+	ino  uint32 // squashfs inode number (owner only)
+	ref  uint64 // inode reference, once written (owner only)
+	file *fileData
+}
+
+func (n *node) inode() *node {
+	if n.owner != nil {
+		return n.owner
+	}
+	return n
+}
+
+// fileData is where a regular file's content lives in the image.
+type fileData struct {
+	size    int64
+	start   uint64   // offset of the first stored block
+	words   []uint32 // on-disk size word of each block; 0 = hole
+	frag    uint32   // fragment index or noFragment
+	fragOff uint32
+	sparse  uint64 // bytes in holes
+	started bool
+}
+
+type linkKey struct{ dev, ino uint64 }
+
+type packer struct {
+	src   iofs.FS
+	opts  PackOptions
+	log   *slog.Logger
+	codec codec
+	bs    int
+	root  *node
+
+	inodes  uint32
+	order   []*node // regular-file inode owners in data order
+	mtimeNs []uint32
+	newest  time.Time
+	res     PackResult
+}
+
+func newPacker(src iofs.FS, opts PackOptions) (*packer, error) {
+	if opts.BlockSize == 0 {
+		opts.BlockSize = 128 << 10
+	}
+	bs := opts.BlockSize
+	if bs < minBlockSize || bs > maxBlockSize || bs&(bs-1) != 0 {
+		return nil, fmt.Errorf("block size %d: want a power of two from 4 KiB to 1 MiB", bs)
+	}
+	if opts.Workers <= 0 {
+		opts.Workers = runtime.GOMAXPROCS(0)
+	}
+	if opts.Compression == "" {
+		opts.Compression = Zstd
+	}
+	c, err := newCodec(opts.Compression, opts.Level, bs, opts.Workers)
+	if err != nil {
+		return nil, err
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if _, ok := src.(iofs.ReadLinkFS); !ok {
+		return nil, errors.New("source FS does not implement io/fs.ReadLinkFS (Lstat, ReadLink)")
+	}
+	return &packer{src: src, opts: opts, log: log, codec: c, bs: bs}, nil
+}
+
+// scan walks src into the node tree, sorted by name as squashfs requires.
+func (p *packer) scan(ctx context.Context) error {
+	lfs := p.src.(iofs.ReadLinkFS)
+	links := map[linkKey]*node{}
+	var walk func(n *node) error
+	walk = func(dir *node) error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		ents, err := iofs.ReadDir(p.src, dir.path)
+		if err != nil {
+			return fmt.Errorf("read dir %s: %w", dir.path, err)
+		}
+		// ReadDir sorts by name in byte order, which is the order squashfs
+		// lookups rely on; entries are checked rather than re-sorted.
+		for i, e := range ents {
+			name := e.Name()
+			if !validName(name) {
+				return fmt.Errorf("%s: invalid entry name %q", dir.path, name)
+			}
+			if i > 0 && ents[i-1].Name() >= name {
+				return fmt.Errorf("%s: directory listing not sorted or has duplicates at %q", dir.path, name)
+			}
+			cpath := path.Join(dir.path, name)
+			fi, err := lfs.Lstat(cpath)
+			if err != nil {
+				return fmt.Errorf("lstat %s: %w", cpath, err)
+			}
+			c := &node{name: name, path: cpath}
+			if err := p.fill(c, fi); err != nil {
+				return fmt.Errorf("%s: %w", cpath, err)
+			}
+			if c.mode.IsDir() {
+				dir.subdirs++
+			} else if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Nlink > 1 {
+				k := linkKey{uint64(st.Dev), st.Ino}
+				if o := links[k]; o != nil {
+					if o.mode.Type() != c.mode.Type() {
+						return fmt.Errorf("%s: hard link to %s changed type", cpath, o.path)
+					}
+					c.owner = o
+					o.nlink++
+				} else {
+					links[k] = c
+				}
+			}
+			if c.mode.Type() == iofs.ModeSymlink {
+				t, err := lfs.ReadLink(cpath)
+				if err != nil {
+					return fmt.Errorf("readlink %s: %w", cpath, err)
+				}
+				if len(t) == 0 || len(t) > maxSymlinkLen {
+					return fmt.Errorf("%s: symlink target of %d bytes", cpath, len(t))
+				}
+				c.target = t
+				c.size = int64(len(t))
+			}
+			dir.children = append(dir.children, c)
+			if c.mode.IsDir() {
+				if err := walk(c); err != nil {
+					return err
+				}
+			} else if c.owner == nil && c.mode.IsRegular() {
+				p.order = append(p.order, c)
+			}
+		}
+		return nil
+	}
+	fi, err := lfs.Lstat(".")
+	if err != nil {
+		return fmt.Errorf("lstat root: %w", err)
+	}
+	if !fi.IsDir() {
+		return errors.New("root is not a directory")
+	}
+	p.root = &node{path: "."}
+	if err := p.fill(p.root, fi); err != nil {
+		return err
+	}
+	return walk(p.root)
+}
+
+func (p *packer) fill(n *node, fi iofs.FileInfo) error {
+	n.mode = fi.Mode()
+	if inodeTypeOf(n.mode) == 0 {
+		return fmt.Errorf("unsupported file type %v", n.mode.Type())
+	}
+	n.mtime = fi.ModTime()
+	n.nlink = 1
+	if n.mtime.After(p.newest) {
+		p.newest = n.mtime
+	}
+	if n.mode.IsRegular() {
+		n.size = fi.Size()
+		if n.size < 0 {
+			return fmt.Errorf("negative size %d", n.size)
+		}
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		n.uid, n.gid = st.Uid, st.Gid
+		if n.mode&iofs.ModeDevice != 0 {
+			n.rdev = uint64(st.Rdev)
+		}
+	}
+	return nil
+}
+
+// number assigns inode numbers in the order the inodes will be written:
+// children before their directory (a directory's entry points at its
+// children's inodes), hard links at their first appearance.
+func (p *packer) number(d *node) {
+	for _, c := range d.children {
+		if c.mode.IsDir() {
+			p.number(c)
+		} else if o := c.inode(); o.ino == 0 {
+			p.inodes++
+			o.ino = p.inodes
+		}
+	}
+	p.inodes++
+	d.ino = p.inodes
+}
+
+// output counts and buffers what goes to the destination, and records the
+// extents for the trailer.
+type output struct {
+	f    packFile
+	bw   *bufio.Writer
+	base int64  // offset of the image in f
+	pos  uint64 // bytes of image written
+	ext  []extent
+	err  error
+}
+
+func (o *output) write(b []byte, kind extentKind, crc uint32) {
+	if o.err != nil || len(b) == 0 {
+		return
+	}
+	_, o.err = o.bw.Write(b)
+	o.pos += uint64(len(b))
+	for len(b) > 0 {
+		// Extents longer than the trailer can describe (only ever index
+		// arrays) are split; each piece gets its own checksum.
+		n := min(len(b), maxExtentLen)
+		c := crc
+		if n != len(b) || crc == 0 {
+			c = crc32c(b[:n])
+		}
+		o.ext = append(o.ext, extent{length: uint32(n), kind: kind, crc: c})
+		b = b[n:]
+	}
+}
+
+// skip writes n zero bytes that the trailer accounts for elsewhere.
+func (o *output) skip(n int) {
+	if o.err != nil {
+		return
+	}
+	_, o.err = o.bw.Write(make([]byte, n))
+	o.pos += uint64(n)
+}
+
+func (p *packer) packTo(ctx context.Context, f packFile) (res PackResult, err error) {
+	start := time.Now()
+	defer func() {
+		if err != nil {
+			err = fmt.Errorf("archive: pack: %w", err)
+		}
+	}()
+	if err := p.scan(ctx); err != nil {
+		return res, err
+	}
+	p.number(p.root)
+	var base int64
+	if s, ok := f.(io.Seeker); ok {
+		if base, err = s.Seek(0, io.SeekCurrent); err != nil {
+			return res, err
+		}
+	}
+	out := &output{f: f, bw: bufio.NewWriterSize(f, 1<<20), base: base}
+
+	// The superblock is written last; reserve its place.
+	out.skip(superblockSize)
+	opts := p.codec.options()
+	if opts != nil {
+		blk := append([]byte{byte(len(opts)), byte(len(opts)>>8 | metaUncompBit>>8)}, opts...)
+		out.write(blk, kindCompOpts, 0)
+	}
+
+	frags, err := p.writeData(ctx, out)
+	if err != nil {
+		return res, err
+	}
+	sb, err := p.writeTables(out, frags)
+	if err != nil {
+		return res, err
+	}
+	imageBytes := out.pos
+	padded := (imageBytes + padAlign - 1) / padAlign * padAlign
+	if pad := padded - imageBytes; pad > 0 {
+		if _, err := out.bw.Write(make([]byte, pad)); err != nil {
+			return res, err
+		}
+	}
+	sbBytes := sb.marshal()
+	exts := append([]extent{{length: superblockSize, kind: kindSuperblock, crc: crc32c(sbBytes)}}, out.ext...)
+	tr := marshalTrailer(exts, p.mtimeNs, padded, imageBytes)
+	if _, err := out.bw.Write(tr); err != nil {
+		return res, err
+	}
+	if out.err != nil {
+		return res, out.err
+	}
+	if err := out.bw.Flush(); err != nil {
+		return res, err
+	}
+	if _, err := f.WriteAt(sbBytes, base); err != nil {
+		return res, fmt.Errorf("write superblock: %w", err)
+	}
+	total := int64(padded) + int64(len(tr))
+	h := sha256.New()
+	if _, err := io.Copy(h, io.NewSectionReader(f, base, total)); err != nil {
+		return res, fmt.Errorf("read back: %w", err)
+	}
+	p.res.Size = total
+	copy(p.res.SHA256[:], h.Sum(nil))
+	p.res.Inodes = int64(p.inodes)
+	p.log.Info("packed archive", "bytes", total, "inodes", p.inodes, "files", p.res.Files,
+		"data_bytes", p.res.DataBytes, "reused_bytes", p.res.ReusedBytes, "elapsed", time.Since(start))
+	return p.res, nil
+}
+
+// mtimeSecs clamps t to what squashfs can store and returns the
+// nanoseconds the trailer carries.
+func mtimeSecs(t time.Time) (uint32, uint32) {
+	s := t.Unix()
+	if s < 0 {
+		return 0, 0
+	}
+	if s > math.MaxUint32 {
+		return math.MaxUint32, 0
+	}
+	return uint32(s), uint32(t.Nanosecond())
+}

@@ -1,0 +1,396 @@
+package archive
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+)
+
+// The data phase is a pipeline: one producer goroutine reads files in
+// order and cuts them into blocks (packing small files into fragment
+// blocks), Workers goroutines compress blocks in parallel, and the calling
+// goroutine writes the results in the producer's order. The order channel's
+// capacity bounds the blocks in flight, so memory does not grow with the
+// tree.
+
+type jobKind uint8
+
+const (
+	jobData     jobKind = iota // a data block of file
+	jobFragment                // a full fragment block
+	jobRaw                     // an already compressed block copied from another archive
+)
+
+type job struct {
+	kind  jobKind
+	in    []byte // the block (pooled)
+	file  *fileData
+	frag  uint32
+	ready chan struct{}
+
+	// Set by the worker (or the producer for jobRaw) before ready closes.
+	out  []byte // bytes to store; aliases in, or a pooled compressed buffer
+	comp []byte // pooled buffer to return, if any
+	word uint32 // on-disk size word; 0 for a hole
+	crc  uint32
+	err  error
+}
+
+type fragEntry struct {
+	start uint64
+	word  uint32
+}
+
+var zeroBlock = make([]byte, maxBlockSize)
+
+func allZero(b []byte) bool { return bytes.Equal(b, zeroBlock[:len(b)]) }
+
+type bufPool struct {
+	size int
+	pool sync.Pool
+}
+
+func (b *bufPool) get() []byte {
+	if v := b.pool.Get(); v != nil {
+		return (*(v.(*[]byte)))[:b.size]
+	}
+	return make([]byte, b.size)
+}
+
+func (b *bufPool) put(buf []byte) {
+	if cap(buf) >= b.size {
+		buf = buf[:cap(buf)]
+		b.pool.Put(&buf)
+	}
+}
+
+// dataWriter carries the state of one data phase.
+type dataWriter struct {
+	p      *packer
+	ctx    context.Context
+	jobs   chan *job
+	order  chan *job
+	in     *bufPool
+	comp   *bufPool
+	frag   []byte // fragment block being filled (pooled), nil if none
+	nfrags uint32
+
+	// Dedup: files whose size another file shares are hashed; a later file
+	// with the same size and SHA-256 shares the first one's blocks.
+	sizeCount map[int64]int
+	byHash    map[[32]byte]*fileData
+	hashed    map[int64]bool // sizes of which some written file has a hash
+}
+
+func (p *packer) writeData(ctx context.Context, out *output) ([]fragEntry, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	workers := p.opts.Workers
+	d := &dataWriter{
+		p:         p,
+		ctx:       ctx,
+		jobs:      make(chan *job, workers),
+		order:     make(chan *job, 4*workers+4),
+		in:        &bufPool{size: p.bs},
+		comp:      &bufPool{size: p.bs},
+		sizeCount: map[int64]int{},
+		byHash:    map[[32]byte]*fileData{},
+		hashed:    map[int64]bool{},
+	}
+	for _, n := range p.order {
+		if n.size > 0 {
+			d.sizeCount[n.size]++
+		}
+	}
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			bc := p.codec.newWorker()
+			for j := range d.jobs {
+				d.process(bc, j)
+				close(j.ready)
+			}
+		})
+	}
+	var prodErr error
+	go func() {
+		defer close(d.order)
+		defer close(d.jobs)
+		prodErr = d.produce()
+	}()
+
+	var frags []fragEntry
+	var werr error
+	for j := range d.order {
+		<-j.ready
+		if werr == nil {
+			if j.err != nil {
+				werr = j.err
+			} else {
+				werr = d.store(out, j, &frags)
+			}
+			if werr != nil {
+				cancel()
+			}
+		}
+		d.release(j)
+	}
+	wg.Wait()
+	if werr != nil {
+		return nil, werr
+	}
+	if prodErr != nil {
+		return nil, prodErr
+	}
+	return frags, nil
+}
+
+// store writes one finished block and records where it went.
+func (d *dataWriter) store(out *output, j *job, frags *[]fragEntry) error {
+	switch j.kind {
+	case jobData, jobRaw:
+		fd := j.file
+		if !fd.started {
+			fd.start = out.pos
+			fd.started = true
+		}
+		if j.word == 0 {
+			fd.sparse += uint64(len(j.in))
+		} else {
+			out.write(j.out, kindData, j.crc)
+		}
+		fd.words = append(fd.words, j.word)
+	case jobFragment:
+		if uint32(len(*frags)) != j.frag {
+			return fmt.Errorf("internal error: fragment %d out of order", j.frag)
+		}
+		*frags = append(*frags, fragEntry{start: out.pos, word: j.word})
+		out.write(j.out, kindFragment, j.crc)
+	}
+	return out.err
+}
+
+func (d *dataWriter) release(j *job) {
+	if j.kind != jobRaw && j.in != nil {
+		d.in.put(j.in)
+	}
+	if j.comp != nil {
+		d.comp.put(j.comp)
+	}
+	j.in, j.out, j.comp = nil, nil, nil
+}
+
+func (d *dataWriter) process(bc blockCompressor, j *job) {
+	if j.kind == jobData && allZero(j.in) {
+		j.word = 0
+		return
+	}
+	buf := d.comp.get()
+	c, ok, err := bc.compress(buf, j.in)
+	if err != nil {
+		d.comp.put(buf)
+		j.err = fmt.Errorf("compress: %w", err)
+		return
+	}
+	if ok {
+		j.out, j.comp = c, c
+		j.word = uint32(len(c))
+	} else {
+		d.comp.put(buf)
+		j.out = j.in
+		j.word = uint32(len(j.in)) | dataUncompBit
+	}
+	j.crc = crc32c(j.out)
+}
+
+func (d *dataWriter) submit(j *job) error {
+	j.ready = make(chan struct{})
+	if j.kind == jobRaw {
+		close(j.ready)
+	} else {
+		select {
+		case d.jobs <- j:
+		case <-d.ctx.Done():
+			return d.ctx.Err()
+		}
+	}
+	select {
+	case d.order <- j:
+		return nil
+	case <-d.ctx.Done():
+		return d.ctx.Err()
+	}
+}
+
+func (d *dataWriter) produce() error {
+	for _, n := range d.p.order {
+		if err := d.ctx.Err(); err != nil {
+			return err
+		}
+		if err := d.produceFile(n); err != nil {
+			return err
+		}
+	}
+	return d.flushFragment()
+}
+
+// flushFragment queues the fragment block being filled.
+func (d *dataWriter) flushFragment() error {
+	if d.frag == nil || len(d.frag) == 0 {
+		return nil
+	}
+	j := &job{kind: jobFragment, in: d.frag, frag: d.nfrags}
+	d.nfrags++
+	d.frag = nil
+	return d.submit(j)
+}
+
+// fragmentSpace returns room for n bytes in the current fragment block,
+// starting a new one when they do not fit, and where they go.
+func (d *dataWriter) fragmentSpace(n int) ([]byte, uint32, uint32, error) {
+	if d.frag != nil && len(d.frag)+n > d.p.bs {
+		if err := d.flushFragment(); err != nil {
+			return nil, 0, 0, err
+		}
+	}
+	if d.frag == nil {
+		d.frag = d.in.get()[:0]
+	}
+	off := len(d.frag)
+	d.frag = d.frag[:off+n]
+	return d.frag[off : off+n], d.nfrags, uint32(off), nil
+}
+
+func (d *dataWriter) produceFile(n *node) error {
+	p := d.p
+	fd := &fileData{size: n.size, frag: noFragment}
+	n.file = fd
+	p.res.Files++
+	if n.size == 0 {
+		return nil
+	}
+	p.res.DataBytes += n.size
+	dupCandidate := d.sizeCount[n.size] > 1
+	if dupCandidate && d.hashed[n.size] {
+		sum, err := d.hashFile(n)
+		if err != nil {
+			return err
+		}
+		if prior := d.byHash[sum]; prior != nil && prior.size == n.size {
+			n.file = prior
+			return nil
+		}
+	}
+
+	f, err := p.src.Open(n.path)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", n.path, err)
+	}
+	defer f.Close()
+	if bsrc, ok := f.(BlockSource); ok {
+		done, err := d.reuse(n, fd, bsrc)
+		if err != nil || done {
+			return err
+		}
+	}
+	var h hashWriter
+	if dupCandidate {
+		h = sha256.New()
+	}
+	if err := d.readBlocks(n, fd, f, h); err != nil {
+		return err
+	}
+	if h != nil {
+		var sum [32]byte
+		copy(sum[:], h.Sum(nil))
+		if d.byHash[sum] == nil {
+			d.byHash[sum] = fd
+		}
+		d.hashed[n.size] = true
+	}
+	return nil
+}
+
+type hashWriter interface {
+	io.Writer
+	Sum([]byte) []byte
+}
+
+// readBlocks reads the file's content and queues its blocks: files smaller
+// than a block go into a fragment, larger ones into blocks of their own
+// (the last one short), as mksquashfs does by default.
+func (d *dataWriter) readBlocks(n *node, fd *fileData, r io.Reader, h hashWriter) error {
+	bs := int64(d.p.bs)
+	if n.size < bs {
+		buf, idx, off, err := d.fragmentSpace(int(n.size))
+		if err != nil {
+			return err
+		}
+		if err := readFull(r, buf, n.path); err != nil {
+			return err
+		}
+		if h != nil {
+			h.Write(buf)
+		}
+		fd.frag, fd.fragOff = idx, off
+		return nil
+	}
+	nblocks := (n.size + bs - 1) / bs
+	fd.words = make([]uint32, 0, nblocks)
+	for i := range nblocks {
+		k := min(bs, n.size-i*bs)
+		buf := d.in.get()[:k]
+		if err := readFull(r, buf, n.path); err != nil {
+			d.in.put(buf)
+			return err
+		}
+		if h != nil {
+			h.Write(buf)
+		}
+		if err := d.submit(&job{kind: jobData, in: buf, file: fd}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func readFull(r io.Reader, buf []byte, name string) error {
+	_, err := io.ReadFull(r, buf)
+	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+		return fmt.Errorf("read %s: file shrank while being packed", name)
+	}
+	if err != nil {
+		return fmt.Errorf("read %s: %w", name, err)
+	}
+	return nil
+}
+
+// hashFile reads a whole file to learn whether it duplicates one already
+// written.
+func (d *dataWriter) hashFile(n *node) ([32]byte, error) {
+	var sum [32]byte
+	f, err := d.p.src.Open(n.path)
+	if err != nil {
+		return sum, fmt.Errorf("open %s: %w", n.path, err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	buf := d.in.get()
+	defer d.in.put(buf)
+	m, err := io.CopyBuffer(h, io.LimitReader(onlyReader{f}, n.size), buf)
+	if err != nil {
+		return sum, fmt.Errorf("read %s: %w", n.path, err)
+	}
+	if m != n.size {
+		return sum, fmt.Errorf("read %s: file shrank while being packed", n.path)
+	}
+	copy(sum[:], h.Sum(nil))
+	return sum, nil
+}
+
+// onlyReader hides WriterTo/ReaderFrom so CopyBuffer uses our buffer.
+type onlyReader struct{ io.Reader }
