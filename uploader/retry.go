@@ -101,7 +101,8 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 // RetryPolicy. Errors for which IsPermanent is true are returned at once.
 //
 // A Put is retried only if its reader is an io.Seeker: each retry seeks
-// back to the position the reader had when Put was called. A Put with any
+// back to the position the reader had when Put was called. Stores whose
+// Put makes several requests retry each of them through RetryRequest. A Put with any
 // other reader is tried once (pass an *os.File or a *bytes.Reader to get
 // retries). A Get's reader resumes a broken read with a new ranged Get from
 // where it stopped, and fails if the object changed (another ETag) in
@@ -144,6 +145,29 @@ func (r *Retry) do(ctx context.Context, what, key string, op func() error) error
 	}
 }
 
+type retryKey struct{}
+
+// RetryRequest runs one request of a Store operation that makes several
+// (the parts of a multipart upload) under the policy of the WithRetry
+// decorator the operation was called through, if any; else once. Retrying
+// each request on its own keeps one broken part from restarting a
+// gigabyte upload. op must rewind whatever body it sends. An error after
+// the retries are spent comes back marked permanent, so the decorator
+// does not retry the whole operation on top.
+func RetryRequest(ctx context.Context, what, key string, op func(attempt int) error) error {
+	r, _ := ctx.Value(retryKey{}).(*Retry)
+	if r == nil {
+		return op(0)
+	}
+	attempt := 0
+	err := r.do(ctx, what, key, func() error {
+		err := op(attempt)
+		attempt++
+		return err
+	})
+	return Permanent(err)
+}
+
 // Put implements Store.
 func (r *Retry) Put(ctx context.Context, key string, body io.Reader, size int64, opts PutOptions) (ObjectInfo, error) {
 	seeker, ok := body.(io.Seeker)
@@ -154,6 +178,7 @@ func (r *Retry) Put(ctx context.Context, key string, body io.Reader, size int64,
 	if err != nil {
 		return r.Store.Put(ctx, key, body, size, opts)
 	}
+	ctx = context.WithValue(ctx, retryKey{}, r)
 	var info ObjectInfo
 	first := true
 	err = r.do(ctx, "put", key, func() error {

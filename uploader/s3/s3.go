@@ -157,6 +157,9 @@ func New(ctx context.Context, c Config) (*Store, error) {
 	return &Store{client: client, bucket: c.Bucket, prefix: prefix, part: c.PartSize, conc: c.Concurrency, log: c.Logger}, nil
 }
 
+// Bucket is the store's bucket.
+func (s *Store) Bucket() string { return s.bucket }
+
 // Client is the SDK client, for operations outside uploader.Store.
 func (s *Store) Client() *awss3.Client { return s.client }
 
@@ -346,12 +349,17 @@ func (s *Store) multipart(ctx context.Context, key string, next nextPart, opts u
 // and completes the upload if check (run after the last part was read)
 // passes. On any failure the upload is aborted.
 func (s *Store) multipartChecked(ctx context.Context, key string, next nextPart, opts uploader.PutOptions, check func() error) (_ uploader.ObjectInfo, err error) {
-	created, err := s.client.CreateMultipartUpload(ctx, &awss3.CreateMultipartUploadInput{
-		Bucket: aws.String(s.bucket),
-		Key:    s.full(key),
+	var created *awss3.CreateMultipartUploadOutput
+	err = uploader.RetryRequest(ctx, "create multipart upload", key, func(int) error {
+		var err error
+		created, err = s.client.CreateMultipartUpload(ctx, &awss3.CreateMultipartUploadInput{
+			Bucket: aws.String(s.bucket),
+			Key:    s.full(key),
+		})
+		return s.wrap("create multipart upload", key, err)
 	})
 	if err != nil {
-		return uploader.ObjectInfo{}, fmt.Errorf("create multipart upload: %w", err)
+		return uploader.ObjectInfo{}, err
 	}
 	uploadID := created.UploadId
 	defer func() {
@@ -400,16 +408,25 @@ func (s *Store) multipartChecked(ctx context.Context, key string, next nextPart,
 		num := int32(i + 1)
 		wg.Go(func() {
 			defer func() { done(); <-slots }()
-			out, err := s.client.UploadPart(pctx, &awss3.UploadPartInput{
-				Bucket:        aws.String(s.bucket),
-				Key:           s.full(key),
-				UploadId:      uploadID,
-				PartNumber:    aws.Int32(num),
-				Body:          body,
-				ContentLength: aws.Int64(n),
+			var out *awss3.UploadPartOutput
+			what := fmt.Sprintf("upload part %d", num)
+			err := uploader.RetryRequest(pctx, what, key, func(int) error {
+				if _, err := body.Seek(0, io.SeekStart); err != nil {
+					return uploader.Permanent(err)
+				}
+				var err error
+				out, err = s.client.UploadPart(pctx, &awss3.UploadPartInput{
+					Bucket:        aws.String(s.bucket),
+					Key:           s.full(key),
+					UploadId:      uploadID,
+					PartNumber:    aws.Int32(num),
+					Body:          body,
+					ContentLength: aws.Int64(n),
+				})
+				return s.wrap(what, key, err)
 			})
 			if err != nil {
-				fail(fmt.Errorf("upload part %d: %w", num, err))
+				fail(err)
 				return
 			}
 			mu.Lock()
@@ -435,11 +452,36 @@ func (s *Store) multipartChecked(ctx context.Context, key string, next nextPart,
 		MultipartUpload: &types.CompletedMultipartUpload{Parts: parts},
 	}
 	setConditions(opts, &in.IfNoneMatch, &in.IfMatch)
-	out, err := s.client.CompleteMultipartUpload(ctx, in)
+	var info uploader.ObjectInfo
+	err = uploader.RetryRequest(ctx, "complete multipart upload", key, func(attempt int) error {
+		out, err := s.client.CompleteMultipartUpload(ctx, in)
+		if err == nil {
+			info = uploader.ObjectInfo{Key: key, Size: total, ETag: etag(out.ETag)}
+			return nil
+		}
+		if attempt > 0 && apiCode(err) == "NoSuchUpload" {
+			// An earlier attempt completed the upload but its answer was
+			// lost. The object is ours if it has our size: keys written by
+			// multipart (archives) have one writer.
+			if st, serr := s.Stat(ctx, key); serr == nil && st.Size == total {
+				info = st
+				return nil
+			}
+		}
+		return s.wrap("complete multipart upload", key, err)
+	})
 	if err != nil {
-		return uploader.ObjectInfo{}, fmt.Errorf("complete multipart upload: %w", err)
+		return uploader.ObjectInfo{}, err
 	}
-	return uploader.ObjectInfo{Key: key, Size: total, ETag: etag(out.ETag)}, nil
+	return info, nil
+}
+
+func apiCode(err error) string {
+	var apiErr smithy.APIError
+	if errors.As(err, &apiErr) {
+		return apiErr.ErrorCode()
+	}
+	return ""
 }
 
 // abort gives up a multipart upload, even when ctx was canceled: the parts
@@ -561,6 +603,12 @@ func etag(p *string) string { return strings.Trim(aws.ToString(p), `"`) }
 // wrap names the operation and key, and translates S3's answers into the
 // Store contract's sentinels and permanence.
 func (s *Store) wrap(op, key string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if strings.HasPrefix(err.Error(), "s3: ") {
+		return err // wrapped already, by a request inside the operation
+	}
 	var (
 		apiErr smithy.APIError
 		resp   *awshttp.ResponseError
