@@ -93,7 +93,8 @@ type Options struct {
 // (Guarded, Check). Its methods may be called concurrently.
 type Guard struct {
 	files   map[string]Kind
-	flags   map[Kind]int // flag value, or the default
+	dirs    map[string]bool // every directory that holds a guarded file, at any depth
+	flags   map[Kind]int    // flag value, or the default
 	scanner *scanner
 	config  *configCache
 	audit   *auditLog
@@ -116,6 +117,7 @@ func New(opts Options) (*Guard, error) {
 	}
 	g := &Guard{
 		files: make(map[string]Kind, len(files)),
+		dirs:  make(map[string]bool),
 		flags: map[Kind]int{
 			KindMemory: orDefault(opts.MemoryLimit, DefaultMemoryLimit),
 			KindUser:   orDefault(opts.UserLimit, DefaultUserLimit),
@@ -138,6 +140,9 @@ func New(opts Options) (*Guard, error) {
 			return nil, fmt.Errorf("memguard: guarded file %q: unknown limit kind %q (want %q or %q)", rel, kind, KindMemory, KindUser)
 		}
 		g.files[rel] = kind
+		for d := path.Dir(rel); d != "."; d = path.Dir(d) {
+			g.dirs[d] = true
+		}
 	}
 	patterns := opts.Patterns
 	if patterns == nil {
@@ -189,6 +194,13 @@ func (g *Guard) Close() error {
 func (g *Guard) Guarded(rel string) bool {
 	_, ok := g.files[rel]
 	return ok
+}
+
+// GuardedBelow reports whether a guarded file may sit below directory rel, so
+// that the overlay can skip walking a directory moved to rel when none can.
+// The mount root ("" or ".") holds them all.
+func (g *Guard) GuardedBelow(rel string) bool {
+	return rel == "" || rel == "." || g.dirs[rel]
 }
 
 // Limits returns the limits Check would apply now, by kind, after consulting

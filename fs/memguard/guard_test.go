@@ -240,3 +240,30 @@ func TestUnchangedContentNotRecorded(t *testing.T) {
 		t.Fatalf("creation of an empty file: %+v", ev)
 	}
 }
+
+func TestGuardedBelow(t *testing.T) {
+	g := newTestGuard(t, Options{Files: map[string]Kind{
+		"memories/MEMORY.md":       KindMemory,
+		"projects/a/notes/NOTE.md": KindUser,
+	}})
+	for rel, want := range map[string]bool{
+		"":                   true,
+		".":                  true,
+		"memories":           true,
+		"projects":           true,
+		"projects/a":         true,
+		"projects/a/notes":   true,
+		"projects/b":         false,
+		"projects/a/notes2":  false,
+		"memories/MEMORY.md": false, // a file, not a directory holding one
+		"sessions":           false,
+		"memories.old":       false,
+	} {
+		if got := g.GuardedBelow(rel); got != want {
+			t.Errorf("GuardedBelow(%q) = %v, want %v", rel, got, want)
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() { g.GuardedBelow("sessions/2025") }); n != 0 {
+		t.Errorf("GuardedBelow allocates %v times per call", n)
+	}
+}
