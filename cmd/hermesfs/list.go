@@ -2,8 +2,11 @@ package main
 
 import (
 	"context"
-	"errors"
+	"encoding/json"
 	"flag"
+	"fmt"
+	"text/tabwriter"
+	"time"
 )
 
 func init() {
@@ -11,8 +14,88 @@ func init() {
 		name:    "list",
 		summary: "list the snapshots in the store",
 		usage:   "[flags]",
-		run: func(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error {
-			return errors.New("not implemented yet")
+		help: `Lists the snapshots in the store, newest first: id, creation time (UTC),
+archive size, number of files and the host that made it. The snapshot LATEST
+names (the one 'mount' and 'restore' use) is marked with *. A snapshot whose
+archive or manifest is missing (a publish in progress or one that crashed) is
+marked incomplete.
+
+Examples:
+  hermesfs list
+  hermesfs list --store s3://my-bucket/agents/alice --json
+
+` + storeHelp,
+		flags: func(fs *flag.FlagSet) {
+			addStoreFlags(fs)
+			fs.Bool("json", false, "print a JSON array instead of a table")
 		},
+		run: runList,
 	})
+}
+
+// listEntry is one snapshot in `list --json`.
+type listEntry struct {
+	ID         string    `json:"id"`
+	Created    time.Time `json:"created"`
+	Size       int64     `json:"size"`
+	Files      int64     `json:"files"`
+	Host       string    `json:"host"`
+	Parent     string    `json:"parent,omitempty"`
+	SHA256     string    `json:"sha256,omitempty"`
+	Latest     bool      `json:"latest"`
+	Incomplete bool      `json:"incomplete,omitempty"`
+	Error      string    `json:"error,omitempty"`
+}
+
+func runList(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error {
+	if len(args) > 0 {
+		return usageError("list takes no arguments")
+	}
+	cat, loc, err := openCatalog(ctx, e, fs)
+	if err != nil {
+		return err
+	}
+	snaps, err := cat.Snapshots(ctx)
+	if err != nil {
+		return fmt.Errorf("list %s: %w", loc, err)
+	}
+	entries := make([]listEntry, 0, len(snaps))
+	for _, s := range snaps {
+		le := listEntry{ID: s.ID, Created: s.Created, Size: s.Size, Files: s.Files, Host: s.Host, Parent: s.Parent,
+			SHA256: s.SHA256, Latest: s.Latest, Incomplete: s.Incomplete}
+		if le.Created.IsZero() {
+			le.Created = s.ModTime.UTC()
+		}
+		if s.Err != nil {
+			le.Error = s.Err.Error()
+		}
+		entries = append(entries, le)
+	}
+	if fs.Lookup("json").Value.String() == "true" {
+		enc := json.NewEncoder(e.stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(entries)
+	}
+	if len(entries) == 0 {
+		fmt.Fprintf(e.stdout, "no snapshots in %s\n", loc)
+		return nil
+	}
+	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "  ID\tCREATED (UTC)\tSIZE\tFILES\tHOST")
+	for _, le := range entries {
+		mark := " "
+		if le.Latest {
+			mark = "*"
+		}
+		note := ""
+		switch {
+		case le.Error != "":
+			note = "  (unreadable manifest: " + le.Error + ")"
+		case le.Incomplete:
+			note = "  (incomplete)"
+		}
+		fmt.Fprintf(tw, "%s %s\t%s\t%s\t%d\t%s%s\n", mark, le.ID, le.Created.UTC().Format("2006-01-02 15:04:05"),
+			humanBytes(le.Size), le.Files, le.Host, note)
+	}
+	return tw.Flush()
 }

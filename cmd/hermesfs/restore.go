@@ -4,6 +4,12 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/hermesfs/hermesfs/archive"
+	"github.com/hermesfs/hermesfs/uploader"
 )
 
 func init() {
@@ -11,8 +17,100 @@ func init() {
 		name:    "restore",
 		summary: "download, verify and extract a snapshot into a directory",
 		usage:   "[flags] DIR",
-		run: func(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error {
-			return errors.New("not implemented yet")
+		help: `Downloads a snapshot (the one LATEST names, or --snapshot ID), checks its
+size and sha256 against its manifest and every block of the archive, then
+extracts it into DIR, which must be empty or not exist. If the newest snapshot
+is corrupt, the newest older one that verifies is restored instead, with a
+warning naming what was skipped (exit status 3 if none verifies).
+
+Examples:
+  hermesfs restore ~/hermes-copy
+  hermesfs restore --snapshot 20261122T134501.123Z-box-1a2b3c4d /tmp/old
+  hermesfs restore --store s3://my-bucket/alice ./alice
+
+Without hermesfs, the same is (see the README):
+  aws s3 cp s3://my-bucket/alice/LATEST -           # prints the id
+  aws s3 cp s3://my-bucket/alice/snapshots/ID.sqfs .
+  unsquashfs -d ./alice ID.sqfs
+
+` + storeHelp,
+		flags: func(fs *flag.FlagSet) {
+			addStoreFlags(fs)
+			fs.String("snapshot", "", "snapshot id to restore (default: the newest that verifies)")
 		},
+		run: runRestore,
 	})
+}
+
+func runRestore(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error {
+	if len(args) != 1 {
+		return usageError("restore needs exactly one DIR")
+	}
+	dir, err := filepath.Abs(args[0])
+	if err != nil {
+		return err
+	}
+	id := fs.Lookup("snapshot").Value.String()
+	if id != "" {
+		if err := uploader.ValidID(id); err != nil {
+			return usageError("--snapshot: %v", err)
+		}
+	}
+	// Refuse a non-empty target before downloading anything.
+	if ents, err := os.ReadDir(dir); err == nil && len(ents) > 0 {
+		return usageError("%s is not empty; restore into a new or empty directory", dir)
+	} else if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	parent := filepath.Dir(dir)
+	if err := os.MkdirAll(parent, 0o755); err != nil {
+		return err
+	}
+	cat, loc, err := openCatalog(ctx, e, fs)
+	if err != nil {
+		return err
+	}
+	// The archive is downloaded next to DIR: same file system, and no
+	// assumption that /tmp can hold it.
+	tmpDir, err := os.MkdirTemp(parent, ".hermesfs-restore-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmpDir)
+	archivePath := filepath.Join(tmpDir, "snapshot.sqfs")
+
+	p := newProgress(e.stderr, "download")
+	res, err := cat.Restore(ctx, archivePath, uploader.RestoreOptions{ID: id, Verify: verifyArchive, Progress: p.update})
+	p.done()
+	for _, skipped := range res.Skipped {
+		fmt.Fprintf(e.stderr, "WARNING: %v\n", skipped)
+	}
+	if err != nil {
+		return snapshotError(fmt.Errorf("restore from %s: %w", loc, err))
+	}
+	m := res.Manifest
+	if len(res.Skipped) > 0 {
+		fmt.Fprintf(e.stderr, "WARNING: the newest snapshot is corrupt; restoring the older %s instead\n", m.ID)
+	}
+	if res.NoLatest {
+		fmt.Fprintf(e.stderr, "WARNING: the store has no LATEST pointer; restoring the newest snapshot with a manifest, %s\n", m.ID)
+	}
+
+	f, err := os.Open(archivePath)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	r, err := archive.Open(f, m.Size, archive.ReaderOptions{Name: m.ID})
+	if err != nil {
+		return snapshotError(fmt.Errorf("open snapshot %s: %w", m.ID, err))
+	}
+	up := newProgress(e.stderr, "extract ")
+	err = archive.Unpack(ctx, r, dir, archive.UnpackOptions{Logger: cliLogger(e), Progress: up.update})
+	up.done()
+	if err != nil {
+		return snapshotError(fmt.Errorf("extract snapshot %s into %s (the partial tree is left there): %w", m.ID, dir, err))
+	}
+	fmt.Fprintf(e.stdout, "restored snapshot %s (%s, %d files, from %s) into %s\n", m.ID, humanBytes(m.Size), m.Files, m.Host, dir)
+	return nil
 }

@@ -4,11 +4,36 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/hermesfs/hermesfs/uploader"
 )
 
 // verifySnapshot verifies the snapshot with the given id in the store named by
 // the command's store flags: the manifest's size and sha256, then every block.
-// `hermesfs verify` calls it when its argument is not an existing file.
+// `hermesfs verify` calls it when its argument is not an existing file; that
+// command must declare the store flags with addStoreFlags.
 func verifySnapshot(ctx context.Context, e *env, fs *flag.FlagSet, id string) error {
-	return fmt.Errorf("%s: no such file, and verifying snapshots in a store is not implemented yet", id)
+	if err := uploader.ValidID(id); err != nil {
+		return usageError("%s: no such file, and not a snapshot id", id)
+	}
+	cat, loc, err := openCatalog(ctx, e, fs)
+	if err != nil {
+		return err
+	}
+	tmp, err := os.MkdirTemp("", "hermesfs-verify-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	p := newProgress(e.stderr, "download "+id)
+	res, err := cat.Restore(ctx, filepath.Join(tmp, id+uploader.ArchiveExt), uploader.RestoreOptions{ID: id, Verify: verifyArchive, Progress: p.update})
+	p.done()
+	if err != nil {
+		return snapshotError(fmt.Errorf("snapshot %s in %s: %w", id, loc, err))
+	}
+	m := res.Manifest
+	fmt.Fprintf(e.stdout, "snapshot %s: ok (%s, sha256 %s, every block checked)\n", m.ID, humanBytes(m.Size), m.SHA256)
+	return nil
 }

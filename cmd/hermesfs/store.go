@@ -1,0 +1,205 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"unsafe"
+
+	"github.com/hermesfs/hermesfs/archive"
+	"github.com/hermesfs/hermesfs/uploader"
+	"github.com/hermesfs/hermesfs/uploader/storeurl"
+)
+
+// Store flags are shared by every command that talks to the store: list,
+// restore, prune, verify (for snapshot ids) and mount. A command declares
+// them with addStoreFlags and opens the store with openStore; the
+// environment fills in what the command line leaves out.
+
+// storeEnv maps each store flag to its environment variable.
+var storeEnv = map[string]string{
+	"store":         "HERMESFS_STORE",
+	"s3-endpoint":   "HERMESFS_S3_ENDPOINT",
+	"s3-region":     "HERMESFS_S3_REGION",
+	"s3-path-style": "HERMESFS_S3_PATH_STYLE",
+}
+
+// storeHelp teaches store URLs; commands append it to their help.
+const storeHelp = `Store URLs (--store, or HERMESFS_STORE):
+  file:///var/lib/hermesfs/store          a local directory (the default: $XDG_DATA_HOME/hermesfs/store,
+                                          ~/.local/share/hermesfs/store, or /var/lib/hermesfs/store for root)
+  s3://my-bucket/agents/alice             Amazon S3 (region from AWS_REGION or ~/.aws/config)
+  s3://my-bucket/alice?endpoint=https://ACCOUNT_ID.r2.cloudflarestorage.com
+                                          Cloudflare R2 (region "auto" is implied)
+  s3://hermes/alice?endpoint=http://127.0.0.1:9000
+                                          MinIO or another S3-compatible server (path-style is implied
+                                          with a custom endpoint; --s3-path-style=false to turn it off)
+Credentials come from the standard AWS chain: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY,
+AWS_PROFILE and ~/.aws/credentials, SSO, or an instance role. They never go in the URL.
+The endpoint may also come from AWS_ENDPOINT_URL_S3.`
+
+// addStoreFlags declares the store flags on fs.
+func addStoreFlags(fs *flag.FlagSet) {
+	fs.String("store", "", "store URL: file:///dir or s3://bucket/prefix[?endpoint=URL&region=R&path_style=true] (env HERMESFS_STORE; default: a local store under the data dir)")
+	fs.String("s3-endpoint", "", "S3 endpoint URL for R2, MinIO and other S3-compatible servers (env HERMESFS_S3_ENDPOINT, AWS_ENDPOINT_URL_S3)")
+	fs.String("s3-region", "", "S3 region; \"auto\" for R2 (env HERMESFS_S3_REGION, AWS_REGION)")
+	fs.Var(&optBool{}, "s3-path-style", "address S3 buckets path-style (default: true with a custom endpoint) (env HERMESFS_S3_PATH_STYLE)")
+}
+
+// optBool is a bool flag that knows whether it was set.
+type optBool struct{ v *bool }
+
+func (b *optBool) String() string {
+	if b == nil || b.v == nil {
+		return ""
+	}
+	return strconv.FormatBool(*b.v)
+}
+
+func (b *optBool) Set(s string) error {
+	v, err := strconv.ParseBool(s)
+	if err != nil {
+		return err
+	}
+	b.v = &v
+	return nil
+}
+
+func (b *optBool) IsBoolFlag() bool { return true }
+
+// storeSetting returns flag name's value, or its environment variable's.
+func storeSetting(e *env, fs *flag.FlagSet, name string) string {
+	f := fs.Lookup(name)
+	if f == nil {
+		return e.getenv(storeEnv[name])
+	}
+	set := false
+	fs.Visit(func(v *flag.Flag) { set = set || v.Name == name })
+	if set {
+		return f.Value.String()
+	}
+	return e.getenv(storeEnv[name])
+}
+
+// cliLogger shows warnings and errors (retries, fallbacks) on stderr.
+func cliLogger(e *env) *slog.Logger {
+	return slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+// storeOptions resolves the store flags and environment into storeurl
+// options.
+func storeOptions(e *env, fs *flag.FlagSet, logger *slog.Logger) (string, storeurl.Options, error) {
+	o := storeurl.Options{
+		Getenv:   e.getenv,
+		UID:      os.Getuid(),
+		Endpoint: storeSetting(e, fs, "s3-endpoint"),
+		Region:   storeSetting(e, fs, "s3-region"),
+		Logger:   logger,
+	}
+	if v := storeSetting(e, fs, "s3-path-style"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return "", o, usageError("s3 path style %q: want true or false", v)
+		}
+		o.PathStyle = &b
+	}
+	return storeSetting(e, fs, "store"), o, nil
+}
+
+// openStore opens the store the flags name, wrapped in the default retry
+// policy, and returns its location for messages.
+func openStore(ctx context.Context, e *env, fs *flag.FlagSet, logger *slog.Logger) (uploader.Store, storeurl.Location, error) {
+	raw, o, err := storeOptions(e, fs, logger)
+	if err != nil {
+		return nil, storeurl.Location{}, err
+	}
+	s, loc, err := storeurl.Open(ctx, raw, o)
+	if err != nil {
+		return nil, loc, usageError("%v", err)
+	}
+	return uploader.WithRetry(s, uploader.RetryPolicy{}, logger), loc, nil
+}
+
+// openCatalog opens the snapshot catalog of the store the flags name.
+func openCatalog(ctx context.Context, e *env, fs *flag.FlagSet) (*uploader.Catalog, storeurl.Location, error) {
+	logger := cliLogger(e)
+	s, loc, err := openStore(ctx, e, fs, logger)
+	if err != nil {
+		return nil, loc, err
+	}
+	host, _ := os.Hostname()
+	return uploader.NewCatalog(s, uploader.CatalogOptions{Host: host, Version: version, Logger: logger}), loc, nil
+}
+
+// verifyArchive is the block-level check of a downloaded snapshot, run by
+// the catalog after the size and sha256 matched.
+func verifyArchive(ctx context.Context, f *os.File, m uploader.Manifest) error {
+	r, err := archive.Open(f, m.Size, archive.ReaderOptions{Name: m.ID})
+	if err != nil {
+		return err
+	}
+	return r.Verify(ctx)
+}
+
+// snapshotError gives store errors their exit codes.
+func snapshotError(err error) error {
+	switch {
+	case errors.Is(err, uploader.ErrCorrupt), errors.Is(err, archive.ErrCorrupt):
+		return withCode(exitCorrupt, err)
+	case errors.Is(err, uploader.ErrConflict), errors.Is(err, uploader.ErrLeaseHeld):
+		return withCode(exitConflict, err)
+	}
+	return err
+}
+
+// progress draws a one-line progress bar on a terminal, and nothing
+// elsewhere.
+type progress struct {
+	w     io.Writer
+	label string
+	last  int
+	shown bool
+}
+
+func newProgress(w io.Writer, label string) *progress {
+	if !isTerminal(w) {
+		return &progress{}
+	}
+	return &progress{w: w, label: label, last: -1}
+}
+
+func (p *progress) update(done, total int64) {
+	if p.w == nil || total <= 0 {
+		return
+	}
+	pct := int(done * 100 / total)
+	if pct == p.last {
+		return
+	}
+	p.last, p.shown = pct, true
+	bar := strings.Repeat("#", pct/4) + strings.Repeat(".", 25-pct/4)
+	fmt.Fprintf(p.w, "\r%s [%s] %3d%% %s / %s", p.label, bar, pct, humanBytes(done), humanBytes(total))
+}
+
+func (p *progress) done() {
+	if p.shown {
+		fmt.Fprintln(p.w)
+	}
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	var t syscall.Termios
+	_, _, errno := syscall.Syscall(syscall.SYS_IOCTL, f.Fd(), syscall.TCGETS, uintptr(unsafe.Pointer(&t)))
+	return errno == 0
+}
