@@ -1,0 +1,399 @@
+package fs
+
+import (
+	"context"
+	"io"
+	"sync"
+	"syscall"
+
+	fusefs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+)
+
+// Open opens a regular file. Read-only opens of lower files read the
+// archive and keep the kernel's page cache (the content never changes). Any
+// open that may change the file copies it up first. A guarded path gets a
+// staging handle (guard.go).
+//
+// Upper files are opened in one of three kernel I/O modes, chosen per
+// node: passthrough for read-only opens when no daemon-served handle is
+// open (the kernel then reads the upper file itself); daemon-served with
+// the page cache otherwise; and, for an open that arrives while passthrough
+// handles are open, passthrough with FOPEN_DIRECT_IO: the kernel insists on
+// passthrough for every open of an inode in passthrough mode, and direct
+// I/O makes it still send read(2) and write(2) to the daemon, where the
+// freeze gate sees them (only mmap of such a handle goes to the file
+// directly). Writes therefore always pass through the daemon.
+func (n *node) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, uint32, syscall.Errno) {
+	ov := n.ov
+	writable := flags&syscall.O_ACCMODE != syscall.O_RDONLY
+	trunc := flags&syscall.O_TRUNC != 0
+	guardedPath := false
+	if ov.guard != nil {
+		if rel, ok := n.rel(); ok && ov.guard.Guarded(rel) {
+			if writable || trunc {
+				return ov.openGuarded(ctx, n, rel, flags, false)
+			}
+			guardedPath = true
+		}
+	}
+	if !n.upper.Load() {
+		if !writable && !trunc {
+			n.mu.Lock()
+			n.cachedOpens++
+			n.mu.Unlock()
+			return &lowerFile{n: n, upperFd: -1}, fuse.FOPEN_KEEP_CACHE, 0
+		}
+		if err := ov.copyUp(ctx, n, !trunc); err != nil {
+			ov.log.Warn("copy-up failed", "ino", n.ino, "err", err)
+			return nil, 0, errnoOf(err)
+		}
+	}
+	fd, errno := n.openUpper(writable)
+	if errno != 0 {
+		return nil, 0, errno
+	}
+	if trunc {
+		if errno := ov.truncateFd(n, fd, 0); errno != 0 {
+			unix.Close(fd)
+			return nil, 0, errno
+		}
+	}
+	h, fl := ov.newUpperHandle(n, fd, writable, guardedPath)
+	return h, fl, 0
+}
+
+// openUpper opens n's upper file through its path.
+func (n *node) openUpper(writable bool) (int, syscall.Errno) {
+	p, name, ok := n.parent()
+	if !ok {
+		return -1, syscall.ENOENT
+	}
+	prel, ok := p.rel()
+	if !ok {
+		return -1, syscall.ENOENT
+	}
+	pfd, err := n.ov.u.dir(prel)
+	if err != nil {
+		return -1, errnoOf(err)
+	}
+	defer n.ov.u.put(pfd)
+	mode := unix.O_RDONLY
+	if writable {
+		// Read access too, so a freeze can save the bytes a write
+		// replaces.
+		mode = unix.O_RDWR
+	}
+	fd, err := unix.Openat(pfd, name, mode|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err == unix.EACCES && writable {
+		fd, err = unix.Openat(pfd, name, unix.O_WRONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	}
+	if err != nil {
+		return -1, errnoOf(err)
+	}
+	return fd, 0
+}
+
+// truncateFd truncates n's upper file open at fd to size, saving the bytes
+// it drops for open views first.
+func (ov *overlay) truncateFd(n *node, fd int, size int64) syscall.Errno {
+	ov.gate.enter()
+	defer ov.gate.leave()
+	if ov.views.active() {
+		st, err := statFd(fd)
+		if err != nil {
+			return errnoOf(err)
+		}
+		if err := ov.views.preserveTruncate(st.ino, fd, size); err != nil {
+			ov.log.Error("freeze: saving truncated bytes failed", "err", err)
+			return syscall.EIO
+		}
+	}
+	if err := unix.Ftruncate(fd, size); err != nil {
+		return errnoOf(err)
+	}
+	ov.changed(n.ino, 0)
+	return 0
+}
+
+// newUpperHandle wraps fd in a handle and picks its kernel I/O mode.
+func (ov *overlay) newUpperHandle(n *node, fd int, writable, noPassthrough bool) (fusefs.FileHandle, uint32) {
+	var uino uint64
+	if st, err := statFd(fd); err == nil {
+		uino = st.ino
+	}
+	h := upperFile{n: n, fd: fd, uino: uino, writable: writable}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if writable {
+		n.writers++
+	}
+	switch {
+	case !writable && !noPassthrough && ov.passthrough.Load() && n.cachedOpens == 0:
+		if n.ptOpens == 0 {
+			n.cacheStale = true
+		}
+		n.ptOpens++
+		h.mode = modePassthrough
+		return &ptFile{h}, 0
+	case n.ptOpens > 0:
+		n.ptOpens++
+		h.mode = modePassthrough
+		return &ptFile{h}, fuse.FOPEN_DIRECT_IO
+	default:
+		n.cachedOpens++
+		h.mode = modeCached
+		var fl uint32 = fuse.FOPEN_KEEP_CACHE
+		if n.cacheStale {
+			fl, n.cacheStale = 0, false
+		}
+		return &h, fl
+	}
+}
+
+type ioMode int
+
+const (
+	modeCached ioMode = iota
+	modePassthrough
+)
+
+// upperFile is an open upper-layer file served by the daemon.
+type upperFile struct {
+	n        *node
+	fd       int
+	uino     uint64 // upper inode number, for the freeze's byte saving
+	writable bool
+	mode     ioMode
+}
+
+// ptFile is an upperFile the kernel may serve by passthrough.
+type ptFile struct{ upperFile }
+
+var (
+	_ fusefs.FileReader          = (*upperFile)(nil)
+	_ fusefs.FileWriter          = (*upperFile)(nil)
+	_ fusefs.FileFsyncer         = (*upperFile)(nil)
+	_ fusefs.FileFlusher         = (*upperFile)(nil)
+	_ fusefs.FileReleaser        = (*upperFile)(nil)
+	_ fusefs.FileAllocater       = (*upperFile)(nil)
+	_ fusefs.FileLseeker         = (*upperFile)(nil)
+	_ fusefs.FilePassthroughFder = (*ptFile)(nil)
+)
+
+func (h *ptFile) PassthroughFd() (int, bool) { return h.fd, true }
+
+func (h *upperFile) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	return fuse.ReadResultFd(uintptr(h.fd), off, len(dest)), 0
+}
+
+func (h *upperFile) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	ov := h.n.ov
+	ov.gate.enter()
+	defer ov.gate.leave()
+	if ov.views.active() {
+		if err := ov.views.preserve(h.uino, h.fd, off, int64(len(data))); err != nil {
+			ov.log.Error("freeze: saving overwritten bytes failed", "err", err)
+			return 0, syscall.EIO
+		}
+	}
+	k, err := unix.Pwrite(h.fd, data, off)
+	if k > 0 {
+		ov.changed(h.n.ino, int64(k))
+	}
+	if err != nil {
+		return uint32(max(k, 0)), errnoOf(err)
+	}
+	return uint32(k), 0
+}
+
+func (h *upperFile) Allocate(ctx context.Context, off, size uint64, mode uint32) syscall.Errno {
+	ov := h.n.ov
+	ov.gate.enter()
+	defer ov.gate.leave()
+	if ov.views.active() && mode&^unix.FALLOC_FL_KEEP_SIZE != 0 {
+		// Punching, zeroing, collapsing or inserting changes bytes:
+		// save what the view may still read.
+		end := int64(off + size)
+		if mode&(unix.FALLOC_FL_COLLAPSE_RANGE|unix.FALLOC_FL_INSERT_RANGE) != 0 {
+			end = 1 << 62
+		}
+		if err := ov.views.preserve(h.uino, h.fd, int64(off), end-int64(off)); err != nil {
+			return syscall.EIO
+		}
+	}
+	if err := unix.Fallocate(h.fd, mode, int64(off), int64(size)); err != nil {
+		return errnoOf(err)
+	}
+	ov.changed(h.n.ino, 0)
+	return 0
+}
+
+func (h *upperFile) Lseek(ctx context.Context, off uint64, whence uint32) (uint64, syscall.Errno) {
+	n, err := unix.Seek(h.fd, int64(off), int(whence))
+	return uint64(n), errnoOf(err)
+}
+
+func (h *upperFile) Fsync(ctx context.Context, flags uint32) syscall.Errno {
+	if flags&fsyncDatasync != 0 {
+		return errnoOf(unix.Fdatasync(h.fd))
+	}
+	return errnoOf(unix.Fsync(h.fd))
+}
+
+func (h *upperFile) Flush(ctx context.Context) syscall.Errno { return 0 }
+
+func (h *upperFile) Release(ctx context.Context) syscall.Errno {
+	unix.Close(h.fd)
+	n := h.n
+	n.mu.Lock()
+	if h.writable {
+		n.writers--
+	}
+	if h.mode == modePassthrough {
+		n.ptOpens--
+	} else {
+		n.cachedOpens--
+	}
+	n.mu.Unlock()
+	return 0
+}
+
+func (h *upperFile) statHandle(a *fuse.Attr) syscall.Errno {
+	st, err := statFd(h.fd)
+	if err != nil {
+		return errnoOf(err)
+	}
+	h.n.fillUpperAttr(a, &st)
+	return 0
+}
+
+// lowerFile is a read-only open of a lower file. If the file is copied up
+// while it is open (another open writes it), reads follow it to the upper
+// layer: the open file is the same inode and must see its new content.
+type lowerFile struct {
+	n       *node
+	mu      sync.Mutex
+	upperFd int
+}
+
+var (
+	_ fusefs.FileReader   = (*lowerFile)(nil)
+	_ fusefs.FileReleaser = (*lowerFile)(nil)
+	_ fusefs.FileLseeker  = (*lowerFile)(nil)
+)
+
+func (h *lowerFile) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	n := h.n
+	if n.upper.Load() {
+		h.mu.Lock()
+		if h.upperFd < 0 {
+			if fd, errno := n.openUpper(false); errno == 0 {
+				h.upperFd = fd
+			}
+		}
+		fd := h.upperFd
+		h.mu.Unlock()
+		if fd >= 0 {
+			return fuse.ReadResultFd(uintptr(fd), off, len(dest)), 0
+		}
+	}
+	k, err := n.ov.lower.ReadAt(n.lower, dest, off)
+	if err != nil && err != io.EOF {
+		n.ov.log.Error("lower read failed", "ino", n.lower, "off", off, "err", err)
+		return nil, syscall.EIO
+	}
+	return fuse.ReadResultData(dest[:k]), 0
+}
+
+func (h *lowerFile) Lseek(ctx context.Context, off uint64, whence uint32) (uint64, syscall.Errno) {
+	// Lower files have no holes: data everywhere up to the size.
+	var a fuse.Attr
+	if errno := h.n.stat(nil, &a); errno != 0 {
+		return 0, errno
+	}
+	size := a.Size
+	switch whence {
+	case unix.SEEK_DATA:
+		if off >= size {
+			return 0, syscall.ENXIO
+		}
+		return off, 0
+	case unix.SEEK_HOLE:
+		if off > size {
+			return 0, syscall.ENXIO
+		}
+		return size, 0
+	}
+	return 0, syscall.EINVAL
+}
+
+func (h *lowerFile) Release(ctx context.Context) syscall.Errno {
+	h.mu.Lock()
+	if h.upperFd >= 0 {
+		unix.Close(h.upperFd)
+		h.upperFd = -1
+	}
+	h.mu.Unlock()
+	h.n.mu.Lock()
+	h.n.cachedOpens--
+	h.n.mu.Unlock()
+	return 0
+}
+
+// Create makes a new file in the upper layer and opens it.
+func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fusefs.Inode, fusefs.FileHandle, uint32, syscall.Errno) {
+	if errno := checkNewName(name); errno != 0 {
+		return nil, nil, 0, errno
+	}
+	ov := n.ov
+	guardedPath := ov.guarded(n, name)
+	dfd, drel, errno := n.prepDir(ctx)
+	if errno != 0 {
+		return nil, nil, 0, errno
+	}
+	defer ov.u.put(dfd)
+
+	ov.gate.enter()
+	e, err := ov.resolve(n, dfd, name)
+	if err != nil {
+		ov.gate.leave()
+		return nil, nil, 0, errnoOf(err)
+	}
+	if e.exists() {
+		ov.gate.leave()
+		return nil, nil, 0, syscall.EEXIST
+	}
+	fd, err := unix.Openat(dfd, name, unix.O_CREAT|unix.O_EXCL|unix.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW, mode&07777)
+	if err == nil {
+		err = ov.u.fixMode(dfd, name, mode&07777, fd)
+		if err == nil {
+			err = ov.own(ctx, dfd, name, fd)
+		}
+		if err != nil {
+			unix.Close(fd)
+			unix.Unlinkat(dfd, name, 0)
+		}
+	}
+	ov.gate.leave()
+	if err != nil {
+		return nil, nil, 0, errnoOf(err)
+	}
+	ch, errno := n.newUpperChild(ctx, dfd, name, out)
+	if errno != 0 {
+		unix.Close(fd)
+		return nil, nil, 0, errno
+	}
+	cn := ch.Operations().(*node)
+	if guardedPath {
+		unix.Close(fd)
+		h, fl, errno := ov.openGuarded(ctx, cn, joinRel(drel, name), flags, true)
+		return ch, h, fl, errno
+	}
+	h, fl := ov.newUpperHandle(cn, fd, flags&syscall.O_ACCMODE != syscall.O_RDONLY, false)
+	return ch, h, fl, 0
+}
+
+// fsyncDatasync is FUSE_FSYNC_FDATASYNC: fsync_flags bit 0.
+const fsyncDatasync = 1

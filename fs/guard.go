@@ -1,0 +1,528 @@
+package fs
+
+import (
+	"context"
+	"errors"
+	"io"
+	"sync"
+	"syscall"
+
+	fusefs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+
+	"github.com/hermesfs/hermesfs/archive"
+)
+
+// GuardedBelower is optionally implemented by a Guard to spare the overlay
+// a walk: when a directory moves to rel, the overlay asks whether any path
+// below rel may be guarded, and if not skips checking each file the
+// directory brings.
+type GuardedBelower interface {
+	GuardedBelow(rel string) bool
+}
+
+// check asks the Guard about a new content and maps its verdict to an
+// errno. The FUSE request's context is cancelled by any signal to the
+// caller; the Guard gets one that is not, so its audit append completes.
+func (ov *overlay) check(ctx context.Context, rel string, old, new []byte, pid uint32) syscall.Errno {
+	err := ov.guard.Check(context.WithoutCancel(ctx), rel, old, new, pid)
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, syscall.EFBIG):
+		return syscall.EFBIG
+	case errors.Is(err, syscall.EPERM):
+		return syscall.EPERM
+	default:
+		ov.log.Error("guard check failed", "path", rel, "err", err)
+		return syscall.EIO
+	}
+}
+
+// readContent reads the merged content of regular file n, refusing more
+// than GuardMaxBytes.
+func (ov *overlay) readContent(n *node) ([]byte, syscall.Errno) {
+	if !n.upper.Load() {
+		la, err := ov.lower.Stat(n.lower)
+		if err != nil {
+			return nil, errnoOf(err)
+		}
+		if la.Size > ov.opts.GuardMaxBytes {
+			return nil, syscall.EFBIG
+		}
+		buf := make([]byte, la.Size)
+		k, err := ov.lower.ReadAt(n.lower, buf, 0)
+		if err != nil && err != io.EOF {
+			return nil, errnoOf(err)
+		}
+		return buf[:k], 0
+	}
+	fd, errno := n.openUpper(false)
+	if errno != 0 {
+		return nil, errno
+	}
+	defer unix.Close(fd)
+	return ov.readFd(fd)
+}
+
+func (ov *overlay) readFd(fd int) ([]byte, syscall.Errno) {
+	st, err := statFd(fd)
+	if err != nil {
+		return nil, errnoOf(err)
+	}
+	if st.size > ov.opts.GuardMaxBytes {
+		return nil, syscall.EFBIG
+	}
+	buf := make([]byte, st.size)
+	k, err := preadFull(fd, buf, 0)
+	if err != nil {
+		return nil, errnoOf(err)
+	}
+	return buf[:k], 0
+}
+
+func preadFull(fd int, buf []byte, off int64) (int, error) {
+	done := 0
+	for done < len(buf) {
+		k, err := unix.Pread(fd, buf[done:], off+int64(done))
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return done, err
+		}
+		if k == 0 {
+			break
+		}
+		done += k
+	}
+	return done, nil
+}
+
+// checkTruncate checks truncate(2) of guarded file n to size.
+func (ov *overlay) checkTruncate(ctx context.Context, n *node, rel string, size int64) syscall.Errno {
+	if size > ov.opts.GuardMaxBytes {
+		return syscall.EFBIG
+	}
+	old, errno := ov.readContent(n)
+	if errno != 0 {
+		return errno
+	}
+	next := make([]byte, size)
+	copy(next, old)
+	return ov.check(ctx, rel, old, next, callerPid(ctx))
+}
+
+// checkRenameGuard checks a rename that would put src (and, for an
+// exchange, dst) at a guarded path.
+func (ov *overlay) checkRenameGuard(ctx context.Context, src, np *node, newName string, dst *node, exchange bool) syscall.Errno {
+	if ov.guard == nil {
+		return 0
+	}
+	drel, ok := np.rel()
+	if !ok {
+		return syscall.ENOENT
+	}
+	pid := callerPid(ctx)
+	if errno := ov.checkMove(ctx, src, joinRel(drel, newName), dst, pid); errno != 0 {
+		return errno
+	}
+	if exchange && dst != nil {
+		srel, ok := src.rel()
+		if !ok {
+			return syscall.ENOENT
+		}
+		return ov.checkMove(ctx, dst, srel, src, pid)
+	}
+	return 0
+}
+
+// checkMove checks object s appearing at path to, replacing r (nil: none).
+func (ov *overlay) checkMove(ctx context.Context, s *node, to string, r *node, pid uint32) syscall.Errno {
+	if s.isDir() {
+		if gb, ok := ov.guard.(GuardedBelower); ok && !gb.GuardedBelow(to) {
+			return 0
+		}
+		return ov.checkTree(ctx, s, to, pid)
+	}
+	if !ov.guard.Guarded(to) {
+		return 0
+	}
+	if s.kind != syscall.S_IFREG {
+		return syscall.EPERM
+	}
+	var a fuse.Attr
+	if errno := s.stat(nil, &a); errno != 0 {
+		return errno
+	}
+	if a.Nlink > 1 {
+		return syscall.EPERM
+	}
+	next, errno := ov.readContent(s)
+	if errno != 0 {
+		return errno
+	}
+	var old []byte
+	if r != nil && r.kind == syscall.S_IFREG {
+		if old, errno = ov.readContent(r); errno != 0 {
+			return errno
+		}
+	}
+	return ov.check(ctx, to, old, next, pid)
+}
+
+// checkTree checks every file of directory d as if it sat below path to.
+func (ov *overlay) checkTree(ctx context.Context, d *node, to string, pid uint32) syscall.Errno {
+	rel, ok := d.rel()
+	if !ok {
+		return syscall.ENOENT
+	}
+	var walk func(upperRel string, upper bool, lower archive.Inode, dest string) syscall.Errno
+	walk = func(upperRel string, hasUpper bool, lower archive.Inode, dest string) syscall.Errno {
+		tmp := &node{ov: ov, kind: syscall.S_IFDIR, lower: lower}
+		tmp.upper.Store(hasUpper)
+		ents, err := ov.listAt(tmp, upperRel)
+		if err != nil {
+			return errnoOf(err)
+		}
+		for _, e := range ents {
+			p := joinRel(dest, e.name)
+			if e.mode == syscall.S_IFDIR {
+				if errno := walk(joinRel(upperRel, e.name), e.upper, e.lower, p); errno != 0 {
+					return errno
+				}
+				continue
+			}
+			if !ov.guard.Guarded(p) {
+				continue
+			}
+			if e.mode != syscall.S_IFREG {
+				return syscall.EPERM
+			}
+			var content []byte
+			var errno syscall.Errno
+			if e.upper {
+				fd, err := ov.u.dir(upperRel)
+				if err != nil {
+					return errnoOf(err)
+				}
+				ffd, err := unix.Openat(fd, e.name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+				ov.u.put(fd)
+				if err != nil {
+					return errnoOf(err)
+				}
+				content, errno = ov.readFd(ffd)
+				unix.Close(ffd)
+			} else {
+				ln := &node{ov: ov, kind: syscall.S_IFREG, lower: e.lower}
+				content, errno = ov.readContent(ln)
+			}
+			if errno != 0 {
+				return errno
+			}
+			if errno := ov.check(ctx, p, nil, content, pid); errno != 0 {
+				return errno
+			}
+		}
+		return 0
+	}
+	return walk(rel, d.upper.Load(), d.lower, to)
+}
+
+// openGuarded opens guarded file n for writing: the handle stages the
+// content privately and commits it at close if the Guard accepts it.
+func (ov *overlay) openGuarded(ctx context.Context, n *node, rel string, flags uint32, created bool) (fusefs.FileHandle, uint32, syscall.Errno) {
+	g := &guardFile{
+		n:          n,
+		ov:         ov,
+		rel:        rel,
+		pid:        callerPid(ctx),
+		appendMode: flags&syscall.O_APPEND != 0,
+		stage:      -1,
+		existed:    !created,
+	}
+	if flags&syscall.O_TRUNC != 0 {
+		if errno := g.restage(false); errno != 0 {
+			return nil, 0, errno
+		}
+		g.dirty = true
+	}
+	n.mu.Lock()
+	if n.ptOpens > 0 {
+		n.mu.Unlock()
+		g.discard()
+		return nil, 0, syscall.EBUSY
+	}
+	n.writers++
+	n.mu.Unlock()
+	// Direct I/O: every read and write reaches the staging file; the page
+	// cache and shared mmap cannot go around it.
+	return g, fuse.FOPEN_DIRECT_IO, 0
+}
+
+// guardFile is a writable handle of a guarded file. Writes go to a staging
+// file in the work directory (a copy of the committed content, made at the
+// first write); reads see the staged bytes. At flush (close(2)) the staged
+// content is handed to Guard.Check: accepted, it replaces the file in one
+// rename; rejected, it is dropped and close fails with the Guard's errno.
+type guardFile struct {
+	n          *node
+	ov         *overlay
+	rel        string
+	pid        uint32
+	appendMode bool
+
+	mu        sync.Mutex
+	stage     int // staging file descriptor, -1 when not staged
+	stageName string
+	dirty     bool // staged content not yet committed
+	existed   bool // the file existed before this handle (else Check gets old == nil)
+}
+
+var (
+	_ fusefs.FileReader    = (*guardFile)(nil)
+	_ fusefs.FileWriter    = (*guardFile)(nil)
+	_ fusefs.FileFlusher   = (*guardFile)(nil)
+	_ fusefs.FileReleaser  = (*guardFile)(nil)
+	_ fusefs.FileFsyncer   = (*guardFile)(nil)
+	_ fusefs.FileAllocater = (*guardFile)(nil)
+)
+
+// restage starts a new staging file, a copy of the committed content
+// unless empty.
+func (g *guardFile) restage(copyContent bool) syscall.Errno {
+	ov := g.ov
+	name := ov.u.tmpName()
+	fd, err := unix.Openat(ov.u.work, name, unix.O_CREAT|unix.O_EXCL|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return errnoOf(err)
+	}
+	if copyContent {
+		content, errno := ov.readContent(g.n)
+		if errno == syscall.ENOENT {
+			content, errno = nil, 0
+		}
+		if errno == 0 {
+			errno = errnoOf(pwriteAll(fd, content, 0))
+		}
+		if errno != 0 {
+			unix.Close(fd)
+			unix.Unlinkat(ov.u.work, name, 0)
+			return errno
+		}
+	}
+	g.stage, g.stageName = fd, name
+	return 0
+}
+
+// discard drops the staged content.
+func (g *guardFile) discard() {
+	if g.stage >= 0 {
+		unix.Close(g.stage)
+		unix.Unlinkat(g.ov.u.work, g.stageName, 0)
+		g.stage, g.stageName = -1, ""
+	}
+	g.dirty = false
+}
+
+func (g *guardFile) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.stage < 0 {
+		if errno := g.restage(true); errno != 0 {
+			return nil, errno
+		}
+	}
+	k, err := preadFull(g.stage, dest, off)
+	if err != nil {
+		return nil, errnoOf(err)
+	}
+	return fuse.ReadResultData(dest[:k]), 0
+}
+
+func (g *guardFile) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.stage < 0 {
+		if errno := g.restage(true); errno != 0 {
+			return 0, errno
+		}
+	}
+	if g.appendMode {
+		st, err := statFd(g.stage)
+		if err != nil {
+			return 0, errnoOf(err)
+		}
+		off = st.size
+	}
+	if off+int64(len(data)) > g.ov.opts.GuardMaxBytes {
+		return 0, syscall.EFBIG
+	}
+	if err := pwriteAll(g.stage, data, off); err != nil {
+		return 0, errnoOf(err)
+	}
+	g.dirty = true
+	return uint32(len(data)), 0
+}
+
+func (g *guardFile) truncate(size int64) syscall.Errno {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if size > g.ov.opts.GuardMaxBytes {
+		return syscall.EFBIG
+	}
+	if g.stage < 0 {
+		if errno := g.restage(size > 0); errno != 0 {
+			return errno
+		}
+	}
+	if err := unix.Ftruncate(g.stage, size); err != nil {
+		return errnoOf(err)
+	}
+	g.dirty = true
+	return 0
+}
+
+func (g *guardFile) Allocate(ctx context.Context, off, size uint64, mode uint32) syscall.Errno {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if int64(off+size) > g.ov.opts.GuardMaxBytes && mode&unix.FALLOC_FL_KEEP_SIZE == 0 {
+		return syscall.EFBIG
+	}
+	if g.stage < 0 {
+		if errno := g.restage(true); errno != 0 {
+			return errno
+		}
+	}
+	if err := unix.Fallocate(g.stage, mode, int64(off), int64(size)); err != nil {
+		return errnoOf(err)
+	}
+	g.dirty = true
+	return 0
+}
+
+// Fsync has nothing durable to do: staged bytes become the file only at
+// close, and the commit is synced then.
+func (g *guardFile) Fsync(ctx context.Context, flags uint32) syscall.Errno { return 0 }
+
+// Flush commits the staged content (close(2) returns its verdict). dup'd
+// descriptors flush more than once; each flush commits what was written
+// since the last.
+func (g *guardFile) Flush(ctx context.Context) syscall.Errno {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.dirty {
+		return 0
+	}
+	return g.commit(ctx)
+}
+
+func (g *guardFile) commit(ctx context.Context) syscall.Errno {
+	ov, n := g.ov, g.n
+	if g.stage < 0 {
+		if errno := g.restage(false); errno != 0 {
+			return errno
+		}
+	}
+	next, errno := ov.readFd(g.stage)
+	if errno != 0 {
+		g.discard()
+		return errno
+	}
+	var old []byte
+	if g.existed {
+		if old, errno = ov.readContent(n); errno == syscall.ENOENT {
+			old, errno = nil, 0
+		}
+		if errno != 0 {
+			g.discard()
+			return errno
+		}
+	}
+	if errno := ov.check(ctx, g.rel, old, next, g.pid); errno != 0 {
+		g.discard()
+		return errno
+	}
+
+	p, name, ok := n.parent()
+	if !ok {
+		// Deleted while open: nothing to replace.
+		g.discard()
+		return 0
+	}
+	if err := ov.copyUpDir(ctx, p); err != nil {
+		g.discard()
+		return errnoOf(err)
+	}
+	prel, ok := p.rel()
+	if !ok {
+		g.discard()
+		return syscall.ENOENT
+	}
+	pfd, err := ov.u.dir(prel)
+	if err != nil {
+		g.discard()
+		return errnoOf(err)
+	}
+	defer ov.u.put(pfd)
+
+	// The new version takes the old one's mode, owner, and st_ino.
+	var a fuse.Attr
+	if errno := n.stat(nil, &a); errno == 0 {
+		unix.Fchmod(g.stage, a.Mode&07777)
+		if ov.u.privileged {
+			unix.Fchown(g.stage, int(a.Uid), int(a.Gid))
+		}
+	}
+	if err := unix.Fsync(g.stage); err != nil {
+		g.discard()
+		return errnoOf(err)
+	}
+	st, err := statFd(g.stage)
+	if err == nil {
+		err = ov.inos.put(st.ino, inoRec{btime: st.btime, ino: n.ino, gen: n.StableAttr().Gen})
+	}
+	if err != nil {
+		g.discard()
+		return errnoOf(err)
+	}
+
+	ov.gate.enter()
+	if ust, err := statxAt(pfd, name); err == nil && ust.mode&syscall.S_IFMT == syscall.S_IFREG {
+		ov.views.beforeDestroy(pfd, name, ust.ino)
+	}
+	err = unix.Renameat(ov.u.work, g.stageName, pfd, name)
+	if err == nil {
+		err = fsyncDir(pfd)
+	}
+	if err == nil {
+		n.upper.Store(true)
+		ov.changed(n.ino, st.size)
+	}
+	ov.gate.leave()
+	if err != nil {
+		g.discard()
+		return errnoOf(err)
+	}
+	unix.Close(g.stage)
+	g.stage, g.stageName, g.dirty, g.existed = -1, "", false, true
+
+	n.mu.Lock()
+	n.cacheStale = true
+	n.mu.Unlock()
+	// Readers holding the page cache of the old version must drop it; the
+	// kernel cannot take the notification while it waits for this reply.
+	go n.NotifyContent(0, 0)
+	return 0
+}
+
+func (g *guardFile) Release(ctx context.Context) syscall.Errno {
+	g.mu.Lock()
+	g.discard()
+	g.mu.Unlock()
+	g.n.mu.Lock()
+	g.n.writers--
+	g.n.mu.Unlock()
+	return 0
+}

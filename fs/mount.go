@@ -1,0 +1,292 @@
+package fs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	fusefs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+)
+
+// Mounted is a mounted overlay (fs.Mount returns it).
+type Mounted struct {
+	ov         *overlay
+	server     *fuse.Server
+	mountpoint string
+	dev        uint64 // st_dev of the mount, names its FUSE connection
+	done       chan struct{}
+}
+
+// FsName is the source name of hermesfs mounts in /proc/self/mounts.
+const FsName = "hermesfs"
+
+// Mount mounts the overlay of opts.Lower and opts.Upper at mountpoint and
+// returns once the mount answers requests. On error nothing stays mounted.
+func Mount(ctx context.Context, mountpoint string, opts Options) (*Mounted, error) {
+	opts = opts.withDefaults()
+	if opts.Upper == "" {
+		return nil, errors.New("fs: mount: no upper directory")
+	}
+	mountpoint, err := filepath.Abs(mountpoint)
+	if err != nil {
+		return nil, fmt.Errorf("fs: mount %s: %w", mountpoint, err)
+	}
+	ov, err := newOverlay(opts)
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		ov.close()
+		return nil, err
+	}
+
+	rootSt, err := statFd(ov.u.root)
+	if err != nil {
+		ov.close()
+		return nil, fmt.Errorf("fs: stat %s: %w", opts.Upper, err)
+	}
+	root := &node{ov: ov, kind: syscall.S_IFDIR, ino: rootSt.ino + upperInoBase}
+	if ov.lower != nil {
+		root.lower = ov.lower.Root()
+		root.ino = uint64(root.lower)
+	}
+	root.upper.Store(true)
+	ov.root = root
+
+	logger := slog.NewLogLogger(opts.Logger.Handler(), slog.LevelDebug)
+	fopts := &fusefs.Options{
+		EntryTimeout:    &opts.EntryTimeout,
+		AttrTimeout:     &opts.AttrTimeout,
+		NegativeTimeout: &opts.NegativeTimeout,
+		// Report modes exactly as stored: default_permissions makes the
+		// kernel check them.
+		NullPermissions: true,
+		RootStableAttr:  &fusefs.StableAttr{Ino: root.ino, Gen: 1},
+		Logger:          logger,
+		MountOptions: fuse.MountOptions{
+			FsName:        FsName,
+			Name:          FsName,
+			Options:       []string{"default_permissions"},
+			DisableXAttrs: true,
+			MaxWrite:      opts.MaxWrite,
+			MaxBackground: 64,
+			// The guard needs O_TRUNC inside OPEN: a separate truncate
+			// would empty a guarded file before its new content is
+			// checked.
+			ExtraCapabilities: fuse.CAP_ATOMIC_O_TRUNC,
+			Debug:             opts.Debug,
+			Logger:            logger,
+			// Direct mount(2) when privileged; fusermount3 otherwise.
+			DirectMount: ov.u.privileged,
+		},
+	}
+	server, err := fusefs.Mount(mountpoint, root, fopts)
+	if err != nil {
+		ov.close()
+		return nil, fmt.Errorf("fs: mount %s: %w", mountpoint, err)
+	}
+	m := &Mounted{ov: ov, server: server, mountpoint: mountpoint, done: make(chan struct{})}
+	go func() {
+		server.Wait()
+		close(m.done)
+	}()
+	var st unix.Stat_t
+	if err := unix.Stat(mountpoint, &st); err != nil {
+		m.Unmount(context.Background())
+		return nil, fmt.Errorf("fs: mount %s: not answering: %w", mountpoint, err)
+	}
+	m.dev = st.Dev
+	if !opts.NoPassthrough && ov.u.privileged && server.KernelSettings().Flags64()&fuse.CAP_PASSTHROUGH != 0 {
+		ov.passthrough.Store(true)
+	}
+	ov.log.Info("mounted", "mountpoint", mountpoint, "upper", opts.Upper, "lower", ov.lower != nil, "passthrough", ov.passthrough.Load())
+	return m, nil
+}
+
+// newOverlay opens the upper layer and the overlay's state in it.
+func newOverlay(opts Options) (*overlay, error) {
+	if err := os.MkdirAll(opts.Upper, 0o700); err != nil {
+		return nil, fmt.Errorf("fs: create upper %s: %w", opts.Upper, err)
+	}
+	rootFd, err := unix.Open(opts.Upper, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("fs: open upper %s: %w", opts.Upper, err)
+	}
+	u := &upper{root: rootFd, work: -1, path: opts.Upper, umask: processUmask(), privileged: os.Geteuid() == 0}
+	ov := &overlay{u: u, lower: opts.Lower, guard: opts.Guard, log: opts.Logger.With("component", "fs"), opts: opts}
+	fail := func(what string, err error) (*overlay, error) {
+		ov.close()
+		return nil, fmt.Errorf("fs: %s in %s: %w", what, opts.Upper, err)
+	}
+	if err := unix.Mkdirat(rootFd, workDirName, 0o700); err != nil && err != unix.EEXIST {
+		return fail("create work directory", err)
+	}
+	if u.work, err = unix.Openat(rootFd, workDirName, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0); err != nil {
+		return fail("open work directory", err)
+	}
+	// Temporaries and views of an earlier mount are garbage now.
+	if fd, err := u.dirRead(workDirName); err == nil {
+		names, err := readNames(fd)
+		unix.Close(fd)
+		if err != nil {
+			return fail("list work directory", err)
+		}
+		for _, n := range names {
+			if err := removeAllAt(u.work, n); err != nil {
+				return fail("clean work directory", err)
+			}
+		}
+	}
+	if ov.inos, err = openInoMap(rootFd); err != nil {
+		return fail("inode map", err)
+	}
+	if err := fsyncDir(rootFd); err != nil {
+		return fail("sync", err)
+	}
+	return ov, nil
+}
+
+// maybeClose releases the upper layer's descriptors once the mount is gone
+// and no view needs them.
+func (ov *overlay) maybeClose() {
+	if ov.unmounted.Load() && !ov.views.active() {
+		ov.closeOnce.Do(ov.close)
+	}
+}
+
+func (ov *overlay) close() {
+	if ov.inos != nil {
+		ov.inos.close()
+	}
+	if ov.u.work >= 0 {
+		unix.Close(ov.u.work)
+	}
+	unix.Close(ov.u.root)
+}
+
+// Unmount detaches the mount lazily (it disappears from the namespace at
+// once, even with files open) and waits, until ctx ends, for the kernel to
+// let go of it, which happens when the last open file is closed. If ctx
+// ends first and the daemon may, it aborts the FUSE connection (open files
+// then fail with ENOTCONN) and returns ctx's error.
+func (m *Mounted) Unmount(ctx context.Context) error {
+	var err error
+	select {
+	case <-m.done:
+	default:
+		err = detach(m.mountpoint, m.ov.u.privileged)
+	}
+	if err != nil && !isNotMounted(m.mountpoint) {
+		return fmt.Errorf("fs: unmount %s: %w", m.mountpoint, err)
+	}
+	select {
+	case <-m.done:
+	case <-ctx.Done():
+		if m.abort() {
+			select {
+			case <-m.done:
+			case <-time.After(5 * time.Second):
+			}
+		}
+		return fmt.Errorf("fs: unmount %s: files still open: %w", m.mountpoint, ctx.Err())
+	}
+	m.ov.unmounted.Store(true)
+	m.ov.maybeClose()
+	m.ov.log.Info("unmounted", "mountpoint", m.mountpoint)
+	return nil
+}
+
+func detach(mountpoint string, privileged bool) error {
+	if privileged {
+		if err := unix.Unmount(mountpoint, unix.MNT_DETACH); err == nil {
+			return nil
+		}
+	}
+	var last error
+	for _, bin := range []string{"fusermount3", "fusermount"} {
+		out, err := exec.Command(bin, "-u", "-z", mountpoint).CombinedOutput()
+		if err == nil {
+			return nil
+		}
+		last = fmt.Errorf("%s: %v: %s", bin, err, out)
+	}
+	return last
+}
+
+// isNotMounted reports whether nothing is mounted at mountpoint any more.
+func isNotMounted(mountpoint string) bool {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return false
+	}
+	return !mountedAt(string(b), mountpoint)
+}
+
+// abort aborts the FUSE connection through fusectl, if mounted and allowed.
+func (m *Mounted) abort() bool {
+	p := "/sys/fs/fuse/connections/" + strconv.FormatUint(uint64(unix.Minor(m.dev)), 10) + "/abort"
+	return os.WriteFile(p, []byte("1"), 0) == nil
+}
+
+// Wait blocks until the mount is gone (unmounted by Unmount or externally).
+func (m *Mounted) Wait() { <-m.done }
+
+// Generation increases with every mutation. Equal generations mean nothing
+// changed in between.
+func (m *Mounted) Generation() uint64 { return m.ov.gen.Load() }
+
+// Dirty returns the number of objects changed after generation since and
+// the bytes written to them. It is exact when since is the generation of a
+// View (the latest snapshot) and an overestimate otherwise (see
+// dirtyTracker).
+func (m *Mounted) Dirty(since uint64) (files int, bytes int64) {
+	return m.ov.dirty.dirty(since)
+}
+
+// Passthrough reports whether read-only opens of upper files may use FUSE
+// passthrough on this mount.
+func (m *Mounted) Passthrough() bool { return m.ov.passthrough.Load() }
+
+// Mountpoint is the absolute path of the mount.
+func (m *Mounted) Mountpoint() string { return m.mountpoint }
+
+// mountedAt reports whether mountinfo (the text of /proc/self/mountinfo)
+// lists a mount at mountpoint.
+func mountedAt(mountinfo, mountpoint string) bool {
+	for _, line := range strings.Split(mountinfo, "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && unescapeMount(f[4]) == mountpoint {
+			return true
+		}
+	}
+	return false
+}
+
+// unescapeMount undoes the octal escapes of /proc mount tables.
+func unescapeMount(s string) string {
+	if !strings.Contains(s, "\\") {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}

@@ -1,0 +1,786 @@
+package fs
+
+import (
+	"context"
+	"errors"
+	iofs "io/fs"
+	"log/slog"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	fusefs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+
+	"github.com/hermesfs/hermesfs/archive"
+)
+
+// upperInoBase separates the st_ino of objects born in the upper layer from
+// those that come from the lower layer: squashfs inode numbers are 32-bit,
+// so an upper inode number plus 2^32 never collides with one.
+const upperInoBase = 1 << 32
+
+// overlay is the state shared by all nodes of one mount.
+type overlay struct {
+	u     *upper
+	lower Lower
+	guard Guard
+	log   *slog.Logger
+	opts  Options
+
+	root  *node
+	gate  gate
+	gen   atomic.Uint64
+	inos  *inoMap
+	dirty dirtyTracker
+	views viewSet
+
+	// passthrough is set once the kernel has agreed to FUSE passthrough
+	// and the daemon may register backing files.
+	passthrough atomic.Bool
+
+	unmounted atomic.Bool
+	closeOnce sync.Once
+
+	aliasOnce sync.Once
+	aliases   map[archive.Inode][]string // lower hard links: inode -> lower paths
+	aliasErr  error
+}
+
+// node is one object of the merged tree. go-fuse keeps one node per
+// (st_ino, generation), so a node stands for an inode, not a path: hard
+// links share it, and its path is found through the tree (Parent).
+type node struct {
+	fusefs.Inode
+	ov *overlay
+
+	kind uint32 // S_IFMT bits
+	ino  uint64 // the st_ino reported, stable for the object's life
+
+	// lower is the lower inode behind this object: for a file, its content
+	// until copied up; for a directory, the lower directory it merges
+	// (0 when opaque or upper-only). lowerPath is that directory's path in
+	// the lower layer (for redirect markers when it is renamed).
+	lower     archive.Inode
+	lowerPath string
+
+	// upper is set once the object exists in the upper layer. It never
+	// goes back.
+	upper atomic.Bool
+
+	// mu serialises copy-up and the open-mode accounting below.
+	mu sync.Mutex
+	// Open handles by the kernel I/O mode they were given: cached (page
+	// cache, daemon-served), passthrough (kernel to the backing file), and
+	// writable (any mode).
+	cachedOpens int
+	ptOpens     int
+	writers     int
+	// cacheStale is set when the content changed behind the page cache
+	// (passthrough writes, a guarded commit): the next cached open drops
+	// the kernel's cache instead of keeping it.
+	cacheStale bool
+}
+
+var (
+	_ fusefs.InodeEmbedder      = (*node)(nil)
+	_ fusefs.NodeLookuper       = (*node)(nil)
+	_ fusefs.NodeGetattrer      = (*node)(nil)
+	_ fusefs.NodeSetattrer      = (*node)(nil)
+	_ fusefs.NodeReadlinker     = (*node)(nil)
+	_ fusefs.NodeOpendirHandler = (*node)(nil)
+	_ fusefs.NodeOpener         = (*node)(nil)
+	_ fusefs.NodeCreater        = (*node)(nil)
+	_ fusefs.NodeMkdirer        = (*node)(nil)
+	_ fusefs.NodeMknoder        = (*node)(nil)
+	_ fusefs.NodeSymlinker      = (*node)(nil)
+	_ fusefs.NodeLinker         = (*node)(nil)
+	_ fusefs.NodeUnlinker       = (*node)(nil)
+	_ fusefs.NodeRmdirer        = (*node)(nil)
+	_ fusefs.NodeRenamer        = (*node)(nil)
+	_ fusefs.NodeStatfser       = (*node)(nil)
+	_ fusefs.NodeFsyncer        = (*node)(nil)
+)
+
+func (n *node) isDir() bool { return n.kind == syscall.S_IFDIR }
+
+// rel returns the node's path relative to the mount root ("" for the
+// root), or false for an object that is in no directory any more.
+func (n *node) rel() (string, bool) {
+	root := n.ov.root.EmbeddedInode()
+	cur := n.EmbeddedInode()
+	var segs []string
+	for cur != root {
+		name, p := cur.Parent()
+		if p == nil {
+			return "", false
+		}
+		segs = append(segs, name)
+		cur = p
+	}
+	size := 0
+	for _, s := range segs {
+		size += len(s) + 1
+	}
+	b := make([]byte, 0, size)
+	for i := len(segs) - 1; i >= 0; i-- {
+		if len(b) > 0 {
+			b = append(b, '/')
+		}
+		b = append(b, segs[i]...)
+	}
+	return string(b), true
+}
+
+// parent returns the directory node holding n and n's name in it.
+func (n *node) parent() (*node, string, bool) {
+	name, p := n.EmbeddedInode().Parent()
+	if p == nil {
+		return nil, "", false
+	}
+	pn, ok := p.Operations().(*node)
+	return pn, name, ok
+}
+
+// entry is what one name in a merged directory resolves to.
+type entry struct {
+	upper bool
+	ust   ustat // when upper
+
+	// lowerIno is the lower entry of that name in the directory's merge
+	// source (whether visible or hidden by a whiteout or an upper entry).
+	lowerIno  archive.Inode
+	lowerAttr archive.Attr
+	whiteout  bool // the lower entry is whited out
+}
+
+func (e *entry) exists() bool       { return e.upper || e.visibleLower() }
+func (e *entry) visibleLower() bool { return !e.upper && e.lowerIno != 0 && !e.whiteout }
+
+func (e *entry) mode() uint32 {
+	if e.upper {
+		return e.ust.mode
+	}
+	return fileModeToUnix(e.lowerAttr.Mode)
+}
+
+// resolve looks name up in directory d, whose upper directory (if d.upper) is
+// open at dfd (-1 to open it here).
+func (ov *overlay) resolve(d *node, dfd int, name string) (entry, error) {
+	var e entry
+	if d.upper.Load() && !isReserved(name) {
+		if dfd < 0 {
+			drel, ok := d.rel()
+			if !ok {
+				return e, syscall.ENOENT
+			}
+			fd, err := ov.u.dir(drel)
+			if err != nil {
+				return e, err
+			}
+			defer ov.u.put(fd)
+			dfd = fd
+		}
+		st, err := statxAt(dfd, name)
+		switch {
+		case err == nil:
+			e.upper, e.ust = true, st
+		case err == unix.ENOENT:
+			wo, err := whitedOut(dfd, name)
+			if err != nil {
+				return e, err
+			}
+			e.whiteout = wo
+		default:
+			return e, err
+		}
+	}
+	if d.lower != 0 && ov.lower != nil {
+		a, err := ov.lower.Lookup(d.lower, name)
+		switch {
+		case err == nil:
+			e.lowerIno, e.lowerAttr = a.Ino, a
+		case errors.Is(err, iofs.ErrNotExist):
+		default:
+			return e, err
+		}
+	}
+	return e, nil
+}
+
+// lowerWalk resolves a lower path from the lower root.
+func (ov *overlay) lowerWalk(p string) (archive.Attr, error) {
+	if ov.lower == nil {
+		return archive.Attr{}, iofs.ErrNotExist
+	}
+	a, err := ov.lower.Stat(ov.lower.Root())
+	if err != nil || p == "" {
+		return a, err
+	}
+	for _, el := range splitPath(p) {
+		if a, err = ov.lower.Lookup(a.Ino, el); err != nil {
+			return a, err
+		}
+	}
+	return a, nil
+}
+
+func splitPath(p string) []string {
+	var out []string
+	for len(p) > 0 {
+		dir, name := splitRel(p)
+		out = append(out, name)
+		p = dir
+	}
+	for i, j := 0, len(out)-1; i < j; i, j = i+1, j-1 {
+		out[i], out[j] = out[j], out[i]
+	}
+	return out
+}
+
+// identity is how a child found by resolve is represented as a node.
+type identity struct {
+	kind      uint32
+	ino, gen  uint64
+	lower     archive.Inode
+	lowerPath string
+	upper     bool
+	merged    bool // a directory with both an upper and a lower side
+}
+
+// identify works out the node identity of entry e named name in directory d.
+// dfd is d's upper directory when e.upper.
+func (ov *overlay) identify(d *node, dfd int, name string, e *entry) (identity, error) {
+	if !e.upper {
+		id := identity{kind: e.mode() & syscall.S_IFMT, ino: uint64(e.lowerIno), gen: 1, lower: e.lowerIno}
+		if id.kind == syscall.S_IFDIR {
+			id.lowerPath = joinRel(d.lowerPath, name)
+		}
+		return id, nil
+	}
+	id := identity{kind: e.ust.mode & syscall.S_IFMT, upper: true}
+	if id.kind != syscall.S_IFDIR {
+		id.ino, id.gen = ov.upperIno(&e.ust)
+		if id.ino < upperInoBase {
+			id.lower = archive.Inode(id.ino)
+		}
+		return id, nil
+	}
+	sub, err := unix.Openat(dfd, name, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return id, err
+	}
+	m, err := readDirMarkers(sub)
+	unix.Close(sub)
+	if err != nil {
+		return id, err
+	}
+	switch {
+	case m.hasRedir:
+		if a, err := ov.lowerWalk(m.redirect); err == nil && a.Mode.IsDir() {
+			id.lower, id.lowerPath = a.Ino, m.redirect
+		}
+	case m.opaque:
+	case e.lowerIno != 0 && e.lowerAttr.Mode.IsDir():
+		id.lower, id.lowerPath = e.lowerIno, joinRel(d.lowerPath, name)
+	}
+	if id.lower != 0 {
+		id.ino, id.gen, id.merged = uint64(id.lower), 1, true
+	} else {
+		id.ino, id.gen = e.ust.ino+upperInoBase, genOf(&e.ust)
+	}
+	return id, nil
+}
+
+// upperIno is the st_ino and generation an upper non-directory reports.
+func (ov *overlay) upperIno(st *ustat) (uint64, uint64) {
+	if r, ok := ov.inos.get(st.ino, st.btime); ok {
+		return r.ino, r.gen
+	}
+	return st.ino + upperInoBase, genOf(st)
+}
+
+func genOf(st *ustat) uint64 {
+	if st.btime == 0 {
+		return 1
+	}
+	return st.btime
+}
+
+// newChild makes (or finds) the node for identity id under d and fills out.
+func (ov *overlay) newChild(ctx context.Context, d *node, id identity, e *entry, out *fuse.EntryOut) *fusefs.Inode {
+	n := &node{ov: ov, kind: id.kind, ino: id.ino, lower: id.lower, lowerPath: id.lowerPath}
+	n.upper.Store(id.upper)
+	ch := d.NewInode(ctx, n, fusefs.StableAttr{Mode: id.kind, Ino: id.ino, Gen: id.gen})
+	if got, ok := ch.Operations().(*node); ok && id.upper {
+		got.upper.Store(true)
+	}
+	ov.fillEntryAttr(&out.Attr, id, e)
+	return ch
+}
+
+func (ov *overlay) fillEntryAttr(a *fuse.Attr, id identity, e *entry) {
+	if e.upper {
+		fillAttr(a, &e.ust)
+		if id.merged {
+			a.Nlink = 1
+		}
+	} else {
+		fillLowerAttr(a, &e.lowerAttr)
+	}
+	a.Ino = id.ino
+}
+
+func fillAttr(a *fuse.Attr, st *ustat) {
+	a.Mode = st.mode
+	a.Nlink = st.nlink
+	a.Uid, a.Gid = st.uid, st.gid
+	a.Size = uint64(st.size)
+	a.Blocks = uint64(st.blocks)
+	a.Blksize = st.blksize
+	a.Rdev = uint32(st.rdev)
+	a.Atime, a.Atimensec = uint64(st.atime.Sec), uint32(st.atime.Nsec)
+	a.Mtime, a.Mtimensec = uint64(st.mtime.Sec), uint32(st.mtime.Nsec)
+	a.Ctime, a.Ctimensec = uint64(st.ctime.Sec), uint32(st.ctime.Nsec)
+}
+
+func fillLowerAttr(a *fuse.Attr, la *archive.Attr) {
+	a.Mode = fileModeToUnix(la.Mode)
+	a.Nlink = la.Nlink
+	if a.Nlink == 0 {
+		a.Nlink = 1
+	}
+	a.Uid, a.Gid = la.Uid, la.Gid
+	a.Size = uint64(la.Size)
+	a.Blocks = uint64(la.Size+511) / 512
+	a.Blksize = 4096
+	a.Rdev = uint32(la.Rdev)
+	sec, nsec := uint64(la.Mtime.Unix()), uint32(la.Mtime.Nanosecond())
+	a.Atime, a.Atimensec = sec, nsec
+	a.Mtime, a.Mtimensec = sec, nsec
+	a.Ctime, a.Ctimensec = sec, nsec
+}
+
+// fileModeToUnix converts an io/fs mode to st_mode bits.
+func fileModeToUnix(m iofs.FileMode) uint32 {
+	mode := uint32(m.Perm())
+	switch {
+	case m.IsDir():
+		mode |= syscall.S_IFDIR
+	case m&iofs.ModeSymlink != 0:
+		mode |= syscall.S_IFLNK
+	case m&iofs.ModeNamedPipe != 0:
+		mode |= syscall.S_IFIFO
+	case m&iofs.ModeSocket != 0:
+		mode |= syscall.S_IFSOCK
+	case m&iofs.ModeDevice != 0 && m&iofs.ModeCharDevice != 0:
+		mode |= syscall.S_IFCHR
+	case m&iofs.ModeDevice != 0:
+		mode |= syscall.S_IFBLK
+	default:
+		mode |= syscall.S_IFREG
+	}
+	if m&iofs.ModeSetuid != 0 {
+		mode |= syscall.S_ISUID
+	}
+	if m&iofs.ModeSetgid != 0 {
+		mode |= syscall.S_ISGID
+	}
+	if m&iofs.ModeSticky != 0 {
+		mode |= syscall.S_ISVTX
+	}
+	return mode
+}
+
+// Lookup finds name in the merged directory: the upper entry if there is
+// one, else the lower entry unless a whiteout hides it.
+func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
+	ov := n.ov
+	dfd := -1
+	if n.upper.Load() {
+		drel, ok := n.rel()
+		if !ok {
+			return nil, syscall.ENOENT
+		}
+		fd, err := ov.u.dir(drel)
+		if err != nil {
+			return nil, errnoOf(err)
+		}
+		defer ov.u.put(fd)
+		dfd = fd
+	}
+	e, err := ov.resolve(n, dfd, name)
+	if err != nil {
+		return nil, errnoOf(err)
+	}
+	if !e.exists() {
+		return nil, syscall.ENOENT
+	}
+	id, err := ov.identify(n, dfd, name, &e)
+	if err != nil {
+		return nil, errnoOf(err)
+	}
+	return ov.newChild(ctx, n, id, &e, out), 0
+}
+
+// stat returns n's current attributes.
+func (n *node) stat(f fusefs.FileHandle, a *fuse.Attr) syscall.Errno {
+	if h, ok := f.(interface {
+		statHandle(*fuse.Attr) syscall.Errno
+	}); ok {
+		if errno := h.statHandle(a); errno != syscall.ENOSYS {
+			return errno
+		}
+	}
+	if !n.upper.Load() {
+		if n.ov.lower == nil {
+			return syscall.ENOENT
+		}
+		la, err := n.ov.lower.Stat(n.lower)
+		if err != nil {
+			return errnoOf(err)
+		}
+		fillLowerAttr(a, &la)
+		a.Ino = n.ino
+		return 0
+	}
+	st, errno := n.ustat()
+	if errno != 0 {
+		return errno
+	}
+	n.fillUpperAttr(a, &st)
+	return 0
+}
+
+func (n *node) fillUpperAttr(a *fuse.Attr, st *ustat) {
+	fillAttr(a, st)
+	a.Ino = n.ino
+	if n.isDir() && n.lower != 0 {
+		a.Nlink = 1
+	}
+}
+
+// ustat stats n's upper object by path.
+func (n *node) ustat() (ustat, syscall.Errno) {
+	if n == n.ov.root {
+		st, err := statFd(n.ov.u.root)
+		return st, errnoOf(err)
+	}
+	p, name, ok := n.parent()
+	if !ok {
+		return ustat{}, syscall.ENOENT
+	}
+	prel, ok := p.rel()
+	if !ok {
+		return ustat{}, syscall.ENOENT
+	}
+	pfd, err := n.ov.u.dir(prel)
+	if err != nil {
+		return ustat{}, errnoOf(err)
+	}
+	defer n.ov.u.put(pfd)
+	st, err := statxAt(pfd, name)
+	return st, errnoOf(err)
+}
+
+func (n *node) Getattr(ctx context.Context, f fusefs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	return n.stat(f, &out.Attr)
+}
+
+func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
+	if !n.upper.Load() {
+		s, err := n.ov.lower.Readlink(n.lower)
+		if err != nil {
+			return nil, errnoOf(err)
+		}
+		return []byte(s), 0
+	}
+	p, name, ok := n.parent()
+	if !ok {
+		return nil, syscall.ENOENT
+	}
+	prel, ok := p.rel()
+	if !ok {
+		return nil, syscall.ENOENT
+	}
+	pfd, err := n.ov.u.dir(prel)
+	if err != nil {
+		return nil, errnoOf(err)
+	}
+	defer n.ov.u.put(pfd)
+	for size := 256; ; size *= 2 {
+		buf := make([]byte, size)
+		k, err := unix.Readlinkat(pfd, name, buf)
+		if err != nil {
+			return nil, errnoOf(err)
+		}
+		if k < size {
+			return buf[:k], 0
+		}
+	}
+}
+
+func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
+	var s unix.Statfs_t
+	if err := unix.Fstatfs(n.ov.u.root, &s); err != nil {
+		return errnoOf(err)
+	}
+	out.Blocks, out.Bfree, out.Bavail = s.Blocks, s.Bfree, s.Bavail
+	out.Files, out.Ffree = s.Files, s.Ffree
+	out.Bsize, out.Frsize = uint32(s.Bsize), uint32(s.Frsize)
+	// The upper layer takes every name; report what it accepts, not
+	// squashfs' 256.
+	out.NameLen = nameMax
+	return 0
+}
+
+// Fsync on a node without a handle (fsync of a directory through a path
+// the kernel resolved) syncs the upper object if there is one.
+func (n *node) Fsync(ctx context.Context, f fusefs.FileHandle, flags uint32) syscall.Errno {
+	if fs, ok := f.(fusefs.FileFsyncer); ok {
+		return fs.Fsync(ctx, flags)
+	}
+	if !n.upper.Load() {
+		return 0
+	}
+	rel, ok := n.rel()
+	if !ok {
+		return 0
+	}
+	if n.isDir() {
+		fd, err := n.ov.u.dirRead(rel)
+		if err != nil {
+			return errnoOf(err)
+		}
+		defer unix.Close(fd)
+		return errnoOf(unix.Fsync(fd))
+	}
+	return 0
+}
+
+// mergedEntry is one name of a merged directory listing.
+type mergedEntry struct {
+	name  string
+	mode  uint32 // S_IFMT bits
+	ino   uint64
+	upper bool          // the entry is in the upper layer
+	lower archive.Inode // its lower object (a directory: the one it merges), 0 if none
+}
+
+// list returns the merged listing of directory n, sorted by name, without
+// "." and "..".
+func (ov *overlay) list(n *node) ([]mergedEntry, error) {
+	rel := ""
+	if n.upper.Load() {
+		var ok bool
+		if rel, ok = n.rel(); !ok {
+			return nil, syscall.ENOENT
+		}
+	}
+	return ov.listAt(n, rel)
+}
+
+// listAt lists directory d whose upper directory (if d.upper) is at rel.
+// Upper names hide lower ones; whiteouts hide lower names; the overlay's
+// own names are skipped.
+func (ov *overlay) listAt(d *node, rel string) ([]mergedEntry, error) {
+	var out []mergedEntry
+	seen := map[string]bool{}
+	hidden := map[string]bool{}
+	if d.upper.Load() {
+		fd, err := ov.u.dirRead(rel)
+		if err != nil {
+			return nil, err
+		}
+		defer unix.Close(fd)
+		ents, err := readDirents(fd)
+		if err != nil {
+			return nil, err
+		}
+		for _, de := range ents {
+			if isReserved(de.name) {
+				if s, ok := whiteoutTarget(fd, de.name); ok {
+					hidden[s] = true
+				}
+				continue
+			}
+			seen[de.name] = true
+			me := mergedEntry{name: de.name, mode: dtToMode(de.typ), upper: true}
+			if me.mode == syscall.S_IFDIR {
+				// A directory's st_ino and merge source depend on its
+				// markers and the lower layer: resolve it as Lookup does.
+				e := entry{upper: true}
+				if st, err := statxAt(fd, de.name); err == nil {
+					e.ust = st
+					if d.lower != 0 && ov.lower != nil {
+						if a, err := ov.lower.Lookup(d.lower, de.name); err == nil {
+							e.lowerIno, e.lowerAttr = a.Ino, a
+						}
+					}
+					if id, err := ov.identify(d, fd, de.name, &e); err == nil {
+						me.ino, me.lower = id.ino, id.lower
+					}
+				}
+			} else if r, ok := ov.inos.guess(de.ino); ok {
+				me.ino = r.ino
+			} else {
+				me.ino = de.ino + upperInoBase
+			}
+			out = append(out, me)
+		}
+	}
+	if d.lower != 0 && ov.lower != nil {
+		lents, err := ov.lower.ReadDir(d.lower)
+		if err != nil {
+			return nil, err
+		}
+		for _, le := range lents {
+			if seen[le.Name] || hidden[le.Name] {
+				continue
+			}
+			out = append(out, mergedEntry{name: le.Name, mode: fileModeToUnix(le.Mode) & syscall.S_IFMT, ino: uint64(le.Ino), lower: le.Ino})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })
+	return out, nil
+}
+
+func dtToMode(t uint8) uint32 {
+	switch t {
+	case unix.DT_DIR:
+		return syscall.S_IFDIR
+	case unix.DT_LNK:
+		return syscall.S_IFLNK
+	case unix.DT_FIFO:
+		return syscall.S_IFIFO
+	case unix.DT_SOCK:
+		return syscall.S_IFSOCK
+	case unix.DT_CHR:
+		return syscall.S_IFCHR
+	case unix.DT_BLK:
+		return syscall.S_IFBLK
+	default:
+		return syscall.S_IFREG
+	}
+}
+
+// OpendirHandle returns a handle that lists the merged directory.
+func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fusefs.FileHandle, uint32, syscall.Errno) {
+	h := &dirHandle{n: n, fd: -1}
+	if n.upper.Load() {
+		// Keep the upper directory itself, so fstat of an open directory
+		// answers after it is removed or replaced.
+		if rel, ok := n.rel(); ok {
+			if fd, err := n.ov.u.openDir(rel, unix.O_PATH); err == nil && fd != n.ov.u.root {
+				h.fd = fd
+			}
+		}
+	}
+	return h, 0, 0
+}
+
+// dirHandle lists a merged directory. The listing is taken at the first
+// read and again at every rewind, so offsets stay valid between reads.
+type dirHandle struct {
+	n       *node
+	fd      int // O_PATH descriptor of the upper directory, -1 if none
+	mu      sync.Mutex
+	entries []fuse.DirEntry
+	loaded  bool
+	idx     int
+}
+
+var (
+	_ fusefs.FileReaddirenter = (*dirHandle)(nil)
+	_ fusefs.FileSeekdirer    = (*dirHandle)(nil)
+	_ fusefs.FileFsyncdirer   = (*dirHandle)(nil)
+	_ fusefs.FileReleasedirer = (*dirHandle)(nil)
+)
+
+func (h *dirHandle) load() syscall.Errno {
+	list, err := h.n.ov.list(h.n)
+	if err != nil {
+		return errnoOf(err)
+	}
+	parentIno := h.n.ino
+	if p, _, ok := h.n.parent(); ok {
+		parentIno = p.ino
+	}
+	ents := make([]fuse.DirEntry, 0, len(list)+2)
+	ents = append(ents,
+		fuse.DirEntry{Name: ".", Mode: syscall.S_IFDIR, Ino: h.n.ino},
+		fuse.DirEntry{Name: "..", Mode: syscall.S_IFDIR, Ino: parentIno})
+	for _, e := range list {
+		ents = append(ents, fuse.DirEntry{Name: e.name, Mode: e.mode, Ino: e.ino})
+	}
+	for i := range ents {
+		ents[i].Off = uint64(i + 1)
+	}
+	h.entries, h.loaded, h.idx = ents, true, 0
+	return 0
+}
+
+func (h *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.loaded {
+		if errno := h.load(); errno != 0 {
+			return nil, errno
+		}
+	}
+	if h.idx >= len(h.entries) {
+		return nil, 0
+	}
+	e := h.entries[h.idx]
+	h.idx++
+	return &e, 0
+}
+
+func (h *dirHandle) Seekdir(ctx context.Context, off uint64) syscall.Errno {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if off == 0 || !h.loaded {
+		if errno := h.load(); errno != 0 {
+			return errno
+		}
+	}
+	if off > uint64(len(h.entries)) {
+		return syscall.EINVAL
+	}
+	h.idx = int(off)
+	return 0
+}
+
+func (h *dirHandle) Fsyncdir(ctx context.Context, flags uint32) syscall.Errno {
+	return h.n.Fsync(ctx, nil, flags)
+}
+
+func (h *dirHandle) Releasedir(ctx context.Context, flags uint32) {
+	if h.fd >= 0 {
+		unix.Close(h.fd)
+		h.fd = -1
+	}
+}
+
+// statHandle serves fstat of an open directory: go-fuse passes the handle
+// of any open file of a node, so a directory removed while open still
+// answers from its upper directory.
+func (h *dirHandle) statHandle(a *fuse.Attr) syscall.Errno {
+	if h.fd < 0 {
+		return syscall.ENOSYS
+	}
+	st, err := statFd(h.fd)
+	if err != nil {
+		return errnoOf(err)
+	}
+	h.n.fillUpperAttr(a, &st)
+	return 0
+}
+
+// timespec converts a time to a unix.Timespec.
+func timespec(t time.Time) unix.Timespec {
+	return unix.NsecToTimespec(t.UnixNano())
+}

@@ -1,0 +1,132 @@
+package fs
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/hermesfs/hermesfs/archive"
+)
+
+// Lower is the read-only lower layer: the part of *archive.Reader the overlay
+// uses. Inode numbers are stable for the life of the Lower and hard links
+// share one. All methods may be called concurrently.
+//
+// A missing name makes Lookup fail with an error matching
+// errors.Is(err, io/fs.ErrNotExist); damaged content makes ReadAt and the
+// others fail with an error matching errors.Is(err, archive.ErrCorrupt),
+// which the overlay reports as EIO.
+type Lower interface {
+	Root() archive.Inode
+	Stat(ino archive.Inode) (archive.Attr, error)
+	Lookup(dir archive.Inode, name string) (archive.Attr, error)
+	ReadDir(dir archive.Inode) ([]archive.DirEntry, error)
+	Readlink(ino archive.Inode) (string, error)
+	ReadAt(ino archive.Inode, p []byte, off int64) (int, error)
+}
+
+// ArchiveReaderer is optionally implemented by a Lower that wraps an
+// *archive.Reader (a *archive.Reader used directly as the Lower needs
+// nothing). It lets the files of a View that are unchanged lower content
+// hand their compressed blocks to archive.Pack (archive.BlockSource).
+type ArchiveReaderer interface {
+	ArchiveReader() *archive.Reader
+}
+
+// Guard is the memory write hook (implemented by fs/memguard). For a path it
+// guards, a change of content is all-or-nothing: the overlay stages the
+// writer's bytes privately and calls Check with the complete new content
+// before it replaces the old.
+//
+// Guarded is called on every open, create, rename, link and truncate, with
+// rel the slash-separated path relative to the mount root
+// ("memories/MEMORY.md"). It must be cheap and must not block.
+//
+// Check is called with the complete new content (at close(2) of a writer, at
+// rename(2) of another file over the guarded name, at truncate(2)); old is
+// the content it replaces, nil if the file did not exist. nil accepts. An
+// error wrapping syscall.EFBIG or syscall.EPERM rejects the change and is
+// returned as that errno by close(2), rename(2) or truncate(2); any other
+// error rejects it with EIO. Check may be called from many goroutines at
+// once and must not access the mount (that would deadlock).
+type Guard interface {
+	Guarded(rel string) bool
+	Check(ctx context.Context, rel string, old, new []byte, pid uint32) error
+}
+
+// Options configures Mount. Zero values take the defaults documented on
+// each field (set in one place, withDefaults).
+type Options struct {
+	// Upper is the upper layer directory, created if missing. It persists
+	// across mounts: it holds every change since the lower layer was made,
+	// plus the overlay's own state under names starting with ".wh." (see
+	// the package documentation). Required.
+	Upper string
+
+	// Lower is the read-only lower layer; nil means an empty one (first
+	// boot).
+	Lower Lower
+
+	// Guard is the memory write hook; nil guards nothing.
+	Guard Guard
+
+	// Logger receives the overlay's diagnostics; nil discards them.
+	Logger *slog.Logger
+
+	// Debug logs every FUSE request and reply (go-fuse's debug output)
+	// through Logger at debug level.
+	Debug bool
+
+	// EntryTimeout and AttrTimeout are how long the kernel may cache names
+	// and attributes. The overlay is the only writer of its upper layer
+	// and the kernel sees every change made through the mount, so they
+	// can be long; they bound staleness only for what changes behind the
+	// kernel's back (a guarded file's content when its writer closes).
+	// Default 1s each. NegativeTimeout caches missing names; default 1s.
+	EntryTimeout    time.Duration
+	AttrTimeout     time.Duration
+	NegativeTimeout time.Duration
+
+	// NoPassthrough turns FUSE passthrough off. By default read-only opens
+	// of upper-layer files are served by the kernel straight from the
+	// upper file where the kernel allows it (kernel >= 6.9, a daemon with
+	// CAP_SYS_ADMIN), and by the daemon otherwise.
+	NoPassthrough bool
+
+	// GuardMaxBytes caps the content of a guarded file handed to
+	// Guard.Check: a larger new content is rejected with EFBIG without
+	// reading it into memory. Default 4 MiB.
+	GuardMaxBytes int64
+
+	// MaxWrite is the largest read or write request the kernel sends.
+	// Default 1 MiB.
+	MaxWrite int
+}
+
+const (
+	defaultTimeout       = time.Second
+	defaultGuardMaxBytes = 4 << 20
+	defaultMaxWrite      = 1 << 20
+)
+
+func (o Options) withDefaults() Options {
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.EntryTimeout == 0 {
+		o.EntryTimeout = defaultTimeout
+	}
+	if o.AttrTimeout == 0 {
+		o.AttrTimeout = defaultTimeout
+	}
+	if o.NegativeTimeout == 0 {
+		o.NegativeTimeout = defaultTimeout
+	}
+	if o.GuardMaxBytes == 0 {
+		o.GuardMaxBytes = defaultGuardMaxBytes
+	}
+	if o.MaxWrite == 0 {
+		o.MaxWrite = defaultMaxWrite
+	}
+	return o
+}

@@ -1,0 +1,280 @@
+package fs
+
+import (
+	"context"
+	"syscall"
+
+	fusefs "github.com/hanwen/go-fuse/v2/fs"
+	"golang.org/x/sys/unix"
+)
+
+// Rename moves name in n to newName in newParent. Lower objects are copied
+// up first (a file with its content, a directory as an empty upper directory
+// that keeps merging its lower one), so renaming lower files and whole lower
+// directories works and never returns EXDEV.
+//
+// A directory that moves takes its merge source with it: before the move it
+// gets a redirect marker naming the lower directory it merges (or an opaque
+// marker if it merges none), so at its new place it shows the same children
+// and nothing of a lower directory that may lie there. The old place gets a
+// whiteout when the lower layer has that name. Both markers are durable
+// before the rename; until the rename, the upper entry hides the whiteout.
+func (n *node) Rename(ctx context.Context, name string, newParent fusefs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	ov := n.ov
+	np, ok := newParent.(*node)
+	if !ok {
+		return syscall.EXDEV
+	}
+	if isReserved(name) {
+		return syscall.EINVAL
+	}
+	if errno := checkNewName(newName); errno != 0 {
+		return errno
+	}
+	if flags&^(unix.RENAME_NOREPLACE|unix.RENAME_EXCHANGE) != 0 {
+		return syscall.EINVAL
+	}
+	exchange := flags&unix.RENAME_EXCHANGE != 0
+
+	srcIn := n.GetChild(name)
+	if srcIn == nil {
+		return syscall.ENOENT
+	}
+	src, ok := srcIn.Operations().(*node)
+	if !ok {
+		return syscall.EIO
+	}
+	var dst *node
+	if ch := np.GetChild(newName); ch != nil {
+		dst, _ = ch.Operations().(*node)
+	}
+	if dst == src {
+		// Two names of one inode: rename(2) does nothing.
+		return 0
+	}
+
+	// Everything that can fail on content happens before any change.
+	if errno := ov.checkRenameGuard(ctx, src, np, newName, dst, exchange); errno != 0 {
+		return errno
+	}
+	if err := ov.copyUp(ctx, src, true); err != nil {
+		return errnoOf(err)
+	}
+	if exchange {
+		if dst == nil {
+			return syscall.ENOENT
+		}
+		if err := ov.copyUp(ctx, dst, true); err != nil {
+			return errnoOf(err)
+		}
+	}
+	sfd, srel, errno := n.prepDir(ctx)
+	if errno != 0 {
+		return errno
+	}
+	defer ov.u.put(sfd)
+	dfd, drel, errno := np.prepDir(ctx)
+	if errno != 0 {
+		return errno
+	}
+	defer ov.u.put(dfd)
+
+	// A guarded destination must not receive a file someone can still
+	// write through an open descriptor.
+	if ov.guard != nil && ov.guard.Guarded(joinRel(drel, newName)) {
+		src.mu.Lock()
+		busy := src.writers > 0 || src.ptOpens > 0
+		src.mu.Unlock()
+		if busy {
+			return syscall.EBUSY
+		}
+	}
+
+	ov.gate.enter()
+	defer ov.gate.leave()
+
+	se, err := ov.resolve(n, sfd, name)
+	if err != nil {
+		return errnoOf(err)
+	}
+	if !se.upper {
+		return syscall.ENOENT
+	}
+	de, err := ov.resolve(np, dfd, newName)
+	if err != nil {
+		return errnoOf(err)
+	}
+	srcDir := se.ust.mode&syscall.S_IFMT == syscall.S_IFDIR
+
+	if exchange {
+		if !de.upper {
+			return syscall.ENOENT
+		}
+		if srcDir {
+			if err := ov.markMovingDir(sfd, name, src); err != nil {
+				return errnoOf(err)
+			}
+		}
+		if de.ust.mode&syscall.S_IFMT == syscall.S_IFDIR && dst != nil {
+			if err := ov.markMovingDir(dfd, newName, dst); err != nil {
+				return errnoOf(err)
+			}
+		}
+		if err := unix.Renameat2(sfd, name, dfd, newName, unix.RENAME_EXCHANGE); err != nil {
+			return errnoOf(err)
+		}
+		ov.views.renamed(joinRel(srel, name), joinRel(drel, newName), true)
+		ov.changed(src.ino, 0)
+		if dst != nil {
+			ov.changed(dst.ino, 0)
+		}
+		return 0
+	}
+
+	if de.exists() {
+		if flags&unix.RENAME_NOREPLACE != 0 {
+			return syscall.EEXIST
+		}
+		dstDir := de.mode()&syscall.S_IFMT == syscall.S_IFDIR
+		switch {
+		case srcDir && !dstDir:
+			return syscall.ENOTDIR
+		case !srcDir && dstDir:
+			return syscall.EISDIR
+		case dstDir:
+			empty, err := ov.mergedEmpty(np, dfd, newName, dst, &de)
+			if err != nil {
+				return errnoOf(err)
+			}
+			if !empty {
+				return syscall.ENOTEMPTY
+			}
+		}
+	}
+
+	if srcDir {
+		if err := ov.markMovingDir(sfd, name, src); err != nil {
+			return errnoOf(err)
+		}
+	}
+	if se.lowerIno != 0 {
+		if err := ov.u.addWhiteout(sfd, name); err != nil {
+			return errnoOf(err)
+		}
+	}
+	if de.upper && !srcDir && de.ust.mode&syscall.S_IFMT == syscall.S_IFREG {
+		ov.views.beforeDestroy(dfd, newName, de.ust.ino)
+	}
+	err = unix.Renameat(sfd, name, dfd, newName)
+	if (err == unix.ENOTEMPTY || err == unix.EEXIST) && de.upper && srcDir {
+		// The destination directory is empty in the merged view but
+		// holds markers: swap the two atomically, then remove the old
+		// destination from its new place.
+		if err = unix.Renameat2(sfd, name, dfd, newName, unix.RENAME_EXCHANGE); err == nil {
+			err = ov.removeUpperDir(sfd, name)
+		}
+	}
+	if err != nil {
+		return errnoOf(err)
+	}
+	ov.views.renamed(joinRel(srel, name), joinRel(drel, newName), false)
+	ov.changed(src.ino, 0)
+	return 0
+}
+
+// markMovingDir gives the upper directory name in dfd, about to move, a
+// marker that keeps its merge source: a redirect to the lower directory it
+// merges, or opaque if it merges none.
+func (ov *overlay) markMovingDir(dfd int, name string, d *node) error {
+	sub, err := unix.Openat(dfd, name, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(sub)
+	m, err := readDirMarkers(sub)
+	if err != nil {
+		return err
+	}
+	if m.hasRedir || m.opaque {
+		return nil
+	}
+	if d != nil && d.lower != 0 {
+		return ov.u.writeMarker(sub, redirectMarker, []byte(d.lowerPath))
+	}
+	fd, err := unix.Openat(sub, opaqueMarker, unix.O_CREAT|unix.O_WRONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return err
+	}
+	unix.Close(fd)
+	return fsyncDir(sub)
+}
+
+// mergedEmpty reports whether directory name in d (entry e, node dn if the
+// kernel knows it) has no visible entries.
+func (ov *overlay) mergedEmpty(d *node, dfd int, name string, dn *node, e *entry) (bool, error) {
+	if dn == nil {
+		id, err := ov.identify(d, dfd, name, e)
+		if err != nil {
+			return false, err
+		}
+		dn = &node{ov: ov, kind: id.kind, ino: id.ino, lower: id.lower, lowerPath: id.lowerPath}
+		dn.upper.Store(id.upper)
+		if id.upper {
+			// Not in the tree: list it through a node parented at d.
+			return ov.mergedEmptyAt(dfd, name, dn)
+		}
+	}
+	list, err := ov.list(dn)
+	return len(list) == 0, err
+}
+
+// mergedEmptyAt lists a directory the kernel does not know, by its upper
+// directory fd.
+func (ov *overlay) mergedEmptyAt(dfd int, name string, dn *node) (bool, error) {
+	sub, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false, err
+	}
+	defer unix.Close(sub)
+	ents, err := readDirents(sub)
+	if err != nil {
+		return false, err
+	}
+	hidden := map[string]bool{}
+	for _, de := range ents {
+		if !isReserved(de.name) {
+			return false, nil
+		}
+		if s, ok := whiteoutTarget(sub, de.name); ok {
+			hidden[s] = true
+		}
+	}
+	if dn.lower != 0 && ov.lower != nil {
+		lents, err := ov.lower.ReadDir(dn.lower)
+		if err != nil {
+			return false, err
+		}
+		for _, le := range lents {
+			if !hidden[le.Name] {
+				return false, nil
+			}
+		}
+	}
+	return true, nil
+}
+
+// whiteoutTarget decodes a whiteout marker's name into the name it hides.
+func whiteoutTarget(dirfd int, marker string) (string, bool) {
+	switch {
+	case !isReserved(marker):
+		return "", false
+	case marker == opaqueMarker || marker == redirectMarker || marker == workDirName || marker == inoMapName:
+		return "", false
+	case len(marker) > len(hashedPrefix) && marker[:len(hashedPrefix)] == hashedPrefix:
+		s, err := readSmall(dirfd, marker)
+		return s, err == nil
+	case !isReserved(marker[len(reservedPrefix):]):
+		return marker[len(reservedPrefix):], true
+	}
+	return "", false
+}
