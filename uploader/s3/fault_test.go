@@ -140,7 +140,12 @@ func TestFaultsOutage(t *testing.T) {
 				size = 11 << 20
 			}
 			p2, _ := randomArchive(t, size)
+			f.proxy.ResetCounts()
 			_, err := f.cat.Publish(ctx, uploader.PublishInput{Path: p2, Parent: m.ID, Expect: m.ID})
+			if ops, _ := f.proxy.Counts(); fault == faultproxy.SlowDown && op == "PutObject" && ops["PutObject"] != 6 {
+				// One try and five retries: the SDK must not retry on its own.
+				t.Errorf("SlowDown on every PutObject: %d attempts, want 6", ops["PutObject"])
+			}
 			if err == nil {
 				t.Fatalf("%v on every %s: publish succeeded", fault, op)
 			}
