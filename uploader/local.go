@@ -297,7 +297,7 @@ func (l *Local) List(ctx context.Context, prefix string, fn func(ObjectInfo) err
 		if err != nil {
 			return err
 		}
-		if key := filepath.ToSlash(rel); strings.HasPrefix(key, prefix) {
+		if key := filepath.ToSlash(rel); strings.HasPrefix(key, prefix) && ValidKey(key) == nil {
 			keys = append(keys, key)
 		}
 		return ctx.Err()
