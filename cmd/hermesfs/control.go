@@ -70,6 +70,7 @@ type controlHandler interface {
 // controlServer serves the control socket.
 type controlServer struct {
 	ln      *net.UnixListener
+	path    string
 	h       controlHandler
 	log     *slog.Logger
 	ctx     context.Context
@@ -100,7 +101,7 @@ func listenControl(path string, h controlHandler, log *slog.Logger) (*controlSer
 		return nil, fmt.Errorf("control socket %s: %w", path, err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &controlServer{ln: ln, h: h, log: log, ctx: ctx, cancel: cancel, closing: make(chan struct{})}
+	s := &controlServer{ln: ln, path: path, h: h, log: log, ctx: ctx, cancel: cancel, closing: make(chan struct{})}
 	s.wg.Add(1)
 	go s.serve()
 	return s, nil
@@ -177,6 +178,7 @@ func (s *controlServer) stopAccepting() {
 	s.once.Do(func() {
 		close(s.closing)
 		s.ln.Close()
+		os.Remove(s.path)
 	})
 }
 

@@ -22,7 +22,9 @@ import (
 type daemon struct {
 	cfg   *mountConfig
 	e     *env
-	log   *slog.Logger
+	root  *slog.Logger // the process logger, for parts that add their own attributes
+	base  *slog.Logger // root with the mountpoint; parts add their component
+	log   *slog.Logger // component=daemon
 	parts parts
 	sd    *stateDir
 	cat   catalog
@@ -56,6 +58,12 @@ type daemon struct {
 
 	// publishedSHA is the sha256 of the archive of LastPublished.
 	publishedSHA string
+	// roBase is the snapshot a read-only mount shows.
+	roBase string
+	// bgCtx bounds snapshots other than the final one; stop cancels it
+	// when the stop timeout is near.
+	bgCtx    context.Context
+	bgCancel context.CancelFunc
 
 	stopOnce  sync.Once
 	stopCh    chan struct{}
@@ -72,8 +80,9 @@ func runDaemon(ctx context.Context, e *env, cfg *mountConfig, p parts) (err erro
 		resultSet: make(chan struct{}),
 		started:   time.Now(),
 	}
-	logOut := os.Stderr
-	d.log = newLogger(logOut, cfg.LogFormat, cfg.LogLevel).With("component", "daemon")
+	d.root = newLogger(os.Stderr, cfg.LogFormat, cfg.LogLevel)
+	d.base = d.root.With("mountpoint", cfg.Mountpoint)
+	d.log = d.base.With("component", "daemon")
 
 	// Shutdown must run to its end even though ctx (the signal) is done:
 	// bootCtx is the signal context only while booting.
@@ -133,10 +142,9 @@ func (d *daemon) boot(ctx context.Context) error {
 	}
 	d.host = d.st.Host
 	d.st.Mountpoint = cfg.Mountpoint
-	d.st.Store = d.parts.storeURL(cfg)
-	d.log = d.log.With("mountpoint", cfg.Mountpoint)
+	d.st.Store = d.parts.storeURL(d)
 
-	d.cat, err = d.parts.openCatalog(ctx, cfg, sd.path)
+	d.cat, err = d.parts.openCatalog(ctx, d)
 	if err != nil {
 		return fmt.Errorf("store %s: %w", d.st.Store, err)
 	}
@@ -202,11 +210,26 @@ func (d *daemon) decideBase(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("store %s: read LATEST: %w", st.Store, err)
 	}
 	if cfg.ReadOnly {
-		// A read-only mount shows the newest snapshot, nothing local.
+		// A read-only mount shows the newest snapshot, nothing local, and
+		// leaves the state (base, cache, upper) of a writer untouched.
 		if latest.ID == "" {
 			return "", nil
 		}
-		return d.fetchBase(ctx, latest.ID)
+		dir := filepath.Join(d.sd.path, "ro-cache")
+		os.RemoveAll(dir)
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return "", err
+		}
+		p := filepath.Join(dir, "snapshot.sqfs")
+		got, skipped, err := d.cat.Fetch(ctx, "", p)
+		if err != nil {
+			return "", fmt.Errorf("restore newest snapshot: %w", err)
+		}
+		for _, s := range skipped {
+			d.setErr(fmt.Errorf("snapshot %s is corrupt in the store; showing %s", s, got.ID))
+		}
+		d.roBase = got.ID
+		return p, nil
 	}
 
 	upperEmpty, err := dirEmpty(d.sd.upper())
@@ -226,11 +249,11 @@ func (d *daemon) decideBase(ctx context.Context) (string, error) {
 		}
 		switch {
 		case latest.ID == "" || latest.ID == st.Base || latest.ID == st.LastPublished:
-			d.pending, d.expect = true, latest.ID
+			d.pending, d.expect = true, latest.Pointer
 			d.log.Info("local changes found in the state dir; mounting them over their base and publishing them", "base", orNone(st.Base), "latest", orNone(latest.ID))
 			return d.baseFile(ctx, st.Base, st.BaseSHA256)
 		case cfg.OnConflict == "keep-local":
-			d.pending, d.expect = true, latest.ID
+			d.pending, d.expect = true, latest.Pointer
 			d.log.Warn("another host published since our changes; keeping ours (--on-conflict keep-local): the next snapshot replaces theirs as LATEST", "ours", orNone(ours), "theirs", latest.ID)
 			return d.baseFile(ctx, st.Base, st.BaseSHA256)
 		case cfg.OnConflict == "discard-local":
@@ -251,11 +274,11 @@ func (d *daemon) decideBase(ctx context.Context) (string, error) {
 		}
 	} else if !upperEmpty {
 		// Everything in the upper layer is in LATEST (our last snapshot).
-		d.expect = latest.ID
+		d.expect = latest.Pointer
 		return d.baseFile(ctx, st.Base, st.BaseSHA256)
 	}
 
-	d.expect = latest.ID
+	d.expect = latest.Pointer
 	if latest.ID != "" {
 		return d.fetchBase(ctx, latest.ID)
 	}
@@ -340,10 +363,12 @@ func (d *daemon) fetchBase(ctx context.Context, id string) (string, error) {
 	st := &d.st
 	if id == st.Base && st.BaseSHA256 != "" {
 		p := d.sd.cached(id)
-		if ok, _ := fileHasSHA256(p, st.BaseSHA256); ok {
+		ok, err := fileHasSHA256(p, st.BaseSHA256)
+		if ok {
 			d.log.Info("base snapshot is in the cache", "id", id)
 			return p, nil
 		}
+		d.log.Warn("the cached base snapshot is missing or damaged; downloading it", "id", id, "err", err)
 	}
 	t0 := time.Now()
 	tmp := filepath.Join(d.sd.cacheDir(), "download.sqfs")
@@ -365,18 +390,8 @@ func (d *daemon) fetchBase(ctx context.Context, id string) (string, error) {
 	if st.LastPublished != got.ID {
 		st.LastPublished = "" // published by another host, or long ago
 	}
-	d.expect = latestOr(got.ID, skipped)
 	d.cleanCache(got.ID)
 	return p, d.sd.save(*st)
-}
-
-// latestOr is the LATEST value a publish must replace: the newest id even
-// when it was corrupt (LATEST still names it).
-func latestOr(got string, skipped []string) string {
-	if len(skipped) > 0 {
-		return skipped[0]
-	}
-	return got
 }
 
 // cleanCache removes cached archives other than keep.
@@ -427,6 +442,9 @@ func (d *daemon) serve(ctx context.Context) error {
 	defer unregisterMount(rdir, cfg.Mountpoint, os.Getpid())
 
 	base := d.st.Base
+	if cfg.ReadOnly {
+		base = d.roBase
+	}
 	fmt.Fprintf(d.e.stdout, "ready %s snapshot=%s store=%s\n", cfg.Mountpoint, orNone(base), d.st.Store)
 	if f, ok := d.e.stdout.(interface{ Sync() error }); ok {
 		f.Sync()
@@ -436,6 +454,8 @@ func (d *daemon) serve(ctx context.Context) error {
 	}
 	d.log.Info("ready", "snapshot", orNone(base), "store", d.st.Store, "state_dir", d.sd.path, "interval", cfg.Interval, "read_only", cfg.ReadOnly)
 
+	d.bgCtx, d.bgCancel = context.WithCancel(context.Background())
+	defer d.bgCancel()
 	var tick <-chan time.Time
 	if cfg.Interval > 0 && !cfg.ReadOnly {
 		t := time.NewTicker(cfg.Interval)
@@ -471,7 +491,7 @@ func (d *daemon) serve(ctx context.Context) error {
 				return // one is running; the next tick catches up
 			}
 			d.snapMu.Unlock()
-			d.snapshotNow(context.WithoutCancel(ctx), reason)
+			d.snapshotNow(d.bgCtx, reason)
 		}()
 	}
 
@@ -546,15 +566,20 @@ func (d *daemon) stop(waitBg func()) shutdownResult {
 		// disk and the next start publishes it.
 		res.Code, res.Error = exitUnsynced, "the mount went away before a final snapshot; local changes are kept in the state dir and published by the next start"
 	default:
-		// A periodic snapshot in progress finishes (or fails) first; its
-		// context is bounded by the same deadline via snapCtx below.
+		// A snapshot in progress finishes (or fails) first, within the
+		// same deadline: never a half-published snapshot.
+		t := time.AfterFunc(time.Until(deadline.Add(-reserve)), d.bgCancel)
+		defer t.Stop()
 		done := make(chan struct{})
 		go func() { d.snapMu.Lock(); d.snapMu.Unlock(); close(done) }()
+		var r snapshotResult
+		var err error
 		select {
 		case <-done:
+			r, err = d.snapshotNow(snapCtx, "final")
 		case <-snapCtx.Done():
+			err = fmt.Errorf("a snapshot in progress did not finish within --stop-timeout %s", cfg.StopTimeout)
 		}
-		r, err := d.snapshotNow(snapCtx, "final")
 		if err != nil {
 			res.Code, res.Error = exitUnsynced, fmt.Sprintf("final snapshot failed: %v; local changes are kept in %s and published by the next start", err, d.sd.path)
 			if errors.Is(err, errLeaseHeld) {

@@ -19,10 +19,6 @@ type mountConfig struct {
 	// Mountpoint is the absolute path of the directory to mount over.
 	Mountpoint string
 
-	// Store is the store URL (file:///dir or s3://bucket/prefix?...).
-	// Empty means the default local directory store. Env HERMESFS_STORE.
-	Store string
-
 	// StateDir holds the lower archive cache, the upper layer, the control
 	// socket and state.json; one per mountpoint. Empty means the default
 	// (see defaultStateDir). Env HERMESFS_STATE_DIR.
@@ -68,6 +64,10 @@ type mountConfig struct {
 
 	// Debug logs every FUSE request.
 	Debug bool
+
+	// flags holds the store flags (declared by addStoreFlags), read with
+	// storeOptions when the store is opened.
+	flags *flag.FlagSet
 }
 
 // newMountConfig returns the defaults.
@@ -85,7 +85,6 @@ func newMountConfig() *mountConfig {
 
 // envFlags maps environment variables onto mount flags.
 var envFlags = map[string]string{
-	"HERMESFS_STORE":        "store",
 	"HERMESFS_STATE_DIR":    "state-dir",
 	"HERMESFS_INTERVAL":     "interval",
 	"HERMESFS_KEEP":         "keep",
@@ -96,9 +95,8 @@ var envFlags = map[string]string{
 
 // addFlags declares c's flags on fs, with c's current values as defaults.
 func (c *mountConfig) addFlags(fs *flag.FlagSet) {
-	if fs.Lookup("store") == nil {
-		fs.StringVar(&c.Store, "store", c.Store, "store URL: file:///dir or s3://bucket/prefix (env HERMESFS_STORE; default: a local store under the data dir)")
-	}
+	c.flags = fs
+	addStoreFlags(fs)
 	fs.StringVar(&c.StateDir, "state-dir", c.StateDir, "state directory for this mountpoint (env HERMESFS_STATE_DIR; default /var/lib/hermesfs/<mountpoint> for root, ~/.local/state/hermesfs/<mountpoint> otherwise)")
 	fs.DurationVar(&c.Interval, "interval", c.Interval, "time between periodic snapshots; 0 disables them (env HERMESFS_INTERVAL)")
 	fs.IntVar(&c.Keep, "keep", c.Keep, "snapshots to keep in the store (env HERMESFS_KEEP)")

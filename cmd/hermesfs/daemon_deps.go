@@ -40,6 +40,9 @@ type snapshotInfo struct {
 	ID     string
 	Size   int64
 	SHA256 string // hex
+	// Pointer is what LATEST named when it was read ("" when absent, even
+	// if snapshots exist): the value the next publish must replace.
+	Pointer string
 }
 
 // publishResult is what publishing one archive cost.
@@ -50,8 +53,8 @@ type publishResult struct {
 
 // catalog is the snapshot catalog of one store prefix.
 type catalog interface {
-	// Latest returns the snapshot LATEST names; ID "" when the store holds
-	// no snapshot.
+	// Latest returns the snapshot LATEST names (the newest complete one
+	// when LATEST is missing); ID "" when the store holds no snapshot.
 	Latest(ctx context.Context) (snapshotInfo, error)
 	// Fetch downloads snapshot id (the newest one that verifies when id is
 	// "") to the file dst, verifying its size and sha256 on the way. A
@@ -109,7 +112,7 @@ type packStats struct {
 // parts builds the real parts; tests of the wiring do not replace it (the
 // end-to-end tests run the real binary).
 type parts interface {
-	openCatalog(ctx context.Context, cfg *mountConfig, stateDir string) (catalog, error)
+	openCatalog(ctx context.Context, d *daemon) (catalog, error)
 	// packDir packs directory dir to the file out (atomically).
 	packDir(ctx context.Context, dir, out string) (packStats, error)
 	// packView packs a frozen view to the file out (atomically).
@@ -120,5 +123,5 @@ type parts interface {
 	// rejections returns the newest n memory-hook rejections.
 	rejections(auditPath string, n int) []auditRecord
 	// storeURL is the store's URL with credentials redacted.
-	storeURL(cfg *mountConfig) string
+	storeURL(d *daemon) string
 }

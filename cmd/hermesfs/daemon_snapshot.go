@@ -148,7 +148,9 @@ func (d *daemon) status() statusReport {
 	if r.Last == nil && d.st.LastPublished != "" {
 		r.Last = &snapshotRecord{ID: d.st.LastPublished, Time: d.st.PublishedAt}
 	}
-	if !d.cfg.ReadOnly {
+	if d.cfg.ReadOnly {
+		r.Base, r.LastPublished, r.Last = d.roBase, "", nil
+	} else {
 		r.DirtyFiles, r.DirtyBytes = d.ov.Dirty(d.publishedGen)
 		r.Unpublished = d.pending || r.Generation != d.publishedGen
 	}
@@ -157,6 +159,12 @@ func (d *daemon) status() statusReport {
 }
 
 func (d *daemon) snapshot(ctx context.Context) (snapshotResult, error) {
+	// Bounded like the periodic snapshots, so the final one never waits
+	// on a request past the stop timeout.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(d.bgCtx, cancel)
+	defer stop()
 	return d.snapshotNow(ctx, "requested")
 }
 

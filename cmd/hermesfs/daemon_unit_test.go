@@ -64,12 +64,12 @@ func TestMountConfigEnvAndValidate(t *testing.T) {
 	if err := fs.Parse([]string{"--keep", "3"}); err != nil {
 		t.Fatal(err)
 	}
-	env := map[string]string{"HERMESFS_INTERVAL": "2s", "HERMESFS_KEEP": "7", "HERMESFS_STORE": "file:///s", "HERMESFS_STATE_DIR": "rel/state"}
+	env := map[string]string{"HERMESFS_INTERVAL": "2s", "HERMESFS_KEEP": "7", "HERMESFS_STATE_DIR": "rel/state"}
 	if err := applyEnv(fs, func(k string) string { return env[k] }); err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Interval != 2*time.Second || cfg.Keep != 3 || cfg.Store != "file:///s" {
-		t.Errorf("env mapping: interval %s keep %d store %q (the flag must win over the env)", cfg.Interval, cfg.Keep, cfg.Store)
+	if cfg.Interval != 2*time.Second || cfg.Keep != 3 || cfg.StateDir != "rel/state" {
+		t.Errorf("env mapping: interval %s keep %d state dir %q (the flag must win over the env)", cfg.Interval, cfg.Keep, cfg.StateDir)
 	}
 	cfg.Mountpoint = "m"
 	if err := cfg.validate(); err != nil {

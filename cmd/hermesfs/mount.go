@@ -2,17 +2,92 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 )
 
 func init() {
+	var cfg *mountConfig
 	register(&command{
 		name:    "mount",
 		summary: "mount the home directory and keep it snapshotted to the store",
 		usage:   "[flags] MOUNTPOINT",
+		help: `
+Mounts MOUNTPOINT (e.g. ~/.hermes): the newest snapshot archive in the store,
+verified, is the read-only lower layer; a local upper layer in the state dir
+takes every write, at local-disk speed. Every --interval, on 'hermesfs
+snapshot' and at shutdown, the merged tree is frozen for an instant, packed
+into one squashfs/zstd archive and uploaded; LATEST then names it. Nothing
+changed: nothing is uploaded.
+
+The first time, on an empty store, a non-empty MOUNTPOINT (your existing
+~/.hermes) becomes the first snapshot before anything is mounted over it; the
+original directory stays untouched underneath the mount.
+
+Once the mount answers, one line starting "ready " is printed on stdout and
+READY=1 is sent to systemd (NOTIFY_SOCKET). Runs in the foreground unless
+--background is given.
+
+Stopping: SIGTERM, SIGINT or 'hermesfs umount MOUNTPOINT' take a final
+snapshot, unmount and exit within --stop-timeout. If the final upload fails,
+the local changes stay in the state dir, the exit code is 5, and the next
+mount publishes them. After a crash or kill -9, the next mount with the same
+state dir mounts the local changes again (nothing written before the crash is
+lost) and publishes them at once.
+
+One host writes a store prefix at a time (a lease in the store, renewed every
+10s, stale after 25s). A second host is refused (exit 4) unless --read-only.
+
+Defaults: store = local directory under the data dir
+(/var/lib/hermesfs/store for root, ~/.local/share/hermesfs/store otherwise);
+state dir = /var/lib/hermesfs/<mountpoint> for root,
+$XDG_STATE_HOME/hermesfs/<mountpoint> (~/.local/state/...) otherwise;
+interval 15m; keep 10 snapshots.
+
+Environment: HERMESFS_STORE, HERMESFS_STATE_DIR, HERMESFS_INTERVAL,
+HERMESFS_KEEP, HERMESFS_STOP_TIMEOUT, HERMESFS_LOG_FORMAT, HERMESFS_LOG_LEVEL
+(a flag on the command line wins), plus the AWS variables for S3
+(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL_S3).
+
+Examples:
+  hermesfs mount ~/.hermes
+  hermesfs mount --store file:///srv/hermes-store ~/.hermes
+  hermesfs mount --store s3://my-bucket/agents/alice ~/.hermes
+  AWS_ENDPOINT_URL_S3=https://<account>.r2.cloudflarestorage.com AWS_REGION=auto \
+    hermesfs mount --store s3://my-bucket/alice --interval 5m ~/.hermes
+  hermesfs mount --background ~/.hermes && hermes   # boot scripts
+
+Exit codes:
+  0  stopped cleanly, everything published
+  1  failed (the message says why)
+  2  bad command line
+  3  a snapshot failed verification and no older one verifies
+  4  conflict: another host holds the store, or published over our
+     unpublished changes (see --on-conflict)
+  5  stopped, but the final snapshot did not reach the store; local
+     changes kept in the state dir for the next mount
+
+Signals: SIGTERM and SIGINT stop (final snapshot). Under systemd use
+Type=notify, KillMode=mixed and TimeoutStopSec larger than --stop-timeout
+(see scripts/hermesfs.service).`,
+		flags: func(fs *flag.FlagSet) {
+			cfg = newMountConfig()
+			cfg.addFlags(fs)
+		},
 		run: func(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error {
-			return errors.New("not implemented yet")
+			if len(args) != 1 {
+				return usageError("want one MOUNTPOINT")
+			}
+			if err := applyEnv(fs, e.getenv); err != nil {
+				return err
+			}
+			cfg.Mountpoint = args[0]
+			if err := cfg.validate(); err != nil {
+				return err
+			}
+			if cfg.Background {
+				return runBackground(ctx, e, cfg, fs)
+			}
+			return runDaemon(ctx, e, cfg, realParts{})
 		},
 	})
 }

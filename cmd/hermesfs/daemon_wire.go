@@ -1,0 +1,233 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	iofs "io/fs"
+	"os"
+	"path/filepath"
+	"syscall"
+
+	"github.com/hermesfs/hermesfs/archive"
+	"github.com/hermesfs/hermesfs/fs"
+	"github.com/hermesfs/hermesfs/fs/memguard"
+)
+
+// realParts wires the daemon to the archive writer and reader, the overlay,
+// the memory guard and the snapshot catalog.
+type realParts struct{}
+
+var _ parts = realParts{}
+
+// packTo packs with pack into out, atomically: a temp file in out's
+// directory, fsynced, renamed.
+func packTo(out string, pack func(f *os.File) (archive.PackResult, error)) (ps packStats, err error) {
+	f, err := os.CreateTemp(filepath.Dir(out), "."+filepath.Base(out)+".tmp*")
+	if err != nil {
+		return ps, err
+	}
+	defer func() {
+		if err != nil {
+			f.Close()
+			os.Remove(f.Name())
+		}
+	}()
+	res, err := pack(f)
+	if err != nil {
+		return ps, err
+	}
+	if err = f.Sync(); err != nil {
+		return ps, fmt.Errorf("fsync %s: %w", f.Name(), err)
+	}
+	if err = f.Close(); err != nil {
+		return ps, err
+	}
+	if err = os.Rename(f.Name(), out); err != nil {
+		return ps, err
+	}
+	if err = syncDir(filepath.Dir(out)); err != nil {
+		return ps, err
+	}
+	return packStats{
+		Files: res.Files, BytesPacked: res.DataBytes, Size: res.Size,
+		BytesReused: res.ReusedBytes, SHA256: hex.EncodeToString(res.SHA256[:]),
+	}, nil
+}
+
+func (realParts) packDir(ctx context.Context, dir, out string) (packStats, error) {
+	return packTo(out, func(f *os.File) (archive.PackResult, error) {
+		return archive.PackDir(ctx, f, dir, archive.PackOptions{})
+	})
+}
+
+func (realParts) packView(ctx context.Context, v frozenView, out string) (packStats, error) {
+	return packTo(out, func(f *os.File) (archive.PackResult, error) {
+		return archive.Pack(ctx, f, v.(*viewAdapter).View, archive.PackOptions{})
+	})
+}
+
+func (realParts) rejections(auditPath string, n int) []auditRecord {
+	evs, err := memguard.ReadAudit(auditPath, n, true)
+	if err != nil {
+		return nil
+	}
+	out := make([]auditRecord, 0, len(evs))
+	for _, ev := range evs {
+		out = append(out, auditRecord{Time: ev.Time, File: ev.File, Verdict: ev.Verdict, Reason: ev.Reason})
+	}
+	return out
+}
+
+// mountAdapter is an *fs.Mounted as the daemon's overlay, owning the lower
+// archive file and the guard.
+type mountAdapter struct {
+	*fs.Mounted
+	done  chan struct{}
+	lower *os.File
+	guard *memguard.Guard
+}
+
+type viewAdapter struct{ *fs.View }
+
+func (m *mountAdapter) Freeze(ctx context.Context) (frozenView, error) {
+	v, err := m.Mounted.Freeze(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &viewAdapter{v}, nil
+}
+
+func (m *mountAdapter) Done() <-chan struct{} { return m.done }
+
+func (m *mountAdapter) Unmount(ctx context.Context) error {
+	err := m.Mounted.Unmount(ctx)
+	select {
+	case <-m.done:
+		m.guard.Close()
+		if m.lower != nil {
+			m.lower.Close()
+		}
+	default:
+	}
+	return err
+}
+
+func (realParts) mount(ctx context.Context, d *daemon, lowerPath string) (overlay, error) {
+	log := d.base
+	var (
+		lowerFile *os.File
+		reader    *archive.Reader
+	)
+	if lowerPath != "" {
+		f, err := os.Open(lowerPath)
+		if err != nil {
+			return nil, err
+		}
+		fi, err := f.Stat()
+		if err != nil {
+			f.Close()
+			return nil, err
+		}
+		reader, err = archive.Open(f, fi.Size(), archive.ReaderOptions{Name: lowerPath, Logger: log.With("component", "archive")})
+		if err != nil {
+			f.Close()
+			if errors.Is(err, archive.ErrCorrupt) {
+				return nil, withCode(exitCorrupt, err)
+			}
+			return nil, err
+		}
+		lowerFile = f
+	}
+	closeLower := func() {
+		if lowerFile != nil {
+			lowerFile.Close()
+		}
+	}
+	upper := d.sd.upper()
+	if reader != nil {
+		// The root directory's own mode comes from the upper layer's
+		// directory: make it the home's, as the archive recorded it.
+		if a, err := reader.Stat(reader.Root()); err == nil {
+			os.Chmod(upper, a.Mode.Perm())
+		}
+	}
+	if d.cfg.ReadOnly {
+		// A read-only mount never shows or keeps local changes: an empty
+		// throwaway upper layer, and the kernel refuses writes (EROFS).
+		upper = filepath.Join(d.sd.path, "ro-upper")
+		os.RemoveAll(upper)
+	}
+	guard, err := memguard.New(memguard.Options{
+		MemoryLimit: d.cfg.MemoryLimit,
+		UserLimit:   d.cfg.UserLimit,
+		AuditLog:    d.sd.auditLog(),
+		ConfigYAML:  func() ([]byte, error) { return readMerged(upper, reader, "config.yaml") },
+		Logger:      log.With("component", "memguard"),
+	})
+	if err != nil {
+		closeLower()
+		return nil, err
+	}
+	opts := fs.Options{
+		Upper:  upper,
+		Guard:  guard,
+		Logger: d.root, // the overlay names its component and mountpoint
+		Debug:  d.cfg.Debug,
+	}
+	if reader != nil {
+		opts.Lower = reader
+	}
+	m, err := fs.Mount(ctx, d.cfg.Mountpoint, opts)
+	if err != nil {
+		guard.Close()
+		closeLower()
+		return nil, err
+	}
+	ma := &mountAdapter{Mounted: m, done: make(chan struct{}), lower: lowerFile, guard: guard}
+	go func() { m.Wait(); close(ma.done) }()
+	if d.cfg.ReadOnly {
+		if err := remountReadOnly(d.cfg.Mountpoint); err != nil {
+			ma.Unmount(context.WithoutCancel(ctx))
+			return nil, fmt.Errorf("--read-only: %w", err)
+		}
+	}
+	return ma, nil
+}
+
+// remountReadOnly makes the mount read-only at the VFS: every write fails
+// with EROFS before it reaches the overlay.
+func remountReadOnly(mp string) error {
+	err := syscall.Mount(mp, mp, "", syscall.MS_REMOUNT|syscall.MS_BIND|syscall.MS_RDONLY, "")
+	if err != nil {
+		return fmt.Errorf("remount %s read-only: %w (needs root)", mp, err)
+	}
+	return nil
+}
+
+// readMerged reads rel from the merged tree without going through the
+// mount (the memory guard calls it while the overlay waits for its
+// verdict): the upper layer's file when there is one, nothing when the
+// upper layer deletes it, else the lower archive's.
+func readMerged(upper string, lower *archive.Reader, rel string) ([]byte, error) {
+	b, err := os.ReadFile(filepath.Join(upper, filepath.FromSlash(rel)))
+	if err == nil || !errors.Is(err, iofs.ErrNotExist) {
+		return b, err
+	}
+	dir, name := filepath.Split(filepath.FromSlash(rel))
+	if _, err := os.Lstat(filepath.Join(upper, dir, ".wh."+name)); err == nil {
+		return nil, iofs.ErrNotExist
+	}
+	if lower == nil {
+		return nil, iofs.ErrNotExist
+	}
+	f, err := lower.Open(rel)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(bufio.NewReader(io.LimitReader(f, 1<<20)))
+}

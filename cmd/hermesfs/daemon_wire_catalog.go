@@ -1,0 +1,134 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+
+	"github.com/hermesfs/hermesfs/uploader"
+	"github.com/hermesfs/hermesfs/uploader/storeurl"
+)
+
+// catalogAdapter is an *uploader.Catalog as the daemon's catalog.
+type catalogAdapter struct {
+	c      *uploader.Catalog
+	closer func() error
+	lease  *uploader.Lease
+}
+
+var _ catalog = (*catalogAdapter)(nil)
+
+func newCatalogAdapter(s uploader.Store, host string, log *slog.Logger, closer func() error) *catalogAdapter {
+	c := uploader.NewCatalog(uploader.WithRetry(s, uploader.DefaultRetryPolicy(), log), uploader.CatalogOptions{
+		Host:    host,
+		Version: version,
+		Logger:  log,
+	})
+	return &catalogAdapter{c: c, closer: closer}
+}
+
+func (a *catalogAdapter) Latest(ctx context.Context) (snapshotInfo, error) {
+	id, err := a.c.LatestID(ctx)
+	if err != nil {
+		return snapshotInfo{}, err
+	}
+	if id == "" {
+		// No LATEST: a store whose LATEST was lost still has snapshots.
+		snaps, err := a.c.Snapshots(ctx)
+		if err != nil {
+			return snapshotInfo{}, err
+		}
+		for _, s := range snaps {
+			if !s.Incomplete && s.Err == nil {
+				return snapshotInfo{ID: s.ID, Size: s.Size, SHA256: s.SHA256}, nil
+			}
+		}
+		return snapshotInfo{}, nil
+	}
+	return snapshotInfo{ID: id, Pointer: id}, nil
+}
+
+func (a *catalogAdapter) Fetch(ctx context.Context, id, dst string) (snapshotInfo, []string, error) {
+	res, err := a.c.Restore(ctx, dst, uploader.RestoreOptions{ID: id, Verify: verifyArchive})
+	if err != nil {
+		if errors.Is(err, uploader.ErrCorrupt) {
+			return snapshotInfo{}, res.SkippedIDs(), withCode(exitCorrupt, err)
+		}
+		return snapshotInfo{}, res.SkippedIDs(), err
+	}
+	m := res.Manifest
+	return snapshotInfo{ID: m.ID, Size: m.Size, SHA256: m.SHA256}, res.SkippedIDs(), nil
+}
+
+func (a *catalogAdapter) Publish(ctx context.Context, path string, meta publishMeta, expect string) (publishResult, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return publishResult{}, err
+	}
+	m, err := a.c.Publish(ctx, uploader.PublishInput{
+		Path: path, Parent: meta.Parent, Expect: expect, Files: meta.Files, Lease: a.lease,
+	})
+	if err != nil {
+		var ce *uploader.ConflictError
+		if errors.As(err, &ce) {
+			return publishResult{}, fmt.Errorf("%w: %v", errConflict, err)
+		}
+		if errors.Is(err, uploader.ErrLeaseLost) {
+			return publishResult{}, fmt.Errorf("%w: %v", errLeaseHeld, err)
+		}
+		return publishResult{}, err
+	}
+	return publishResult{snapshotInfo: snapshotInfo{ID: m.ID, Size: m.Size, SHA256: m.SHA256}, BytesUploaded: fi.Size()}, nil
+}
+
+func (a *catalogAdapter) Prune(ctx context.Context, keep int) error {
+	_, err := a.c.Prune(ctx, keep)
+	return err
+}
+
+func (a *catalogAdapter) Lease(ctx context.Context, holder string) (lease, error) {
+	l, err := a.c.AcquireLease(ctx, uploader.LeaseOptions{Holder: holder})
+	if err != nil {
+		if errors.Is(err, uploader.ErrLeaseHeld) {
+			return nil, fmt.Errorf("%w: %v", errLeaseHeld, err)
+		}
+		return nil, err
+	}
+	a.lease = l
+	return l, nil
+}
+
+func (a *catalogAdapter) Close() error {
+	if a.closer != nil {
+		return a.closer()
+	}
+	return nil
+}
+
+func (realParts) openCatalog(ctx context.Context, d *daemon) (catalog, error) {
+	log := d.base.With("component", "uploader")
+	raw, o, err := storeOptions(d.e, d.cfg.flags, log)
+	if err != nil {
+		return nil, err
+	}
+	s, _, err := storeurl.Open(ctx, raw, o)
+	if err != nil {
+		return nil, err
+	}
+	host, _ := os.Hostname()
+	return newCatalogAdapter(s, host, log, nil), nil
+}
+
+func (realParts) storeURL(d *daemon) string {
+	raw, o, err := storeOptions(d.e, d.cfg.flags, nil)
+	if err != nil {
+		return redactURL(raw)
+	}
+	loc, err := storeurl.Parse(raw, o)
+	if err != nil {
+		return redactURL(raw)
+	}
+	return loc.String()
+}

@@ -1,0 +1,451 @@
+package main
+
+// Helpers for the end-to-end tests: they run the real hermesfs binary in a
+// subprocess, as a user or a service manager would, and look at the mount,
+// the state dir and the store from outside.
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	iofs "io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var (
+	binOnce sync.Once
+	binPath string
+	binErr  error
+	tmpRoot string // every test mount lives below it (checked at exit)
+)
+
+func TestMain(m *testing.M) {
+	var err error
+	tmpRoot, err = os.MkdirTemp("", "hermesfs-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	if left := mountsBelow(tmpRoot); len(left) > 0 {
+		fmt.Fprintf(os.Stderr, "FAIL: mounts left behind by the tests: %v\n", left)
+		for _, mp := range left {
+			syscall.Unmount(mp, syscall.MNT_DETACH)
+		}
+		code = 1
+	}
+	os.RemoveAll(tmpRoot)
+	os.Exit(code)
+}
+
+// mountsBelow lists mountpoints under dir.
+func mountsBelow(dir string) []string {
+	b, _ := os.ReadFile("/proc/self/mountinfo")
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 {
+			if mp := unescapeMountinfo(f[4]); strings.HasPrefix(mp, dir+"/") {
+				out = append(out, mp)
+			}
+		}
+	}
+	return out
+}
+
+func strict() bool { return os.Getenv("HERMESFS_TEST_STRICT") == "1" }
+
+// need skips (or, under HERMESFS_TEST_STRICT=1, fails) when a tool is missing.
+func need(t *testing.T, tools ...string) {
+	t.Helper()
+	for _, tool := range tools {
+		if tool == "/dev/fuse" {
+			if _, err := os.Stat("/dev/fuse"); err != nil {
+				missing(t, "/dev/fuse")
+			}
+			continue
+		}
+		if _, err := exec.LookPath(tool); err != nil {
+			missing(t, tool)
+		}
+	}
+}
+
+func missing(t *testing.T, what string) {
+	t.Helper()
+	if strict() {
+		t.Fatalf("%s is missing (HERMESFS_TEST_STRICT=1)", what)
+	}
+	t.Skipf("%s is missing", what)
+}
+
+// hermesfsBin returns the binary under test: $HERMESFS_BIN, else one built
+// once for this test run.
+func hermesfsBin(t *testing.T) string {
+	t.Helper()
+	binOnce.Do(func() {
+		if b := os.Getenv("HERMESFS_BIN"); b != "" {
+			binPath, binErr = filepath.Abs(b)
+			return
+		}
+		binPath = filepath.Join(tmpRoot, "bin", "hermesfs")
+		cmd := exec.Command("go", "build", "-o", binPath, ".")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			binErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if binErr != nil {
+		t.Fatal(binErr)
+	}
+	return binPath
+}
+
+// e2eDir is a fresh directory below tmpRoot (t.TempDir's names are long and
+// live elsewhere; mounts must stay below tmpRoot for the leak check).
+func e2eDir(t *testing.T, name string) string {
+	t.Helper()
+	d, err := os.MkdirTemp(tmpRoot, strings.ReplaceAll(t.Name(), "/", "_")+"-"+name+"-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if len(mountsBelow(d)) == 0 {
+			os.RemoveAll(d)
+		}
+	})
+	return d
+}
+
+// host is one simulated machine: a state dir and a runtime dir of its own,
+// against a store shared by all hosts of a test.
+type host struct {
+	t        *testing.T
+	state    string
+	runtime  string
+	store    string
+	extraEnv []string
+}
+
+func newHost(t *testing.T, store string) *host {
+	return &host{t: t, state: e2eDir(t, "state"), runtime: e2eDir(t, "run"), store: store}
+}
+
+func (h *host) env() []string {
+	env := append(os.Environ(),
+		"HERMESFS_STORE="+h.store,
+		"HERMESFS_STATE_DIR="+h.state,
+		"HERMESFS_RUNTIME_DIR="+h.runtime,
+		"HERMESFS_LOG_LEVEL=debug",
+		"NOTIFY_SOCKET=",
+	)
+	return append(env, h.extraEnv...)
+}
+
+// run runs a hermesfs command to completion.
+func (h *host) run(args ...string) (code int, stdout, stderr string) {
+	h.t.Helper()
+	cmd := exec.Command(hermesfsBin(h.t), args...)
+	cmd.Env = h.env()
+	cmd.Dir = "/"
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code = 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		h.t.Fatalf("hermesfs %v: %v", args, err)
+	}
+	return code, out.String(), errb.String()
+}
+
+// daemon is a running `hermesfs mount`.
+type daemonProc struct {
+	t       *testing.T
+	cmd     *exec.Cmd
+	mp      string
+	ready   string
+	stderr  *syncBuffer
+	done    chan struct{}
+	code    int
+	readyCh chan string
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// start starts `hermesfs mount` on mp without waiting for ready.
+func (h *host) start(mp string, args ...string) *daemonProc {
+	h.t.Helper()
+	t := h.t
+	cmd := exec.Command(hermesfsBin(t), append(append([]string{"mount"}, args...), mp)...)
+	cmd.Env = h.env()
+	cmd.Dir = "/"
+	d := &daemonProc{t: t, cmd: cmd, mp: mp, stderr: &syncBuffer{}, done: make(chan struct{})}
+	cmd.Stderr = d.stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	readyCh := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		sent := false
+		for sc.Scan() {
+			if !sent && strings.HasPrefix(sc.Text(), "ready ") {
+				readyCh <- sc.Text()
+				sent = true
+			}
+		}
+		close(readyCh)
+	}()
+	go func() {
+		err := cmd.Wait()
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			d.code = ee.ExitCode()
+			if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+				d.code = 128 + int(ws.Signal())
+			}
+		}
+		close(d.done)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-d.done:
+		default:
+			d.cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-d.done:
+			case <-time.After(60 * time.Second):
+				d.cmd.Process.Kill()
+				<-d.done
+			}
+		}
+		if isMountpoint(mp) {
+			syscall.Unmount(mp, syscall.MNT_DETACH)
+		}
+	})
+	d.readyCh = readyCh
+	return d
+}
+
+// mount starts `hermesfs mount` on mp and waits for its ready line.
+func (h *host) mount(mp string, args ...string) *daemonProc {
+	h.t.Helper()
+	d := h.start(mp, args...)
+	d.waitReady()
+	return d
+}
+
+func (d *daemonProc) waitReady() {
+	d.t.Helper()
+	select {
+	case line, ok := <-d.readyCh:
+		if !ok {
+			<-d.done
+			d.t.Fatalf("hermesfs mount exited %d before ready:\n%s", d.code, d.stderr)
+		}
+		d.ready = line
+	case <-time.After(90 * time.Second):
+		d.t.Fatalf("hermesfs mount: no ready line after 90s:\n%s", d.stderr)
+	}
+	if !isMountpoint(d.mp) {
+		d.t.Fatalf("ready, but %s is not a mountpoint", d.mp)
+	}
+}
+
+// wait waits for the daemon to exit and returns its exit code.
+func (d *daemonProc) wait() int {
+	d.t.Helper()
+	select {
+	case <-d.done:
+	case <-time.After(120 * time.Second):
+		d.t.Fatalf("hermesfs did not exit within 120s:\n%s", d.stderr)
+	}
+	return d.code
+}
+
+// stop sends sig and waits for the exit code.
+func (d *daemonProc) stop(sig syscall.Signal) int {
+	d.t.Helper()
+	d.cmd.Process.Signal(sig)
+	return d.wait()
+}
+
+// entry is what the tree comparison checks of one file.
+type entry struct {
+	Mode  iofs.FileMode
+	Size  int64
+	Hash  string // content sha256 (regular files)
+	Link  string // symlink target
+	Mtime int64  // seconds (regular files and symlinks)
+}
+
+// snapshotTree describes every entry below dir by relative path. SQLite's
+// -shm files are skipped: their content is a cache SQLite rebuilds.
+func snapshotTree(t *testing.T, dir string) map[string]entry {
+	t.Helper()
+	out := map[string]entry{}
+	err := filepath.WalkDir(dir, func(p string, de iofs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		if rel == "." || strings.HasSuffix(rel, "-shm") {
+			return nil
+		}
+		fi, err := os.Lstat(p)
+		if err != nil {
+			return err
+		}
+		e := entry{Mode: fi.Mode()}
+		switch {
+		case fi.Mode().IsRegular():
+			b, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			s := sha256.Sum256(b)
+			e.Hash, e.Size, e.Mtime = hex.EncodeToString(s[:]), fi.Size(), fi.ModTime().Unix()
+		case fi.Mode()&iofs.ModeSymlink != 0:
+			e.Link, _ = os.Readlink(p)
+			e.Mtime = fi.ModTime().Unix()
+		}
+		out[rel] = e
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("walk %s: %v", dir, err)
+	}
+	return out
+}
+
+func diffTrees(want, got map[string]entry) string {
+	var diffs []string
+	for k, w := range want {
+		g, ok := got[k]
+		switch {
+		case !ok:
+			diffs = append(diffs, "missing "+k)
+		case g != w:
+			diffs = append(diffs, fmt.Sprintf("%s: want %+v, got %+v", k, w, g))
+		}
+	}
+	for k := range got {
+		if _, ok := want[k]; !ok {
+			diffs = append(diffs, "unexpected "+k)
+		}
+	}
+	sort.Strings(diffs)
+	if len(diffs) > 20 {
+		diffs = append(diffs[:20], fmt.Sprintf("... %d more", len(diffs)-20))
+	}
+	return strings.Join(diffs, "\n")
+}
+
+// sqlite runs sql on db with the sqlite3 CLI.
+func sqlite(t *testing.T, db, sql string) string {
+	t.Helper()
+	out, err := exec.Command("sqlite3", db, sql).CombinedOutput()
+	if err != nil {
+		t.Fatalf("sqlite3 %s %q: %v\n%s", db, sql, err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+func integrityOK(t *testing.T, db string) {
+	t.Helper()
+	if got := sqlite(t, db, "PRAGMA integrity_check;"); got != "ok" {
+		t.Fatalf("%s: integrity_check: %s", db, got)
+	}
+}
+
+// statusJSON runs `hermesfs status --json MP`.
+func (h *host) statusJSON(mp string) (statusReport, int) {
+	h.t.Helper()
+	code, out, errOut := h.run("status", "--json", mp)
+	var r statusReport
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		h.t.Fatalf("status --json: exit %d, %v:\n%s\n%s", code, err, out, errOut)
+	}
+	return r, code
+}
+
+// localSnapshots lists the snapshot archives of a local store, oldest first.
+func localSnapshots(t *testing.T, storeDir string) []string {
+	t.Helper()
+	names, _ := filepath.Glob(filepath.Join(storeDir, "snapshots", "*.sqfs"))
+	sort.Strings(names)
+	return names
+}
+
+func localLatest(t *testing.T, storeDir string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(storeDir, "LATEST"))
+	if err != nil {
+		t.Fatalf("LATEST: %v", err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// unsquash extracts archive into a fresh dir with the standard tool.
+func unsquash(t *testing.T, archive string) string {
+	t.Helper()
+	dst := filepath.Join(e2eDir(t, "unsquash"), "root")
+	out, err := exec.Command("unsquashfs", "-no-progress", "-d", dst, archive).CombinedOutput()
+	if err != nil {
+		t.Fatalf("unsquashfs %s: %v\n%s", archive, err, out)
+	}
+	return dst
+}
+
+func writeFile(t *testing.T, p, content string, mode os.FileMode) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, []byte(content), mode); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func mustRead(t *testing.T, p string) string {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}

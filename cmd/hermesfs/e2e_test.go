@@ -1,0 +1,799 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hermesfs/hermesfs/uploader"
+	"github.com/hermesfs/hermesfs/uploader/s3test"
+	"github.com/hermesfs/hermesfs/uploader/storeurl"
+)
+
+// seedHome writes a small Hermes-like home, with a SQLite database.
+func seedHome(t *testing.T, dir string) {
+	t.Helper()
+	writeFile(t, filepath.Join(dir, "config.yaml"), "model: test\nmemory:\n  memory_char_limit: 2200\n", 0o644)
+	writeFile(t, filepath.Join(dir, ".env"), "OPENAI_API_KEY=sk-test\n", 0o600)
+	writeFile(t, filepath.Join(dir, "memories", "MEMORY.md"), "likes tea\n§\nworks on hermesfs", 0o644)
+	for i := range 20 {
+		writeFile(t, filepath.Join(dir, "sessions", fmt.Sprintf("s%03d.json", i)), strings.Repeat(fmt.Sprintf(`{"turn":%d,"text":"hello"}`, i), 50+i*10), 0o644)
+	}
+	writeFile(t, filepath.Join(dir, "skills", "web", "SKILL.md"), "# web\nfetch pages\n", 0o644)
+	writeFile(t, filepath.Join(dir, "logs", "old.log"), "old log\n", 0o644)
+	if err := os.Symlink("sessions/s001.json", filepath.Join(dir, "last-session")); err != nil {
+		t.Fatal(err)
+	}
+	sqlite(t, filepath.Join(dir, "state.db"), "PRAGMA journal_mode=WAL; CREATE TABLE messages(id INTEGER PRIMARY KEY, body TEXT); INSERT INTO messages(body) VALUES ('first'),('second');")
+}
+
+// mutateHome does to a mounted home what an agent does.
+func mutateHome(t *testing.T, mp string) {
+	t.Helper()
+	writeFile(t, filepath.Join(mp, "sessions", "new.json"), `{"new":true}`, 0o644)
+	if err := os.Rename(filepath.Join(mp, "sessions", "s002.json"), filepath.Join(mp, "sessions", "renamed.json")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(mp, "logs", "old.log")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(filepath.Join(mp, "skills", "web")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(filepath.Join(mp, "sessions", "s003.json"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("../sessions/new.json", filepath.Join(mp, "memories", "link")); err != nil {
+		t.Fatal(err)
+	}
+	// Hermes' atomic rewrite: temp file, fsync, rename over.
+	tmp := filepath.Join(mp, "config.yaml.tmp")
+	writeFile(t, tmp, "model: other\n", 0o644)
+	if err := os.Rename(tmp, filepath.Join(mp, "config.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	old := time.Date(2020, 1, 2, 3, 4, 5, 0, time.UTC)
+	if err := os.Chtimes(filepath.Join(mp, "sessions", "s004.json"), old, old); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 50 {
+		sqlite(t, filepath.Join(mp, "state.db"), fmt.Sprintf("INSERT INTO messages(body) VALUES ('msg %d %s');", i, strings.Repeat("x", 200)))
+	}
+}
+
+// checkMutated checks the results of mutateHome on a restored tree.
+func checkMutated(t *testing.T, dir string) {
+	t.Helper()
+	for _, gone := range []string{"logs/old.log", "skills/web", "sessions/s002.json"} {
+		if _, err := os.Lstat(filepath.Join(dir, gone)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s: deleted, but: %v", gone, err)
+		}
+	}
+	if got := mustRead(t, filepath.Join(dir, "config.yaml")); got != "model: other\n" {
+		t.Errorf("config.yaml = %q", got)
+	}
+	if fi, err := os.Stat(filepath.Join(dir, "sessions", "s003.json")); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("chmod lost: %v %v", fi, err)
+	}
+	if l, err := os.Readlink(filepath.Join(dir, "memories", "link")); err != nil || l != "../sessions/new.json" {
+		t.Errorf("symlink: %q %v", l, err)
+	}
+	if fi, err := os.Stat(filepath.Join(dir, "sessions", "s004.json")); err != nil || fi.ModTime().Unix() != time.Date(2020, 1, 2, 3, 4, 5, 0, time.UTC).Unix() {
+		t.Errorf("mtime: %v %v", fi, err)
+	}
+	integrityOK(t, filepath.Join(dir, "state.db"))
+	if n := sqlite(t, filepath.Join(dir, "state.db"), "SELECT count(*) FROM messages;"); n != "52" {
+		t.Errorf("messages: %s rows, want 52", n)
+	}
+}
+
+// fullCycle: mount over an existing home, change it, SIGTERM, and mount on a
+// new host: the same tree.
+func fullCycle(t *testing.T, store string, fetch func(id string) string) {
+	mp := filepath.Join(e2eDir(t, "home"), "hermes")
+	seedHome(t, mp)
+	orig := snapshotTree(t, mp)
+
+	a := newHost(t, store)
+	d := a.mount(mp)
+	if !strings.HasPrefix(d.ready, "ready "+mp+" snapshot=") {
+		t.Fatalf("ready line %q", d.ready)
+	}
+	if diff := diffTrees(orig, snapshotTree(t, mp)); diff != "" {
+		t.Fatalf("the mount does not show the existing home:\n%s", diff)
+	}
+	mutateHome(t, mp)
+	want := snapshotTree(t, mp)
+	if code := d.stop(syscall.SIGTERM); code != 0 {
+		t.Fatalf("SIGTERM: exit %d\n%s", code, d.stderr)
+	}
+	if isMountpoint(mp) {
+		t.Fatal("still mounted after exit")
+	}
+	// The original directory under the mount was never touched.
+	if diff := diffTrees(orig, snapshotTree(t, mp)); diff != "" {
+		t.Fatalf("the directory under the mount changed:\n%s", diff)
+	}
+	st, err := readState(a.state)
+	if err != nil || st.LastPublished == "" || st.Base != st.LastPublished || st.Unpublished || !st.CleanShutdown {
+		t.Errorf("state after a clean stop (want rebased onto the final snapshot): %+v %v", st, err)
+	}
+	if empty, _ := dirEmpty(filepath.Join(a.state, "upper")); !empty {
+		t.Error("upper layer not emptied by the rebase")
+	}
+
+	// The first host starts again from its cache (no download), clean.
+	d3 := a.mount(mp)
+	if diff := diffTrees(want, snapshotTree(t, mp)); diff != "" {
+		t.Errorf("restart on the first host:\n%s", diff)
+	}
+	if strings.Contains(d3.stderr.String(), "restored snapshot") {
+		t.Errorf("restart after a clean stop downloaded the snapshot again:\n%s", d3.stderr)
+	}
+	if code := d3.stop(syscall.SIGINT); code != 0 {
+		t.Fatalf("SIGINT: exit %d\n%s", code, d3.stderr)
+	}
+
+	// A new host (fresh state dir) sees exactly the tree.
+	mp2 := filepath.Join(e2eDir(t, "home2"), "hermes")
+	os.MkdirAll(mp2, 0o755)
+	b := newHost(t, store)
+	d2 := b.mount(mp2)
+	if !strings.Contains(d2.ready, "snapshot="+st.LastPublished) {
+		t.Errorf("new host ready line %q, want snapshot=%s", d2.ready, st.LastPublished)
+	}
+	if diff := diffTrees(want, snapshotTree(t, mp2)); diff != "" {
+		t.Errorf("new host sees another tree:\n%s", diff)
+	}
+	checkMutated(t, mp2)
+	if code := d2.stop(syscall.SIGTERM); code != 0 {
+		t.Fatalf("second host SIGTERM: exit %d\n%s", code, d2.stderr)
+	}
+
+	// The published object is plain squashfs for the standard tools.
+	out := unsquash(t, fetch(st.LastPublished))
+	if diff := diffTrees(want, snapshotTree(t, out)); diff != "" {
+		t.Errorf("unsquashfs of the snapshot differs:\n%s", diff)
+	}
+	checkMutated(t, out)
+
+}
+
+func TestE2ELocalFullCycle(t *testing.T) {
+	need(t, "/dev/fuse", "sqlite3", "unsquashfs")
+	storeDir := e2eDir(t, "store")
+	fullCycle(t, "file://"+storeDir, func(id string) string {
+		return filepath.Join(storeDir, "snapshots", id+".sqfs")
+	})
+}
+
+func TestE2EControlSocket(t *testing.T) {
+	need(t, "/dev/fuse")
+	storeDir := e2eDir(t, "store")
+	mp := e2eDir(t, "home")
+	h := newHost(t, "file://"+storeDir)
+	d := h.mount(mp, "--interval", "0")
+
+	r, code := h.statusJSON(mp)
+	if code != 0 || !r.Running || r.Mountpoint != mp || r.Lease != "held" || r.StateDir != h.state {
+		t.Fatalf("status: exit %d %+v", code, r)
+	}
+	writeFile(t, filepath.Join(mp, "a.txt"), strings.Repeat("a", 10000), 0o644)
+	r, _ = h.statusJSON(mp)
+	if r.DirtyFiles < 1 || r.DirtyBytes < 10000 || !r.Unpublished {
+		t.Errorf("status after a write: dirty %d files %d bytes, unpublished %v", r.DirtyFiles, r.DirtyBytes, r.Unpublished)
+	}
+
+	code, out, errOut := h.run("snapshot", mp)
+	id := strings.TrimSpace(out)
+	if code != 0 || id == "" {
+		t.Fatalf("snapshot: exit %d %q %s", code, out, errOut)
+	}
+	if got := localLatest(t, storeDir); got != id {
+		t.Errorf("LATEST %q, snapshot printed %q", got, id)
+	}
+	// Nothing changed: nothing uploaded.
+	n := len(localSnapshots(t, storeDir))
+	code, out, _ = h.run("snapshot", mp)
+	if code != 0 || strings.TrimSpace(out) != id+" (unchanged)" {
+		t.Errorf("second snapshot: exit %d %q", code, out)
+	}
+	if len(localSnapshots(t, storeDir)) != n {
+		t.Error("an unchanged tree was uploaded again")
+	}
+	r, _ = h.statusJSON(mp)
+	if r.Last == nil || r.Last.ID != id || r.Last.Size == 0 || r.DirtyFiles != 0 || r.Unpublished {
+		t.Errorf("status after snapshot: %+v last %+v", r, r.Last)
+	}
+
+	// status without MOUNTPOINT lists running mounts (by the registry).
+	code, out, _ = h.run("status")
+	if code != 0 || !strings.Contains(out, mp) || !strings.Contains(out, id) {
+		t.Errorf("status (all): exit %d\n%s", code, out)
+	}
+
+	writeFile(t, filepath.Join(mp, "b.txt"), "b", 0o644)
+	code, out, errOut = h.run("umount", mp)
+	final := strings.TrimSpace(out)
+	if code != 0 || final == "" || final == id {
+		t.Fatalf("umount: exit %d %q %s", code, out, errOut)
+	}
+	if c := d.wait(); c != 0 {
+		t.Errorf("daemon exit %d after umount", c)
+	}
+	if got := localLatest(t, storeDir); got != final {
+		t.Errorf("LATEST %q after umount printed %q", got, final)
+	}
+	code, out, _ = h.run("status", mp)
+	if code != 1 || !strings.Contains(out, "not running") {
+		t.Errorf("status of a stopped mount: exit %d\n%s", code, out)
+	}
+	if code, _, errOut := h.run("snapshot", mp); code != 1 || !strings.Contains(errOut, "no hermesfs daemon") {
+		t.Errorf("snapshot without daemon: exit %d %s", code, errOut)
+	}
+}
+
+func TestE2ESdNotifyAndBackground(t *testing.T) {
+	need(t, "/dev/fuse")
+	storeDir := e2eDir(t, "store")
+	mp := e2eDir(t, "home")
+	sock := filepath.Join(e2eDir(t, "notify"), "n.sock")
+	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	h := newHost(t, "file://"+storeDir)
+	h.extraEnv = []string{"NOTIFY_SOCKET=" + sock}
+
+	code, out, errOut := h.run("mount", "--background", mp)
+	if code != 0 || !strings.HasPrefix(out, "ready "+mp) {
+		t.Fatalf("mount --background: exit %d %q\n%s", code, out, errOut)
+	}
+	t.Cleanup(func() {
+		if isMountpoint(mp) {
+			h.run("umount", mp)
+		}
+	})
+	if !isMountpoint(mp) {
+		t.Fatal("--background returned but nothing is mounted")
+	}
+	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	buf := make([]byte, 4096)
+	n, err := conn.Read(buf)
+	if err != nil || !strings.Contains(string(buf[:n]), "READY=1") {
+		t.Fatalf("sd_notify: %q %v", buf[:n], err)
+	}
+	r, _ := h.statusJSON(mp)
+	if !r.Running || r.PID <= 0 {
+		t.Fatalf("status: %+v", r)
+	}
+	// The daemon's cwd must not be inside the mount, and it has its own session.
+	if cwd, _ := os.Readlink(fmt.Sprintf("/proc/%d/cwd", r.PID)); cwd != "/" {
+		t.Errorf("daemon cwd %q", cwd)
+	}
+	if sid, _ := syscall.Getpgid(r.PID); sid != r.PID {
+		t.Errorf("daemon pgid %d, pid %d: not its own session", sid, r.PID)
+	}
+	writeFile(t, filepath.Join(mp, "x"), "x", 0o644)
+	code, out, errOut = h.run("umount", mp)
+	if code != 0 || strings.TrimSpace(out) == "" {
+		t.Fatalf("umount: exit %d %q %s", code, out, errOut)
+	}
+	for i := 0; processAlive(r.PID) && i < 100; i++ {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if processAlive(r.PID) || isMountpoint(mp) {
+		t.Error("daemon still running or mounted after umount")
+	}
+	log := mustRead(t, filepath.Join(h.state, "hermesfs.log"))
+	if !strings.Contains(log, "snapshot published") {
+		t.Errorf("log file lacks the snapshot line:\n%s", log)
+	}
+	// STOPPING=1 was sent too.
+	conn.SetReadDeadline(time.Now().Add(2 * time.Second))
+	var all string
+	for {
+		n, err := conn.Read(buf)
+		if err != nil {
+			break
+		}
+		all += string(buf[:n]) + "\n"
+	}
+	if !strings.Contains(all, "STOPPING=1") {
+		t.Errorf("no STOPPING=1 among %q", all)
+	}
+}
+
+// writer is a subprocess writing numbered, fsynced files into dir and
+// printing each number once its write and fsync returned.
+func startWriter(t *testing.T, dir string) (*exec.Cmd, *bufio.Scanner) {
+	t.Helper()
+	script := `i=0; while :; do i=$((i+1)); printf 'content %s\n' $i > "$1/f$i.tmp" && sync "$1/f$i.tmp" && mv "$1/f$i.tmp" "$1/f$i" && sync "$1" && echo $i || exit 1; done`
+	cmd := exec.Command("sh", "-c", script, "sh", dir)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Dir = "/"
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	return cmd, bufio.NewScanner(out)
+}
+
+func TestE2EKill9(t *testing.T) {
+	need(t, "/dev/fuse")
+	storeDir := e2eDir(t, "store")
+	store := "file://" + storeDir
+	mp := e2eDir(t, "home")
+	a := newHost(t, store)
+	d := a.mount(mp, "--interval", "0")
+	os.Mkdir(filepath.Join(mp, "w"), 0o755)
+	writeFile(t, filepath.Join(mp, "published.txt"), "in the snapshot", 0o644)
+	code, out, _ := a.run("snapshot", mp)
+	published := strings.TrimSpace(out)
+	if code != 0 || published == "" {
+		t.Fatalf("snapshot: %d %q", code, out)
+	}
+	publishedTree := snapshotTree(t, mp)
+
+	w, sc := startWriter(t, filepath.Join(mp, "w"))
+	last := 0
+	for sc.Scan() {
+		last, _ = strconv.Atoi(sc.Text())
+		if last >= 200 {
+			break
+		}
+	}
+	d.cmd.Process.Kill() // kill -9 mid-writes
+	d.wait()
+	for sc.Scan() {
+		last, _ = strconv.Atoi(sc.Text())
+	}
+	w.Wait()
+	if last < 200 {
+		t.Fatalf("writer only got to %d", last)
+	}
+	// The dead mount: umount detaches it.
+	if !isMountpoint(mp) {
+		t.Fatal("expected the dead FUSE mount to linger")
+	}
+	code, out, errOut := a.run("umount", mp)
+	if code != 0 || !strings.Contains(out, "detached") {
+		t.Fatalf("umount of a dead mount: exit %d %q %s", code, out, errOut)
+	}
+	code, out, _ = a.run("status", mp)
+	if code != 1 || !strings.Contains(out, "unpublished") {
+		t.Errorf("status after kill -9 should tell of unpublished changes: exit %d\n%s", code, out)
+	}
+
+	// A new host sees exactly the last published snapshot.
+	mpB := e2eDir(t, "homeB")
+	b := newHost(t, store)
+	db := b.mount(mpB, "--read-only")
+	if diff := diffTrees(publishedTree, snapshotTree(t, mpB)); diff != "" {
+		t.Errorf("new host after kill -9 (want the last published snapshot %s):\n%s", published, diff)
+	}
+	if c := db.stop(syscall.SIGTERM); c != 0 {
+		t.Errorf("read-only stop: %d", c)
+	}
+
+	// Restart on the same state dir: nothing lost, published right after ready.
+	d2 := a.mount(mp, "--interval", "0")
+	for i := 1; i <= last; i++ {
+		if got, err := os.ReadFile(filepath.Join(mp, "w", fmt.Sprintf("f%d", i))); err != nil || string(got) != fmt.Sprintf("content %d\n", i) {
+			t.Fatalf("f%d after kill -9 and restart: %q %v", i, got, err)
+		}
+	}
+	want := snapshotTree(t, mp)
+	deadline := time.Now().Add(60 * time.Second)
+	for localLatest(t, storeDir) == published && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if localLatest(t, storeDir) == published {
+		t.Fatalf("the recovered changes were not published after ready:\n%s", d2.stderr)
+	}
+	if c := d2.stop(syscall.SIGTERM); c != 0 {
+		t.Fatalf("stop: %d\n%s", c, d2.stderr)
+	}
+	mpC := e2eDir(t, "homeC")
+	c := newHost(t, store)
+	dc := c.mount(mpC)
+	if diff := diffTrees(want, snapshotTree(t, mpC)); diff != "" {
+		t.Errorf("new host after recovery:\n%s", diff)
+	}
+	dc.stop(syscall.SIGTERM)
+}
+
+func TestE2ELeaseAndConflict(t *testing.T) {
+	need(t, "/dev/fuse")
+	storeDir := e2eDir(t, "store")
+	store := "file://" + storeDir
+	mpA, mpB := e2eDir(t, "homeA"), e2eDir(t, "homeB")
+	a, b := newHost(t, store), newHost(t, store)
+	da := a.mount(mpA, "--interval", "0")
+	writeFile(t, filepath.Join(mpA, "a.txt"), "from A", 0o644)
+	if code, _, _ := a.run("snapshot", mpA); code != 0 {
+		t.Fatal("snapshot A")
+	}
+
+	// A second host is refused while A holds the lease.
+	db := b.start(mpB)
+	if code := db.wait(); code != exitConflict {
+		t.Fatalf("second host: exit %d, want %d\n%s", code, exitConflict, db.stderr)
+	}
+	if msg := db.stderr.String(); !strings.Contains(msg, "read-only") {
+		t.Errorf("refusal should name the holder and --read-only:\n%s", msg)
+	}
+	if isMountpoint(mpB) {
+		t.Fatal("refused host left a mount")
+	}
+	// --read-only works next to the writer: EROFS on writes.
+	dr := b.mount(mpB, "--read-only")
+	if got := mustRead(t, filepath.Join(mpB, "a.txt")); got != "from A" {
+		t.Errorf("read-only sees %q", got)
+	}
+	err := os.WriteFile(filepath.Join(mpB, "b.txt"), []byte("x"), 0o644)
+	if !errors.Is(err, syscall.EROFS) {
+		t.Errorf("write on a read-only mount: %v, want EROFS", err)
+	}
+	if c := dr.stop(syscall.SIGTERM); c != 0 {
+		t.Errorf("read-only stop %d", c)
+	}
+
+	// A is killed with unpublished changes; B takes over (stale lease) and
+	// publishes; A's restart is refused until told what to do.
+	writeFile(t, filepath.Join(mpA, "unpublished.txt"), "A's local change", 0o644)
+	da.cmd.Process.Kill()
+	da.wait()
+	syscall.Unmount(mpA, syscall.MNT_DETACH)
+	// B is refused until A's lease goes stale (25s without a heartbeat).
+	var db2 *daemonProc
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		db2 = b.start(mpB)
+		if line, ok := <-db2.readyCh; ok {
+			db2.ready = line
+			break
+		}
+		<-db2.done
+		if db2.code != exitConflict || time.Now().After(deadline) {
+			t.Fatalf("B after A was killed: exit %d\n%s", db2.code, db2.stderr)
+		}
+		time.Sleep(time.Second)
+	}
+	writeFile(t, filepath.Join(mpB, "b.txt"), "from B", 0o644)
+	if c := db2.stop(syscall.SIGTERM); c != 0 {
+		t.Fatalf("B stop: %d\n%s", c, db2.stderr)
+	}
+	theirs := localLatest(t, storeDir)
+
+	dA := a.start(mpA)
+	if code := dA.wait(); code != exitConflict {
+		t.Fatalf("A restart after B published: exit %d, want %d\n%s", code, exitConflict, dA.stderr)
+	}
+	msg := dA.stderr.String()
+	if !strings.Contains(msg, theirs) || !strings.Contains(msg, "keep-local") || !strings.Contains(msg, "discard-local") {
+		t.Errorf("conflict message should name %s and both flags:\n%s", theirs, msg)
+	}
+	// discard-local: B's tree, A's changes set aside, never deleted.
+	dA2 := a.mount(mpA, "--on-conflict", "discard-local")
+	if got := mustRead(t, filepath.Join(mpA, "b.txt")); got != "from B" {
+		t.Errorf("after discard-local: b.txt %q", got)
+	}
+	if _, err := os.Stat(filepath.Join(mpA, "unpublished.txt")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("discarded change still visible: %v", err)
+	}
+	aside, _ := filepath.Glob(filepath.Join(a.state, "upper.discarded-*", "unpublished.txt"))
+	if len(aside) != 1 || mustRead(t, aside[0]) != "A's local change" {
+		t.Errorf("discarded changes not kept aside: %v", aside)
+	}
+	dA2.stop(syscall.SIGTERM)
+}
+
+func TestE2EStoreDownAtSigterm(t *testing.T) {
+	need(t, "/dev/fuse")
+	storeDir := e2eDir(t, "store")
+	mp := e2eDir(t, "home")
+	h := newHost(t, "file://"+storeDir)
+	d := h.mount(mp, "--interval", "0", "--stop-timeout", "20s")
+	writeFile(t, filepath.Join(mp, "precious.txt"), "do not lose me", 0o644)
+	// The store becomes unreachable: its directory is replaced by a file.
+	if err := os.Rename(storeDir, storeDir+".away"); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, storeDir, "not a directory", 0o644)
+	if code := d.stop(syscall.SIGTERM); code != exitUnsynced {
+		t.Fatalf("SIGTERM with the store down: exit %d, want %d\n%s", code, exitUnsynced, d.stderr)
+	}
+	if got := mustRead(t, filepath.Join(h.state, "upper", "precious.txt")); got != "do not lose me" {
+		t.Fatalf("upper layer not kept: %q", got)
+	}
+	st, _ := readState(h.state)
+	if !st.Unpublished {
+		t.Errorf("state.json should record unpublished changes: %+v", st)
+	}
+	// The store is back: the next start publishes at once.
+	os.Remove(storeDir)
+	os.Rename(storeDir+".away", storeDir)
+	d2 := h.mount(mp, "--interval", "0")
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		r, _ := h.statusJSON(mp)
+		if r.Last != nil && r.Snapshots > 0 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if c := d2.stop(syscall.SIGTERM); c != 0 {
+		t.Fatalf("stop: %d\n%s", c, d2.stderr)
+	}
+	out := unsquash(t, filepath.Join(storeDir, "snapshots", localLatest(t, storeDir)+".sqfs"))
+	if got := mustRead(t, filepath.Join(out, "precious.txt")); got != "do not lose me" {
+		t.Errorf("published after the store came back: %q", got)
+	}
+}
+
+func TestE2EIntervalWithSQLiteWriter(t *testing.T) {
+	need(t, "/dev/fuse", "sqlite3", "unsquashfs")
+	storeDir := e2eDir(t, "store")
+	mp := e2eDir(t, "home")
+	h := newHost(t, "file://"+storeDir)
+	d := h.mount(mp, "--interval", "1s", "--keep", "100")
+	db := filepath.Join(mp, "state.db")
+	sqlite(t, db, "PRAGMA journal_mode=WAL; CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT);")
+	stop := make(chan struct{})
+	errc := make(chan error, 2)
+	go func() { // SQLite writer
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				errc <- nil
+				return
+			default:
+			}
+			sql := fmt.Sprintf("BEGIN; INSERT INTO t(v) VALUES ('%d %s'); INSERT INTO t(v) SELECT v FROM t ORDER BY id DESC LIMIT 3; COMMIT;", i, strings.Repeat("y", 500))
+			if out, err := exec.Command("sqlite3", db, sql).CombinedOutput(); err != nil {
+				errc <- fmt.Errorf("sqlite3: %v %s", err, out)
+				return
+			}
+		}
+	}()
+	go func() { // file churn
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				errc <- nil
+				return
+			default:
+			}
+			p := filepath.Join(mp, "churn", fmt.Sprintf("f%d", i%30))
+			os.MkdirAll(filepath.Dir(p), 0o755)
+			if err := os.WriteFile(p+".tmp", []byte(strings.Repeat("z", i%5000)), 0o644); err != nil {
+				errc <- err
+				return
+			}
+			if err := os.Rename(p+".tmp", p); err != nil {
+				errc <- err
+				return
+			}
+			if i%7 == 0 {
+				os.Remove(filepath.Join(mp, "churn", fmt.Sprintf("f%d", (i+13)%30)))
+			}
+		}
+	}()
+	deadline := time.Now().Add(60 * time.Second)
+	for len(localSnapshots(t, storeDir)) < 5 && time.Now().Before(deadline) {
+		time.Sleep(200 * time.Millisecond)
+	}
+	close(stop)
+	for range 2 {
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if c := d.stop(syscall.SIGTERM); c != 0 {
+		t.Fatalf("stop: %d\n%s", c, d.stderr)
+	}
+	snaps := localSnapshots(t, storeDir)
+	if len(snaps) < 5 {
+		t.Fatalf("only %d snapshots published:\n%s", len(snaps), d.stderr)
+	}
+	for _, s := range snaps {
+		out := unsquash(t, s)
+		if _, err := os.Stat(filepath.Join(out, "state.db")); err != nil {
+			t.Fatalf("%s: %v", s, err)
+		}
+		integrityOK(t, filepath.Join(out, "state.db"))
+	}
+	t.Logf("%d snapshots, each restores to a database that passes integrity_check", len(snaps))
+}
+
+func TestE2ESigtermDuringPack(t *testing.T) {
+	need(t, "/dev/fuse", "unsquashfs")
+	storeDir := e2eDir(t, "store")
+	mp := e2eDir(t, "home")
+	h := newHost(t, "file://"+storeDir)
+	d := h.mount(mp, "--interval", "0")
+	// Enough incompressible data that a pack takes a noticeable while.
+	f, err := os.Create(filepath.Join(mp, "big.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rnd, _ := os.Open("/dev/urandom")
+	buf := make([]byte, 1<<20)
+	for range 192 {
+		rnd.Read(buf)
+		f.Write(buf)
+	}
+	rnd.Close()
+	f.Close()
+	// Ask for a snapshot and SIGTERM the daemon while it packs.
+	snap := make(chan string, 1)
+	go func() {
+		_, out, _ := h.run("snapshot", mp)
+		snap <- strings.TrimSpace(out)
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if r, _ := h.statusJSON(mp); r.InProgress {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	writeFile(t, filepath.Join(mp, "late.txt"), "written during the pack", 0o644)
+	if c := d.stop(syscall.SIGTERM); c != 0 {
+		t.Fatalf("SIGTERM during a pack: exit %d\n%s", c, d.stderr)
+	}
+	<-snap
+	latest := localLatest(t, storeDir)
+	out := unsquash(t, filepath.Join(storeDir, "snapshots", latest+".sqfs"))
+	if got := mustRead(t, filepath.Join(out, "late.txt")); got != "written during the pack" {
+		t.Errorf("final snapshot lacks the write made during the pack: %q", got)
+	}
+	if fi, err := os.Stat(filepath.Join(out, "big.bin")); err != nil || fi.Size() != 192<<20 {
+		t.Errorf("big.bin in the final snapshot: %v %v", fi, err)
+	}
+	// Every manifest in the store names a complete archive.
+	manifests, _ := filepath.Glob(filepath.Join(storeDir, "snapshots", "*.json"))
+	for _, m := range manifests {
+		var man struct {
+			Size int64 `json:"size"`
+		}
+		b, _ := os.ReadFile(m)
+		json.Unmarshal(b, &man)
+		fi, err := os.Stat(strings.TrimSuffix(m, ".json") + ".sqfs")
+		if err != nil || fi.Size() != man.Size {
+			t.Errorf("manifest %s: archive %v %v, size %d", m, fi, err, man.Size)
+		}
+	}
+}
+
+func TestE2EEntrypoint(t *testing.T) {
+	need(t, "/dev/fuse", "sqlite3")
+	storeDir := e2eDir(t, "store")
+	mp := e2eDir(t, "home")
+	h := newHost(t, "file://"+storeDir)
+	script, _ := filepath.Abs("../../scripts/entrypoint.sh")
+	agent := `trap 'echo agent stopping >&2; sqlite3 "$H/state.db" "INSERT INTO t VALUES (-1);"; exit 0' TERM
+sqlite3 "$H/state.db" "CREATE TABLE IF NOT EXISTS t(v INTEGER);"
+i=0; while :; do i=$((i+1)); sqlite3 "$H/state.db" "INSERT INTO t VALUES ($i);"; echo $i > "$H/counter"; sleep 0.05; done`
+	cmd := exec.Command("sh", script, "sh", "-c", agent)
+	cmd.Env = append(h.env(), "HERMESFS_BIN="+hermesfsBin(t), "HERMESFS_MOUNTPOINT="+mp, "H="+mp, "HERMESFS_MOUNT_ARGS=--interval 0")
+	cmd.Dir = "/"
+	stderr := &syncBuffer{}
+	cmd.Stderr, cmd.Stdout = stderr, stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		if isMountpoint(mp) {
+			syscall.Unmount(mp, syscall.MNT_DETACH)
+		}
+	})
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		if b, err := os.ReadFile(filepath.Join(mp, "counter")); err == nil && len(b) > 0 && isMountpoint(mp) {
+			if n, _ := strconv.Atoi(strings.TrimSpace(string(b))); n >= 10 {
+				break
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("entrypoint exit: %v\n%s", err, stderr)
+		}
+	case <-time.After(90 * time.Second):
+		t.Fatalf("entrypoint did not stop:\n%s", stderr)
+	}
+	log := stderr.String()
+	if i, j := strings.Index(log, "agent stopping"), strings.Index(log, "snapshot published"); i < 0 || j < 0 || i > j {
+		t.Errorf("the agent must stop before the final snapshot:\n%s", log)
+	}
+	if isMountpoint(mp) {
+		t.Fatal("still mounted after the entrypoint exited")
+	}
+	out := unsquash(t, filepath.Join(storeDir, "snapshots", localLatest(t, storeDir)+".sqfs"))
+	integrityOK(t, filepath.Join(out, "state.db"))
+	if got := sqlite(t, filepath.Join(out, "state.db"), "SELECT count(*) FROM t WHERE v = -1;"); got != "1" {
+		t.Errorf("the agent's last write (on SIGTERM) is not in the final snapshot: %s", got)
+	}
+	if n := sqlite(t, filepath.Join(out, "state.db"), "SELECT count(*) FROM t;"); n == "0" || n == "1" {
+		t.Errorf("rows in the final snapshot: %s", n)
+	}
+}
+
+func TestE2ESystemdUnits(t *testing.T) {
+	if _, err := exec.LookPath("systemd-analyze"); err != nil {
+		t.Skip("systemd-analyze is not installed (optional: the units are checked where it is)")
+	}
+	for _, unit := range []string{"hermesfs.service", "hermesfs-user.service"} {
+		b, err := os.ReadFile(filepath.Join("..", "..", "scripts", unit))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The binary is not installed here: point ExecStart at one that is.
+		text := strings.ReplaceAll(string(b), "/usr/local/bin/hermesfs", "/bin/true")
+		p := filepath.Join(t.TempDir(), unit)
+		os.WriteFile(p, []byte(text), 0o644)
+		out, err := exec.Command("systemd-analyze", "verify", "--man=no", p).CombinedOutput()
+		if err != nil || len(strings.TrimSpace(string(out))) > 0 {
+			t.Errorf("systemd-analyze verify %s: %v\n%s", unit, err, out)
+		}
+		for _, want := range []string{"Type=notify", "TimeoutStopSec=", "KillMode=mixed", "Restart=on-failure"} {
+			if !strings.Contains(text, want) {
+				t.Errorf("%s lacks %s", unit, want)
+			}
+		}
+	}
+}
+
+func TestE2ES3FullCycle(t *testing.T) {
+	need(t, "/dev/fuse", "sqlite3", "unsquashfs")
+	endpoint, bucket, key, secret := s3test.Start(t)
+	t.Setenv("AWS_ACCESS_KEY_ID", key)
+	t.Setenv("AWS_SECRET_ACCESS_KEY", secret)
+	t.Setenv("AWS_REGION", s3test.Region)
+	store := fmt.Sprintf("s3://%s/agents/test?endpoint=%s&region=%s&path_style=true", bucket, endpoint, s3test.Region)
+	s, _, err := storeurl.Open(t.Context(), store, storeurl.Options{UID: os.Getuid()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fullCycle(t, store, func(id string) string {
+		// Fetch the object as any S3 client would: a plain GET.
+		rc, _, err := s.Get(t.Context(), uploader.ArchiveKey(id), 0, -1)
+		if err != nil {
+			t.Fatalf("get %s: %v", id, err)
+		}
+		defer rc.Close()
+		p := filepath.Join(e2eDir(t, "dl"), id+".sqfs")
+		f, err := os.Create(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.Copy(f, rc); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+		return p
+	})
+}
