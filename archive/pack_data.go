@@ -7,7 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	iofs "io/fs"
+	"math"
+	"os"
 	"sync"
+
+	"golang.org/x/sys/unix"
 )
 
 // The data phase is a pipeline: one producer goroutine reads files in
@@ -27,6 +32,7 @@ const (
 
 type job struct {
 	kind  jobKind
+	hole  int    // for a data block known to be a hole: its length (in is nil)
 	in    []byte // the block (pooled)
 	file  *fileData
 	frag  uint32
@@ -84,6 +90,8 @@ type dataWriter struct {
 	sizeCount map[int64]int
 	byHash    map[[32]byte]*fileData
 	hashed    map[int64]bool // sizes of which some written file has a hash
+
+	reused map[reuseKey]*fileData // content copied from earlier archives
 }
 
 func (p *packer) writeData(ctx context.Context, out *output) ([]fragEntry, error) {
@@ -158,7 +166,9 @@ func (d *dataWriter) store(out *output, j *job, frags *[]fragEntry) error {
 			fd.start = out.pos
 			fd.started = true
 		}
-		if j.word == 0 {
+		if j.hole > 0 {
+			fd.sparse += uint64(j.hole)
+		} else if j.word == 0 {
 			fd.sparse += uint64(len(j.in))
 		} else {
 			out.write(j.out, kindData, j.crc)
@@ -185,7 +195,7 @@ func (d *dataWriter) release(j *job) {
 }
 
 func (d *dataWriter) process(bc blockCompressor, j *job) {
-	if j.kind == jobData && allZero(j.in) {
+	if j.hole > 0 || (j.kind == jobData && allZero(j.in)) {
 		j.word = 0
 		return
 	}
@@ -301,7 +311,11 @@ func (d *dataWriter) produceFile(n *node) error {
 	if dupCandidate {
 		h = sha256.New()
 	}
-	if err := d.readBlocks(n, fd, f, h); err != nil {
+	var rd io.Reader = f
+	if u, ok := f.(interface{ unwrap() iofs.File }); ok {
+		rd = u.unwrap()
+	}
+	if err := d.readBlocks(n, fd, rd, h); err != nil {
 		return err
 	}
 	if h != nil {
@@ -341,10 +355,30 @@ func (d *dataWriter) readBlocks(n *node, fd *fileData, r io.Reader, h hashWriter
 	}
 	nblocks := (n.size + bs - 1) / bs
 	fd.words = make([]uint32, 0, nblocks)
+	// Local files are read with pread, skipping the holes the filesystem
+	// reports (sparse database files) without reading their zeros.
+	osf, _ := r.(*os.File)
+	holes := holeFinder{f: osf}
 	for i := range nblocks {
-		k := min(bs, n.size-i*bs)
+		off := i * bs
+		k := min(bs, n.size-off)
+		if holes.hole(off, k) {
+			if h != nil {
+				h.Write(zeroBlock[:k])
+			}
+			if err := d.submit(&job{kind: jobData, hole: int(k), file: fd}); err != nil {
+				return err
+			}
+			continue
+		}
 		buf := d.in.get()[:k]
-		if err := readFull(r, buf, n.path); err != nil {
+		var err error
+		if osf != nil {
+			err = readFull(io.NewSectionReader(osf, off, k), buf, n.path)
+		} else {
+			err = readFull(r, buf, n.path)
+		}
+		if err != nil {
 			d.in.put(buf)
 			return err
 		}
@@ -356,6 +390,34 @@ func (d *dataWriter) readBlocks(n *node, fd *fileData, r io.Reader, h hashWriter
 		}
 	}
 	return nil
+}
+
+// holeFinder asks the filesystem where a file's data is (SEEK_DATA), so
+// whole blocks inside holes need not be read.
+type holeFinder struct {
+	f      *os.File
+	dataAt int64 // next data at or after the last query; -1 unknown
+	valid  bool
+	off    bool // SEEK_DATA unsupported or failed: stop asking
+}
+
+// hole reports whether [off, off+n) lies entirely in a hole.
+func (h *holeFinder) hole(off, n int64) bool {
+	if h.f == nil || h.off {
+		return false
+	}
+	if !h.valid || h.dataAt < off {
+		d, err := unix.Seek(int(h.f.Fd()), off, unix.SEEK_DATA)
+		switch {
+		case err == unix.ENXIO:
+			d = math.MaxInt64 // no data after off
+		case err != nil:
+			h.off = true
+			return false
+		}
+		h.dataAt, h.valid = d, true
+	}
+	return h.dataAt >= off+n
 }
 
 func readFull(r io.Reader, buf []byte, name string) error {

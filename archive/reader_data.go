@@ -91,16 +91,16 @@ func (r *Reader) decodeLayout(in *inode) (*fileLayout, error) {
 // off, which must decompress to exactly want bytes (or at least want, for
 // fragments). The result is shared: callers must not modify it.
 func (r *Reader) block(off uint64, w uint32, want int, kind extentKind, exact bool) ([]byte, error) {
-	return r.cache.get(off, func() ([]byte, error) {
-		b, err := r.loadBlock(off, w, kind)
-		if err != nil {
-			return nil, err
-		}
-		if len(b) < want || (exact && len(b) != want) {
-			return nil, r.corruptf(off, kind.String(), "decompressed to %d bytes, want %d", len(b), want)
-		}
-		return b, nil
-	})
+	b, err := r.cache.get(cacheKey{off, w}, func() ([]byte, error) { return r.loadBlock(off, w, kind) })
+	if err != nil {
+		return nil, err
+	}
+	// Checked on every use: a hostile image may point two inodes at one
+	// block with different expectations.
+	if len(b) < want || (exact && len(b) != want) {
+		return nil, r.corruptf(off, kind.String(), "decompressed to %d bytes, want %d", len(b), want)
+	}
+	return b, nil
 }
 
 // loadBlock reads, checks and decompresses one data or fragment block.
@@ -176,6 +176,9 @@ func (r *Reader) readLayout(l *fileLayout, p []byte, off int64) (int, error) {
 			}
 			c = copy(p[n:], b[int(l.fragOff)+within:int(l.fragOff)+blen])
 		}
+		if c == 0 { // unreachable: block checks sizes; never loop on a bad image
+			return n, r.corruptf(uint64(off), "file layout", "no progress reading at file offset %d", off)
+		}
 		n += c
 		off += int64(c)
 	}
@@ -191,12 +194,19 @@ type blockCache struct {
 	mu       sync.Mutex
 	max, cur int64
 	lru      list.List // of *cacheEntry, most recent first
-	m        map[uint64]*list.Element
-	inflight map[uint64]*cacheLoad
+	m        map[cacheKey]*list.Element
+	inflight map[cacheKey]*cacheLoad
+}
+
+// cacheKey names a block by offset and size word: a hostile image could
+// describe one offset two ways.
+type cacheKey struct {
+	off  uint64
+	word uint32
 }
 
 type cacheEntry struct {
-	off uint64
+	key cacheKey
 	b   []byte
 }
 
@@ -207,10 +217,10 @@ type cacheLoad struct {
 }
 
 func newBlockCache(max int64) *blockCache {
-	return &blockCache{max: max, m: map[uint64]*list.Element{}, inflight: map[uint64]*cacheLoad{}}
+	return &blockCache{max: max, m: map[cacheKey]*list.Element{}, inflight: map[cacheKey]*cacheLoad{}}
 }
 
-func (c *blockCache) get(off uint64, load func() ([]byte, error)) ([]byte, error) {
+func (c *blockCache) get(off cacheKey, load func() ([]byte, error)) ([]byte, error) {
 	c.mu.Lock()
 	if e, ok := c.m[off]; ok {
 		c.lru.MoveToFront(e)
@@ -232,13 +242,13 @@ func (c *blockCache) get(off uint64, load func() ([]byte, error)) ([]byte, error
 	c.mu.Lock()
 	delete(c.inflight, off)
 	if l.err == nil && int64(len(l.b)) <= c.max {
-		c.m[off] = c.lru.PushFront(&cacheEntry{off: off, b: l.b})
+		c.m[off] = c.lru.PushFront(&cacheEntry{key: off, b: l.b})
 		c.cur += int64(cap(l.b))
 		for c.cur > c.max {
 			e := c.lru.Back()
 			ce := e.Value.(*cacheEntry)
 			c.lru.Remove(e)
-			delete(c.m, ce.off)
+			delete(c.m, ce.key)
 			c.cur -= int64(cap(ce.b))
 		}
 	}
