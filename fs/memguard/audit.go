@@ -35,7 +35,8 @@ type Event struct {
 	CharsAfter   int    `json:"chars_after"`
 	SHA256Before string `json:"sha256_before"` // "" when the file did not exist
 	SHA256After  string `json:"sha256_after"`
-	PID          uint32 `json:"pid"`
+	PID          uint32 `json:"pid"`               // the writing process
+	Process      string `json:"process,omitempty"` // its name (comm), when it could be found
 }
 
 // auditLog appends events, each fsynced before append returns.

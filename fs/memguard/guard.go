@@ -100,6 +100,7 @@ type Guard struct {
 	audit   *auditLog
 	log     *slog.Logger
 	now     func() time.Time
+	proc    string // where process ids are resolved: /proc
 }
 
 // New checks opts, fills in defaults, and opens (creating if needed) the audit
@@ -122,8 +123,9 @@ func New(opts Options) (*Guard, error) {
 			KindMemory: orDefault(opts.MemoryLimit, DefaultMemoryLimit),
 			KindUser:   orDefault(opts.UserLimit, DefaultUserLimit),
 		},
-		log: opts.Logger,
-		now: opts.Now,
+		log:  opts.Logger,
+		now:  opts.Now,
+		proc: "/proc",
 	}
 	if g.log == nil {
 		g.log = slog.New(slog.DiscardHandler)
@@ -236,11 +238,12 @@ func (e *RejectError) Unwrap() error { return e.Errno }
 // Check decides whether new may replace old as the content of the guarded file
 // rel; old is nil when the file does not exist yet (an existing empty file is a
 // non-nil empty slice). Identical old and new content is not a change: it is
-// accepted without being judged or recorded. pid is the writer's, for the audit log. Check returns
-// nil to accept, a *RejectError (wrapping EFBIG or EPERM) to reject, or an error
-// wrapping syscall.EIO when the decision could not be recorded in the audit log,
-// in which case the change must not be made either. Check never modifies old or
-// new and does not keep them.
+// accepted without being judged or recorded. pid is the id the FUSE request
+// carries (the writing thread's); the audit log records the process it belongs
+// to. Check returns nil to accept, a *RejectError (wrapping EFBIG or EPERM) to
+// reject, or an error wrapping syscall.EIO when the decision could not be
+// recorded in the audit log, in which case the change must not be made
+// either. Check never modifies old or new and does not keep them.
 func (g *Guard) Check(ctx context.Context, rel string, old, new []byte, pid uint32) error {
 	kind, ok := g.files[rel]
 	if !ok {
@@ -263,8 +266,8 @@ func (g *Guard) Check(ctx context.Context, rel string, old, new []byte, pid uint
 		CharsAfter:   utf8.RuneCount(new),
 		SHA256Before: digest(old),
 		SHA256After:  digest(new),
-		PID:          pid,
 	}
+	ev.PID, ev.Process = process(g.proc, pid)
 	rej := g.decide(rel, old, new, &ev)
 	if rej != nil {
 		ev.Verdict, ev.Reason, ev.Detail = VerdictRejected, rej.Reason, rej.Detail
@@ -277,7 +280,7 @@ func (g *Guard) Check(ctx context.Context, rel string, old, new []byte, pid uint
 		return fmt.Errorf("memguard: check %s: %w: %w", rel, err, syscall.EIO)
 	}
 	attrs := []any{"file", rel, "reason", ev.Reason, "chars_before", ev.CharsBefore,
-		"chars_after", ev.CharsAfter, "limit", limit, "pid", pid}
+		"chars_after", ev.CharsAfter, "limit", limit, "pid", ev.PID, "process", ev.Process}
 	if rej != nil {
 		g.log.Warn("memory change rejected", append(attrs, "detail", rej.Detail, "errno", rej.Errno.Error())...)
 		return rej

@@ -64,6 +64,8 @@ func newTestGuard(t *testing.T, opts Options) *testGuard {
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
+	// Keep the made-up writer ids of these tests from meeting real processes.
+	g.proc = t.TempDir()
 	t.Cleanup(func() {
 		if err := g.Close(); err != nil {
 			t.Errorf("Close: %v", err)
