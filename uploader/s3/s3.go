@@ -486,17 +486,34 @@ func apiCode(err error) string {
 
 // abort gives up a multipart upload, even when ctx was canceled: the parts
 // would otherwise stay in the bucket, invisible and billed.
+//
+// A part whose request was canceled may still be landing on the server
+// while the abort runs, so, as S3's documentation advises, the abort is
+// repeated until the upload is really gone.
 func (s *Store) abort(ctx context.Context, key string, uploadID *string) {
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
-	_, err := s.client.AbortMultipartUpload(actx, &awss3.AbortMultipartUploadInput{
-		Bucket:   aws.String(s.bucket),
-		Key:      s.full(key),
-		UploadId: uploadID,
-	})
-	if err != nil {
-		s.log.Warn("could not abort multipart upload; a lifecycle rule for incomplete uploads cleans it up", "key", key, "err", err)
+	var err error
+	for attempt := range 5 {
+		_, err = s.client.AbortMultipartUpload(actx, &awss3.AbortMultipartUploadInput{
+			Bucket:   aws.String(s.bucket),
+			Key:      s.full(key),
+			UploadId: uploadID,
+		})
+		if err != nil && apiCode(err) != "NoSuchUpload" {
+			break
+		}
+		_, lerr := s.client.ListParts(actx, &awss3.ListPartsInput{
+			Bucket:   aws.String(s.bucket),
+			Key:      s.full(key),
+			UploadId: uploadID,
+		})
+		if apiCode(lerr) == "NoSuchUpload" {
+			return
+		}
+		time.Sleep(time.Duration(attempt+1) * 50 * time.Millisecond)
 	}
+	s.log.Warn("could not abort multipart upload; a lifecycle rule for incomplete uploads cleans it up", "key", key, "err", err)
 }
 
 // Get implements uploader.Store.
