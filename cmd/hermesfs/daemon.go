@@ -445,14 +445,18 @@ func (d *daemon) serve(ctx context.Context) error {
 	if cfg.ReadOnly {
 		base = d.roBase
 	}
-	fmt.Fprintf(d.e.stdout, "ready %s snapshot=%s store=%s\n", cfg.Mountpoint, orNone(base), d.st.Store)
+	shown := base
+	if shown == "" {
+		shown = "none"
+	}
+	fmt.Fprintf(d.e.stdout, "ready %s snapshot=%s store=%s\n", cfg.Mountpoint, shown, d.st.Store)
 	if f, ok := d.e.stdout.(interface{ Sync() error }); ok {
 		f.Sync()
 	}
 	if err := sdNotify(d.e.getenv, fmt.Sprintf("READY=1\nSTATUS=mounted %s from snapshot %s\nMAINPID=%d", cfg.Mountpoint, orNone(base), os.Getpid())); err != nil {
 		d.log.Warn("sd_notify", "err", err)
 	}
-	d.log.Info("ready", "snapshot", orNone(base), "store", d.st.Store, "state_dir", d.sd.path, "interval", cfg.Interval, "read_only", cfg.ReadOnly)
+	d.log.Info("ready", "snapshot", orNone(base), "store", d.st.Store, "state_dir", d.sd.path, "interval", cfg.Interval.String(), "read_only", cfg.ReadOnly)
 
 	d.bgCtx, d.bgCancel = context.WithCancel(context.Background())
 	defer d.bgCancel()

@@ -797,3 +797,57 @@ func TestE2ES3FullCycle(t *testing.T) {
 		return p
 	})
 }
+
+func TestE2ELeaseTakenOver(t *testing.T) {
+	need(t, "/dev/fuse")
+	storeDir := e2eDir(t, "store")
+	mp := e2eDir(t, "home")
+	h := newHost(t, "file://"+storeDir)
+	d := h.mount(mp, "--interval", "0")
+	writeFile(t, filepath.Join(mp, "before.txt"), "published", 0o644)
+	if code, _, errOut := h.run("snapshot", mp); code != 0 {
+		t.Fatalf("snapshot: %d %s", code, errOut)
+	}
+	// Another host takes the lease over, as it would after our lease went
+	// stale (a long network partition): it rewrites the lease object.
+	now := time.Now().UTC()
+	rec := fmt.Sprintf(`{"holder":"intruder","host":"elsewhere","token":"t","generation":99,"acquired":%q,"renewed":%q,"expires":%q,"write":"w"}`,
+		now.Format(time.RFC3339Nano), now.Format(time.RFC3339Nano), now.Add(time.Hour).Format(time.RFC3339Nano))
+	ls, err := uploader.NewLocal(storeDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ls.Put(t.Context(), uploader.LeaseKey, strings.NewReader(rec), int64(len(rec)), uploader.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The heartbeat (every 10s) finds it.
+	deadline := time.Now().Add(30 * time.Second)
+	var r statusReport
+	for time.Now().Before(deadline) {
+		if r, _ = h.statusJSON(mp); r.Lease == "lost" {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if r.Lease != "lost" || !strings.Contains(r.LastError, "lease") {
+		t.Fatalf("status after a takeover: lease %q, last error %q\n%s", r.Lease, r.LastError, d.stderr)
+	}
+	latest := localLatest(t, storeDir)
+	// The mount is still served; publishing has stopped.
+	writeFile(t, filepath.Join(mp, "after.txt"), "kept locally", 0o644)
+	if code, _, errOut := h.run("snapshot", mp); code != exitConflict {
+		t.Errorf("snapshot after losing the lease: exit %d, want %d: %s", code, exitConflict, errOut)
+	}
+	if got := localLatest(t, storeDir); got != latest {
+		t.Errorf("LATEST moved from %s to %s after the lease was lost", latest, got)
+	}
+	if code := d.stop(syscall.SIGTERM); code != exitConflict {
+		t.Errorf("stop after losing the lease: exit %d, want %d", code, exitConflict)
+	}
+	if got := mustRead(t, filepath.Join(h.state, "upper", "after.txt")); got != "kept locally" {
+		t.Errorf("local change not kept: %q", got)
+	}
+	if st, _ := readState(h.state); !st.Unpublished {
+		t.Errorf("state.json should record unpublished changes: %+v", st)
+	}
+}

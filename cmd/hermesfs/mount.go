@@ -68,7 +68,9 @@ Exit codes:
 
 Signals: SIGTERM and SIGINT stop (final snapshot). Under systemd use
 Type=notify, KillMode=mixed and TimeoutStopSec larger than --stop-timeout
-(see scripts/hermesfs.service).`,
+(see scripts/hermesfs.service).
+
+` + storeHelp,
 		flags: func(fs *flag.FlagSet) {
 			cfg = newMountConfig()
 			cfg.addFlags(fs)
