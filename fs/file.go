@@ -3,6 +3,7 @@ package fs
 import (
 	"context"
 	"io"
+	"strconv"
 	"sync"
 	"syscall"
 
@@ -60,31 +61,42 @@ func (n *node) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, uint3
 			return nil, 0, errno
 		}
 	}
-	h, fl := ov.newUpperHandle(n, fd, writable, guardedPath)
+	h, fl := ov.newUpperHandle(ctx, n, fd, writable, guardedPath)
 	return h, fl, 0
 }
 
 // openUpper opens n's upper file through its path.
 func (n *node) openUpper(writable bool) (int, syscall.Errno) {
-	p, name, ok := n.parent()
-	if !ok {
-		return -1, syscall.ENOENT
-	}
-	prel, ok := p.rel()
-	if !ok {
-		return -1, syscall.ENOENT
-	}
-	pfd, err := n.ov.u.dir(prel)
-	if err != nil {
-		return -1, errnoOf(err)
-	}
-	defer n.ov.u.put(pfd)
 	mode := unix.O_RDONLY
 	if writable {
 		// Read access too, so a freeze can save the bytes a write
 		// replaces.
 		mode = unix.O_RDWR
 	}
+	p, name, ok := n.parent()
+	var prel string
+	if ok {
+		prel, ok = p.rel()
+	}
+	if !ok {
+		// No name any more: reopen the object itself if it was kept,
+		// else have the kernel look the path up again (ESTALE makes
+		// open(2) retry with revalidation).
+		ofd := n.orphanFd()
+		if ofd < 0 {
+			return -1, syscall.ESTALE
+		}
+		fd, err := unix.Open("/proc/self/fd/"+strconv.Itoa(ofd), mode|unix.O_CLOEXEC, 0)
+		if err == unix.EACCES && writable {
+			fd, err = unix.Open("/proc/self/fd/"+strconv.Itoa(ofd), unix.O_WRONLY|unix.O_CLOEXEC, 0)
+		}
+		return fd, errnoOf(err)
+	}
+	pfd, err := n.ov.u.dir(prel)
+	if err != nil {
+		return -1, errnoOf(err)
+	}
+	defer n.ov.u.put(pfd)
 	fd, err := unix.Openat(pfd, name, mode|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
 	if err == unix.EACCES && writable {
 		fd, err = unix.Openat(pfd, name, unix.O_WRONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
@@ -117,30 +129,36 @@ func (ov *overlay) truncateFd(n *node, fd int, size int64) syscall.Errno {
 	return 0
 }
 
-// newUpperHandle wraps fd in a handle and picks its kernel I/O mode.
-func (ov *overlay) newUpperHandle(n *node, fd int, writable, noPassthrough bool) (fusefs.FileHandle, uint32) {
+// newUpperHandle wraps fd in a handle and picks its kernel I/O mode (see
+// Open). A passthrough handle is attached to its backing file by the raw
+// layer once go-fuse has registered the handle (passthrough.go); ctx
+// carries the request identity that links the two.
+func (ov *overlay) newUpperHandle(ctx context.Context, n *node, fd int, writable, noPassthrough bool) (fusefs.FileHandle, uint32) {
 	var uino uint64
 	if st, err := statFd(fd); err == nil {
 		uino = st.ino
 	}
-	h := upperFile{n: n, fd: fd, uino: uino, writable: writable}
+	h := &upperFile{n: n, fd: fd, uino: uino, writable: writable}
+	fc, _ := ctx.(*fuse.Context)
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if writable {
 		n.writers++
 	}
 	switch {
-	case !writable && !noPassthrough && ov.passthrough.Load() && n.cachedOpens == 0:
+	case fc != nil && !writable && !noPassthrough && ov.passthrough.Load() && n.cachedOpens == 0:
 		if n.ptOpens == 0 {
 			n.cacheStale = true
 		}
 		n.ptOpens++
 		h.mode = modePassthrough
-		return &ptFile{h}, 0
-	case n.ptOpens > 0:
+		ov.pendingPT.Store(fc.Cancel, h)
+		return h, 0
+	case fc != nil && n.ptOpens > 0:
 		n.ptOpens++
 		h.mode = modePassthrough
-		return &ptFile{h}, fuse.FOPEN_DIRECT_IO
+		ov.pendingPT.Store(fc.Cancel, h)
+		return h, fuse.FOPEN_DIRECT_IO
 	default:
 		n.cachedOpens++
 		h.mode = modeCached
@@ -148,7 +166,7 @@ func (ov *overlay) newUpperHandle(n *node, fd int, writable, noPassthrough bool)
 		if n.cacheStale {
 			fl, n.cacheStale = 0, false
 		}
-		return &h, fl
+		return h, fl
 	}
 }
 
@@ -159,30 +177,26 @@ const (
 	modePassthrough
 )
 
-// upperFile is an open upper-layer file served by the daemon.
+// upperFile is an open upper-layer file served by the daemon (and, in
+// passthrough mode, read by the kernel directly).
 type upperFile struct {
 	n        *node
 	fd       int
 	uino     uint64 // upper inode number, for the freeze's byte saving
 	writable bool
-	mode     ioMode
+	mode     ioMode // guarded by n.mu
+	attached bool   // holds a reference on n's backing file; guarded by n.mu
 }
 
-// ptFile is an upperFile the kernel may serve by passthrough.
-type ptFile struct{ upperFile }
-
 var (
-	_ fusefs.FileReader          = (*upperFile)(nil)
-	_ fusefs.FileWriter          = (*upperFile)(nil)
-	_ fusefs.FileFsyncer         = (*upperFile)(nil)
-	_ fusefs.FileFlusher         = (*upperFile)(nil)
-	_ fusefs.FileReleaser        = (*upperFile)(nil)
-	_ fusefs.FileAllocater       = (*upperFile)(nil)
-	_ fusefs.FileLseeker         = (*upperFile)(nil)
-	_ fusefs.FilePassthroughFder = (*ptFile)(nil)
+	_ fusefs.FileReader    = (*upperFile)(nil)
+	_ fusefs.FileWriter    = (*upperFile)(nil)
+	_ fusefs.FileFsyncer   = (*upperFile)(nil)
+	_ fusefs.FileFlusher   = (*upperFile)(nil)
+	_ fusefs.FileReleaser  = (*upperFile)(nil)
+	_ fusefs.FileAllocater = (*upperFile)(nil)
+	_ fusefs.FileLseeker   = (*upperFile)(nil)
 )
-
-func (h *ptFile) PassthroughFd() (int, bool) { return h.fd, true }
 
 func (h *upperFile) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	return fuse.ReadResultFd(uintptr(h.fd), off, len(dest)), 0
@@ -245,7 +259,6 @@ func (h *upperFile) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 func (h *upperFile) Flush(ctx context.Context) syscall.Errno { return 0 }
 
 func (h *upperFile) Release(ctx context.Context) syscall.Errno {
-	unix.Close(h.fd)
 	n := h.n
 	n.mu.Lock()
 	if h.writable {
@@ -256,7 +269,12 @@ func (h *upperFile) Release(ctx context.Context) syscall.Errno {
 	} else {
 		n.cachedOpens--
 	}
+	if h.attached {
+		h.n.ov.detachBacking(n)
+		h.attached = false
+	}
 	n.mu.Unlock()
+	unix.Close(h.fd)
 	return 0
 }
 
@@ -391,7 +409,7 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 		h, fl, errno := ov.openGuarded(ctx, cn, joinRel(drel, name), flags, true)
 		return ch, h, fl, errno
 	}
-	h, fl := ov.newUpperHandle(cn, fd, flags&syscall.O_ACCMODE != syscall.O_RDONLY, false)
+	h, fl := ov.newUpperHandle(ctx, cn, fd, flags&syscall.O_ACCMODE != syscall.O_RDONLY, false)
 	return ch, h, fl, 0
 }
 

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -298,3 +299,5 @@ func sampleTree(dir string) {
 		return nil
 	})
 }
+
+func unsafePointer(b *byte) unsafe.Pointer { return unsafe.Pointer(b) }

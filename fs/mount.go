@@ -90,8 +90,16 @@ func Mount(ctx context.Context, mountpoint string, opts Options) (*Mounted, erro
 			DirectMount: ov.u.privileged,
 		},
 	}
-	server, err := fusefs.Mount(mountpoint, root, fopts)
+	raw := &rawFS{RawFileSystem: fusefs.NewNodeFS(root, fopts), ov: ov}
+	server, err := fuse.NewServer(raw, mountpoint, &fopts.MountOptions)
 	if err != nil {
+		ov.close()
+		return nil, fmt.Errorf("fs: mount %s: %w", mountpoint, err)
+	}
+	ov.server = server
+	go server.Serve()
+	if err := server.WaitMount(); err != nil {
+		detach(mountpoint, ov.u.privileged)
 		ov.close()
 		return nil, fmt.Errorf("fs: mount %s: %w", mountpoint, err)
 	}

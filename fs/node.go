@@ -5,6 +5,7 @@ import (
 	"errors"
 	iofs "io/fs"
 	"log/slog"
+	"os"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -41,6 +42,10 @@ type overlay struct {
 	// passthrough is set once the kernel has agreed to FUSE passthrough
 	// and the daemon may register backing files.
 	passthrough atomic.Bool
+	server      *fuse.Server
+	// pendingPT links a passthrough handle made by Open to its OPEN reply,
+	// keyed by the request's cancel channel (passthrough.go).
+	pendingPT sync.Map
 
 	unmounted atomic.Bool
 	closeOnce sync.Once
@@ -83,6 +88,15 @@ type node struct {
 	// (passthrough writes, a guarded commit): the next cached open drops
 	// the kernel's cache instead of keeping it.
 	cacheStale bool
+	// orphan keeps an O_PATH descriptor of the upper object once its last
+	// name is removed while the kernel still knows it: an open(2) or
+	// stat(2) that resolved the name just before the unlink or the rename
+	// over it must still reach the object, as on a local file system.
+	orphan *os.File
+	// backingID is the kernel's id of the upper file registered for
+	// passthrough, held by backingRefs open handles; 0 if none.
+	backingID   int32
+	backingRefs int
 }
 
 var (
@@ -103,7 +117,42 @@ var (
 	_ fusefs.NodeRenamer        = (*node)(nil)
 	_ fusefs.NodeStatfser       = (*node)(nil)
 	_ fusefs.NodeFsyncer        = (*node)(nil)
+	_ fusefs.NodeOnForgetter    = (*node)(nil)
 )
+
+// OnForget releases what the node kept for the kernel.
+func (n *node) OnForget() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.orphan != nil {
+		n.orphan.Close()
+		n.orphan = nil
+	}
+}
+
+// orphanFd returns the descriptor kept for an unnamed object, or -1.
+func (n *node) orphanFd() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.orphan == nil {
+		return -1
+	}
+	return int(n.orphan.Fd())
+}
+
+// keepOrphan is called before the upper entry name in dfd, which is node
+// victim's, loses its last name.
+func (n *node) keepOrphan(dfd int, name string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.orphan != nil {
+		return
+	}
+	fd, err := unix.Openat(dfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err == nil {
+		n.orphan = os.NewFile(uintptr(fd), name)
+	}
+}
 
 func (n *node) isDir() bool { return n.kind == syscall.S_IFDIR }
 
@@ -470,11 +519,15 @@ func (n *node) ustat() (ustat, syscall.Errno) {
 		return st, errnoOf(err)
 	}
 	p, name, ok := n.parent()
-	if !ok {
-		return ustat{}, syscall.ENOENT
+	var prel string
+	if ok {
+		prel, ok = p.rel()
 	}
-	prel, ok := p.rel()
 	if !ok {
+		if fd := n.orphanFd(); fd >= 0 {
+			st, err := statFd(fd)
+			return st, errnoOf(err)
+		}
 		return ustat{}, syscall.ENOENT
 	}
 	pfd, err := n.ov.u.dir(prel)

@@ -383,6 +383,13 @@ func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno 
 			if e.ust.mode&syscall.S_IFMT == syscall.S_IFREG {
 				ov.views.beforeDestroy(dfd, name, e.ust.ino)
 			}
+			if e.ust.nlink <= 1 {
+				if ch := n.GetChild(name); ch != nil {
+					if cn, ok := ch.Operations().(*node); ok {
+						cn.keepOrphan(dfd, name)
+					}
+				}
+			}
 			if err := unix.Unlinkat(dfd, name, 0); err != nil {
 				return errnoOf(err)
 			}

@@ -165,6 +165,9 @@ func (n *node) Rename(ctx context.Context, name string, newParent fusefs.InodeEm
 	if de.upper && !srcDir && de.ust.mode&syscall.S_IFMT == syscall.S_IFREG {
 		ov.views.beforeDestroy(dfd, newName, de.ust.ino)
 	}
+	if de.upper && !srcDir && de.ust.nlink <= 1 && dst != nil {
+		dst.keepOrphan(dfd, newName)
+	}
 	err = unix.Renameat(sfd, name, dfd, newName)
 	if (err == unix.ENOTEMPTY || err == unix.EEXIST) && de.upper && srcDir {
 		// The destination directory is empty in the merged view but

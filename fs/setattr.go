@@ -207,11 +207,6 @@ func setattrTimes(in *fuse.SetAttrIn) ([]unix.Timespec, bool) {
 
 // upperHandle returns the daemon-served upper handle behind f, if any.
 func upperHandle(f fusefs.FileHandle) *upperFile {
-	switch h := f.(type) {
-	case *upperFile:
-		return h
-	case *ptFile:
-		return &h.upperFile
-	}
-	return nil
+	h, _ := f.(*upperFile)
+	return h
 }
