@@ -555,6 +555,10 @@ func (d *daemon) stop(waitBg func()) shutdownResult {
 	snapCtx, cancel := context.WithDeadline(context.Background(), deadline.Add(-reserve))
 	defer cancel()
 
+	// Snapshots still running are cancelled when the deadline nears.
+	t := time.AfterFunc(time.Until(deadline.Add(-reserve)), d.bgCancel)
+	defer t.Stop()
+
 	res := shutdownResult{Code: exitOK}
 	var finalGen uint64
 	gone := false
@@ -567,13 +571,21 @@ func (d *daemon) stop(waitBg func()) shutdownResult {
 	case cfg.ReadOnly:
 	case gone:
 		// Nothing can be frozen any more; the upper layer is intact on
-		// disk and the next start publishes it.
-		res.Code, res.Error = exitUnsynced, "the mount went away before a final snapshot; local changes are kept in the state dir and published by the next start"
+		// disk and the next start publishes it, if anything changed.
+		d.snapMu.Lock()
+		d.mu.Lock()
+		changed := d.pending || d.ov.Generation() != d.publishedGen
+		finalGen, res.FinalID = d.publishedGen, d.st.LastPublished
+		d.mu.Unlock()
+		d.snapMu.Unlock()
+		if changed {
+			res.Code, res.Error = exitUnsynced, "the mount went away before a final snapshot; local changes are kept in the state dir and published by the next start"
+		} else {
+			gone = false // nothing to lose: a clean stop
+		}
 	default:
 		// A snapshot in progress finishes (or fails) first, within the
-		// same deadline: never a half-published snapshot.
-		t := time.AfterFunc(time.Until(deadline.Add(-reserve)), d.bgCancel)
-		defer t.Stop()
+		// same deadline (bgCancel above): never a half-published snapshot.
 		done := make(chan struct{})
 		go func() { d.snapMu.Lock(); d.snapMu.Unlock(); close(done) }()
 		var r snapshotResult

@@ -851,3 +851,35 @@ func TestE2ELeaseTakenOver(t *testing.T) {
 		t.Errorf("state.json should record unpublished changes: %+v", st)
 	}
 }
+
+func TestE2EUnmountedFromOutside(t *testing.T) {
+	need(t, "/dev/fuse")
+	storeDir := e2eDir(t, "store")
+	for _, unpublished := range []bool{false, true} {
+		mp := e2eDir(t, "home")
+		h := newHost(t, "file://"+storeDir)
+		d := h.mount(mp, "--interval", "0")
+		writeFile(t, filepath.Join(mp, "a.txt"), "a", 0o644)
+		if code, _, errOut := h.run("snapshot", mp); code != 0 {
+			t.Fatalf("snapshot: %d %s", code, errOut)
+		}
+		if unpublished {
+			writeFile(t, filepath.Join(mp, "b.txt"), "b", 0o644)
+		}
+		if err := syscall.Unmount(mp, syscall.MNT_DETACH); err != nil {
+			t.Fatal(err)
+		}
+		code := d.wait()
+		st, _ := readState(h.state)
+		if unpublished {
+			if code != exitUnsynced || !st.Unpublished {
+				t.Errorf("unmounted from outside with a change after the last snapshot: exit %d, state %+v", code, st)
+			}
+			if got := mustRead(t, filepath.Join(h.state, "upper", "b.txt")); got != "b" {
+				t.Errorf("upper not kept: %q", got)
+			}
+		} else if code != 0 || st.Unpublished || !st.CleanShutdown {
+			t.Errorf("unmounted from outside with everything published: exit %d, state %+v\n%s", code, st, d.stderr)
+		}
+	}
+}
