@@ -58,6 +58,16 @@
 // Options.AuditLog (mode 0600) and fsynced before Check returns: the log is the
 // transaction log of memory mutations, so a change that cannot be recorded is not
 // made (Check fails with EIO). Appends are serialised by a mutex; Check may be
-// called from many goroutines. [ReadAudit] reads the newest events from the end of
-// the file without reading all of it.
+// called from many goroutines. The id a FUSE request carries is the writing
+// thread's; the log resolves it through /proc to the process and its name, so a
+// line says "sed" or "python3". [ReadAudit] reads the newest events from the
+// end of the file without reading all of it.
+//
+// # Cost
+//
+// Guarded and GuardedBelow are map lookups that do not allocate: the overlay
+// asks them on every open, create and rename of any file, so files that are
+// not guarded pay nothing measurable (scripts/bench-hook.sh). Check reads
+// config.yaml, scans a few kilobytes and makes one fsynced append; memory
+// files change a few times a session.
 package memguard
