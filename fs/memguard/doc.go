@@ -57,8 +57,10 @@
 // Every decision, accepted or rejected, is one JSON object per line appended to
 // Options.AuditLog (mode 0600) and fsynced before Check returns: the log is the
 // transaction log of memory mutations, so a change that cannot be recorded is not
-// made (Check fails with EIO). Appends are serialised by a mutex; Check may be
-// called from many goroutines. The id a FUSE request carries is the writing
+// made (Check fails with EIO). It records decisions: a change accepted here can
+// still fail afterwards in the overlay (a full disk), and its writer then gets
+// that error. Appends are serialised by a mutex; Check may be called from many
+// goroutines. The id a FUSE request carries is the writing
 // thread's; the log resolves it through /proc to the process and its name, so a
 // line says "sed" or "python3". [ReadAudit] reads the newest events from the
 // end of the file without reading all of it.
