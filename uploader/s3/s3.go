@@ -368,8 +368,10 @@ func (s *Store) multipartChecked(ctx context.Context, key string, next nextPart,
 		}
 	}()
 
-	pctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	// A failure stops new parts but lets those in flight finish: a request
+	// cut off mid-body can land on the server after the abort and leave the
+	// upload behind. Only the caller's cancellation cuts them off.
+	pctx := ctx
 	var (
 		wg      sync.WaitGroup
 		mu      sync.Mutex
@@ -377,21 +379,26 @@ func (s *Store) multipartChecked(ctx context.Context, key string, next nextPart,
 		parts   []types.CompletedPart
 		total   int64
 		slots   = make(chan struct{}, s.conc)
+		stop    = make(chan struct{})
 	)
 	fail := func(err error) {
 		mu.Lock()
 		if partErr == nil {
 			partErr = err
+			close(stop)
 		}
 		mu.Unlock()
-		cancel()
 	}
 	for i := 0; ; i++ {
 		select {
 		case slots <- struct{}{}:
 		case <-pctx.Done():
+		case <-stop:
 		}
-		if pctx.Err() != nil {
+		mu.Lock()
+		failed := partErr != nil
+		mu.Unlock()
+		if failed || pctx.Err() != nil {
 			break
 		}
 		body, n, done, err := next(i)

@@ -71,6 +71,9 @@ func incompleteUploads(t *testing.T, srv *server) int {
 	if err != nil {
 		t.Fatal(err)
 	}
+	for _, u := range out.Uploads {
+		t.Logf("incomplete upload of %s (id %s)", aws.ToString(u.Key), aws.ToString(u.UploadId))
+	}
 	return len(out.Uploads)
 }
 
