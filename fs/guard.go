@@ -277,6 +277,7 @@ type guardFile struct {
 	stage     int // staging file descriptor, -1 when not staged
 	stageName string
 	dirty     bool // staged content not yet committed
+	written   bool // dirty by a write, not only by O_TRUNC
 	existed   bool // the file existed before this handle (else Check gets old == nil)
 }
 
@@ -323,7 +324,7 @@ func (g *guardFile) discard() {
 		unix.Unlinkat(g.ov.u.work, g.stageName, 0)
 		g.stage, g.stageName = -1, ""
 	}
-	g.dirty = false
+	g.dirty, g.written = false, false
 }
 
 func (g *guardFile) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
@@ -362,7 +363,7 @@ func (g *guardFile) Write(ctx context.Context, data []byte, off int64) (uint32, 
 	if err := pwriteAll(g.stage, data, off); err != nil {
 		return 0, errnoOf(err)
 	}
-	g.dirty = true
+	g.dirty, g.written = true, true
 	return uint32(len(data)), 0
 }
 
@@ -380,7 +381,7 @@ func (g *guardFile) truncate(size int64) syscall.Errno {
 	if err := unix.Ftruncate(g.stage, size); err != nil {
 		return errnoOf(err)
 	}
-	g.dirty = true
+	g.dirty, g.written = true, true
 	return 0
 }
 
@@ -398,7 +399,7 @@ func (g *guardFile) Allocate(ctx context.Context, off, size uint64, mode uint32)
 	if err := unix.Fallocate(g.stage, mode, int64(off), int64(size)); err != nil {
 		return errnoOf(err)
 	}
-	g.dirty = true
+	g.dirty, g.written = true, true
 	return 0
 }
 
@@ -406,13 +407,16 @@ func (g *guardFile) Allocate(ctx context.Context, off, size uint64, mode uint32)
 // close, and the commit is synced then.
 func (g *guardFile) Fsync(ctx context.Context, flags uint32) syscall.Errno { return 0 }
 
-// Flush commits the staged content (close(2) returns its verdict). dup'd
-// descriptors flush more than once; each flush commits what was written
-// since the last.
+// Flush commits the staged content; close(2) returns the verdict. Every
+// close of a dup'd descriptor flushes, so a flush commits only content that
+// was written: a shell redirect (open with O_TRUNC, dup2, close, write,
+// exit) must not commit the empty file its first close sees. An open with
+// O_TRUNC and no write at all is committed at release, whose verdict has no
+// caller to go to (it is logged).
 func (g *guardFile) Flush(ctx context.Context) syscall.Errno {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if !g.dirty {
+	if !g.dirty || !g.written {
 		return 0
 	}
 	return g.commit(ctx)
@@ -506,7 +510,7 @@ func (g *guardFile) commit(ctx context.Context) syscall.Errno {
 		return errnoOf(err)
 	}
 	unix.Close(g.stage)
-	g.stage, g.stageName, g.dirty, g.existed = -1, "", false, true
+	g.stage, g.stageName, g.dirty, g.written, g.existed = -1, "", false, false, true
 
 	n.mu.Lock()
 	n.cacheStale = true
@@ -519,6 +523,11 @@ func (g *guardFile) commit(ctx context.Context) syscall.Errno {
 
 func (g *guardFile) Release(ctx context.Context) syscall.Errno {
 	g.mu.Lock()
+	if g.dirty {
+		if errno := g.commit(ctx); errno != 0 {
+			g.ov.log.Warn("guarded file: change refused at release", "path", g.rel, "errno", errno)
+		}
+	}
 	g.discard()
 	g.mu.Unlock()
 	g.n.mu.Lock()

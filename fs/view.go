@@ -521,6 +521,9 @@ type viewFile struct {
 	fd  int
 	off int64
 	mu  sync.Mutex
+	// buf holds the bytes at bufOff for sequential Reads.
+	buf    []byte
+	bufOff int64
 }
 
 func (f *viewFile) Stat() (iofs.FileInfo, error) { return f.fi, nil }
@@ -539,10 +542,28 @@ func (f *viewFile) Close() error {
 func (f *viewFile) Read(p []byte) (int, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	k, err := f.readAt(p, f.off)
+	if len(p) >= viewReadBuf {
+		k, err := f.readAt(p, f.off)
+		f.off += int64(k)
+		return k, err
+	}
+	if f.off < f.bufOff || f.off >= f.bufOff+int64(len(f.buf)) {
+		if f.buf == nil {
+			f.buf = make([]byte, viewReadBuf)
+		}
+		k, err := f.readAt(f.buf[:viewReadBuf], f.off)
+		f.buf, f.bufOff = f.buf[:k], f.off
+		if k == 0 {
+			return 0, err
+		}
+	}
+	k := copy(p, f.buf[f.off-f.bufOff:])
 	f.off += int64(k)
-	return k, err
+	return k, nil
 }
+
+// viewReadBuf is the read-ahead of sequential small Reads.
+const viewReadBuf = 64 << 10
 
 func (f *viewFile) ReadAt(p []byte, off int64) (int, error) {
 	f.mu.Lock()
@@ -682,11 +703,9 @@ func (d *viewDir) ReadDir(n int) ([]iofs.DirEntry, error) {
 }
 
 // viewSpecial is an open symlink, device, fifo or socket: it can be
-// stat'ed, not read.
+// stat'ed; it has no content.
 type viewSpecial struct{ fi *vinfo }
 
 func (s *viewSpecial) Stat() (iofs.FileInfo, error) { return s.fi, nil }
 func (s *viewSpecial) Close() error                 { return nil }
-func (s *viewSpecial) Read([]byte) (int, error) {
-	return 0, &iofs.PathError{Op: "read", Path: s.fi.name, Err: iofs.ErrInvalid}
-}
+func (s *viewSpecial) Read([]byte) (int, error)     { return 0, io.EOF }
