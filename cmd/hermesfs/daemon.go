@@ -60,6 +60,9 @@ type daemon struct {
 	publishedSHA string
 	// roBase is the snapshot a read-only mount shows.
 	roBase string
+	// downloaded is the archive downloaded at boot, verified block by
+	// block in the background once the mount is ready.
+	downloaded string
 	// bgCtx bounds snapshots other than the final one; stop cancels it
 	// when the stop timeout is near.
 	bgCtx    context.Context
@@ -228,7 +231,7 @@ func (d *daemon) decideBase(ctx context.Context) (string, error) {
 		for _, s := range skipped {
 			d.setErr(fmt.Errorf("snapshot %s is corrupt in the store; showing %s", s, got.ID))
 		}
-		d.roBase = got.ID
+		d.roBase, d.downloaded = got.ID, p
 		return p, nil
 	}
 
@@ -385,6 +388,7 @@ func (d *daemon) fetchBase(ctx context.Context, id string) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	d.downloaded = p
 	d.log.Info("restored snapshot", "id", got.ID, "size", got.Size, "took", time.Since(t0).Round(time.Millisecond))
 	st.Base, st.BaseSHA256 = got.ID, got.SHA256
 	if st.LastPublished != got.ID {
@@ -478,6 +482,21 @@ func (d *daemon) serve(ctx context.Context) error {
 	var lost <-chan struct{}
 	if d.lease != nil {
 		lost = d.lease.Lost()
+	}
+	if d.downloaded != "" {
+		// Blocks are checked as they are read; this pass finds damage
+		// (a packer bug, bit rot in the cache) before the agent does.
+		bg0 := d.bgCtx
+		go func(path string) {
+			t := time.Now()
+			if err := d.parts.verify(bg0, path); err != nil && bg0.Err() == nil {
+				err = fmt.Errorf("the base snapshot failed verification: %w", err)
+				d.log.Error("base snapshot is corrupt; reads of damaged blocks fail with EIO", "err", err)
+				d.setErr(err)
+				return
+			}
+			d.log.Info("base snapshot verified", "took", time.Since(t).Round(time.Millisecond))
+		}(d.downloaded)
 	}
 	// Changes left by a crash or a failed final upload go out right away.
 	kick := make(chan struct{}, 1)

@@ -120,6 +120,8 @@ type parts interface {
 	// mount opens the lower archive (path; "" = empty lower) and mounts
 	// the overlay.
 	mount(ctx context.Context, d *daemon, lowerPath string) (overlay, error)
+	// verify checks every block of the archive at path.
+	verify(ctx context.Context, path string) error
 	// rejections returns the newest n memory-hook rejections.
 	rejections(auditPath string, n int) []auditRecord
 	// storeURL is the store's URL with credentials redacted.

@@ -70,6 +70,23 @@ func (realParts) packView(ctx context.Context, v frozenView, out string) (packSt
 	})
 }
 
+func (realParts) verify(ctx context.Context, path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	r, err := archive.Open(f, fi.Size(), archive.ReaderOptions{Name: path})
+	if err != nil {
+		return err
+	}
+	return r.Verify(ctx)
+}
+
 func (realParts) rejections(auditPath string, n int) []auditRecord {
 	evs, err := memguard.ReadAudit(auditPath, n, true)
 	if err != nil {

@@ -883,3 +883,53 @@ func TestE2EUnmountedFromOutside(t *testing.T) {
 		}
 	}
 }
+
+func TestE2ECorruptSnapshotFallback(t *testing.T) {
+	need(t, "/dev/fuse")
+	storeDir := e2eDir(t, "store")
+	mp := e2eDir(t, "home")
+	a := newHost(t, "file://"+storeDir)
+	d := a.mount(mp, "--interval", "0")
+	writeFile(t, filepath.Join(mp, "v.txt"), "version 1", 0o644)
+	_, out, _ := a.run("snapshot", mp)
+	id1 := strings.TrimSpace(out)
+	writeFile(t, filepath.Join(mp, "v.txt"), "version 2", 0o644)
+	if c := d.stop(syscall.SIGTERM); c != 0 {
+		t.Fatalf("stop: %d", c)
+	}
+	id2 := localLatest(t, storeDir)
+	if id1 == "" || id2 == id1 {
+		t.Fatalf("snapshots %q %q", id1, id2)
+	}
+	// Bit rot in the newest archive in the store.
+	p := filepath.Join(storeDir, "snapshots", id2+".sqfs")
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)/2] ^= 0x40
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	mpB := e2eDir(t, "homeB")
+	h := newHost(t, "file://"+storeDir)
+	db := h.mount(mpB, "--interval", "0")
+	if !strings.Contains(db.ready, "snapshot="+id1) {
+		t.Errorf("ready line %q: want the previous good snapshot %s", db.ready, id1)
+	}
+	if got := mustRead(t, filepath.Join(mpB, "v.txt")); got != "version 1" {
+		t.Errorf("v.txt = %q", got)
+	}
+	r, _ := h.statusJSON(mpB)
+	if !strings.Contains(r.LastError, id2) || !strings.Contains(r.LastError, "corrupt") {
+		t.Errorf("status should tell of the corrupt snapshot %s: %q", id2, r.LastError)
+	}
+	// The next publish replaces the corrupt LATEST.
+	writeFile(t, filepath.Join(mpB, "v.txt"), "version 3", 0o644)
+	if c := db.stop(syscall.SIGTERM); c != 0 {
+		t.Fatalf("stop B: %d\n%s", c, db.stderr)
+	}
+	if got := localLatest(t, storeDir); got == id2 || got == id1 {
+		t.Errorf("LATEST still %s", got)
+	}
+}

@@ -1,0 +1,143 @@
+#!/bin/sh
+# End-to-end benchmark of 'hermesfs mount' against versitygw on 127.0.0.1:
+#   - first mount over an existing home (seed: pack + upload)
+#   - start to ready on a new host (empty cache: download, verify, mount)
+#   - snapshot after (a) no change, (b) 1% of the files changed, (c) the
+#     database grown by 10 MiB: wall time and bytes uploaded
+#   - baseline in the same run: mksquashfs of the same tree + one plain S3 PUT
+#     of the archive (what a hand-written squashfs cron script does)
+# Env: BENCH_SIZE (default 1G), BENCH_DIR (scratch, default
+# /var/tmp/hermesfs-bench), HERMESFS_BIN (default bin/hermesfs).
+set -eu
+cd "$(dirname "$0")/.."
+root=$(pwd)
+BENCH_SIZE=${BENCH_SIZE:-1G}
+BENCH_DIR=${BENCH_DIR:-/var/tmp/hermesfs-bench}
+bin=${HERMESFS_BIN:-$root/bin/hermesfs}
+[ -x "$bin" ] || { echo "bench-e2e: $bin missing (make build)" >&2; exit 1; }
+gobin=$(go env GOPATH)/bin
+vgw=$(command -v versitygw || echo "$gobin/versitygw")
+[ -x "$vgw" ] || { echo "bench-e2e: versitygw missing (scripts/deps.sh test)" >&2; exit 1; }
+
+mkdir -p "$BENCH_DIR"
+home=$BENCH_DIR/genhome-$BENCH_SIZE
+if [ ! -f "$home.complete" ]; then
+	rm -rf "$home"
+	go run ./scripts/genhome -size "$BENCH_SIZE" -out "$home" >/dev/null
+	touch "$home.complete"
+fi
+work=$BENCH_DIR/e2e
+cleanup() {
+	for m in "$work/mnt-a" "$work/mnt-b"; do
+		mountpoint -q "$m" 2>/dev/null && umount -l "$m"
+	done
+	[ -n "${vpid:-}" ] && kill "$vpid" 2>/dev/null && wait "$vpid" 2>/dev/null
+	# Keep the daemons' logs for a look at the figures of each snapshot.
+	mkdir -p "$BENCH_DIR/e2e-logs" && cp "$work"/*.log "$BENCH_DIR/e2e-logs/" 2>/dev/null
+	rm -rf "$work"
+}
+trap cleanup EXIT INT TERM
+rm -rf "$work"
+mkdir -p "$work/s3" "$work/mnt-b"
+
+# versitygw on a free loopback port, one bucket.
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null || echo 17070)
+export AWS_ACCESS_KEY_ID=bench AWS_SECRET_ACCESS_KEY=bench-secret AWS_REGION=us-east-1
+"$vgw" --access "$AWS_ACCESS_KEY_ID" --secret "$AWS_SECRET_ACCESS_KEY" --port "127.0.0.1:$port" posix "$work/s3" >"$work/versitygw.log" 2>&1 &
+vpid=$!
+ep=http://127.0.0.1:$port
+s3curl() { curl -sS --fail --aws-sigv4 "aws:amz:us-east-1:s3" --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" -H "x-amz-content-sha256: UNSIGNED-PAYLOAD" "$@"; }
+i=0
+until s3curl -X PUT "$ep/bench" >/dev/null 2>&1; do
+	i=$((i + 1))
+	[ $i -lt 100 ] || { echo "bench-e2e: versitygw did not start" >&2; cat "$work/versitygw.log" >&2; exit 1; }
+	sleep 0.1
+done
+export HERMESFS_STORE="s3://bench/home?endpoint=$ep&region=us-east-1&path_style=true"
+export HERMESFS_LOG_LEVEL=info
+
+now() { date +%s.%N; }
+elapsed() { echo "$2 - $1" | bc; }
+ratio() { echo "scale=2; $1 / $2" | bc; }
+files=$(find "$home" -type f | wc -l)
+bytes=$(du -sb "$home" | cut -f1)
+echo "load average before: $(cut -d" " -f1-3 /proc/loadavg)"
+echo "tree: $files files, $(echo "scale=1; $bytes / 1048576" | bc) MiB ($home)"
+
+# Baseline: mksquashfs + one PUT of the archive.
+t0=$(now)
+mksquashfs "$home" "$work/base.sqfs" -comp zstd -Xcompression-level 3 -processors "$(nproc)" -noappend -quiet >/dev/null
+t1=$(now)
+s3curl -T "$work/base.sqfs" "$ep/bench/baseline.sqfs" >/dev/null
+t2=$(now)
+base_pack=$(elapsed "$t0" "$t1")
+base_up=$(elapsed "$t1" "$t2")
+base_total=$(elapsed "$t0" "$t2")
+base_size=$(stat -c %s "$work/base.sqfs")
+echo "baseline mksquashfs + PUT: ${base_total}s (pack ${base_pack}s, upload ${base_up}s), $base_size bytes"
+
+# Host A: seed from a copy of the home (the original is the user's).
+cp -a "$home" "$work/mnt-a"
+ready() { # $1 log: wait for the ready line
+	until grep -q '^ready ' "$1"; do
+		kill -0 "$2" 2>/dev/null || { echo "bench-e2e: hermesfs exited:" >&2; cat "$1" >&2; exit 1; }
+		sleep 0.05
+	done
+}
+t0=$(now)
+HERMESFS_STATE_DIR=$work/state-a "$bin" mount --interval 0 "$work/mnt-a" >"$work/a.out" 2>"$work/a.log" &
+apid=$!
+ready "$work/a.out" "$apid"
+t1=$(now)
+seed=$(elapsed "$t0" "$t1")
+echo "first mount over the existing home (pack + upload + mount): ${seed}s ($(ratio "$seed" "$base_total")x baseline)"
+
+snap() { # $1 label
+	t0=$(now)
+	id=$(HERMESFS_STATE_DIR=$work/state-a "$bin" snapshot "$work/mnt-a")
+	t1=$(now)
+	s=$(elapsed "$t0" "$t1")
+	case $id in *unchanged*)
+		echo "snapshot after $1: ${s}s ($(ratio "$s" "$base_total")x baseline), nothing uploaded"
+		return ;;
+	esac
+	up=$(HERMESFS_STATE_DIR=$work/state-a "$bin" status --json "$work/mnt-a" | python3 -c 'import json,sys; r=json.load(sys.stdin); l=r.get("last_snapshot") or {}; print(l.get("bytes_uploaded",0), l.get("size",0), l.get("bytes_reused",0))')
+	set -- "$1" $up
+	echo "snapshot after $1: ${s}s ($(ratio "$s" "$base_total")x baseline), uploaded $2 bytes of a $3-byte archive, $4 bytes reused"
+}
+snap "no change"
+# (b) 1% of the files changed (appended to), through the mount.
+n=$((files / 100))
+find "$work/mnt-a" -type f -name '*.json' | head -n "$n" | while read -r f; do echo '{"changed":true}' >>"$f"; done
+snap "1% of files changed ($n files)"
+# (c) the database grown by 10 MiB.
+db=$(find "$work/mnt-a" -maxdepth 1 -name '*.db' | head -1)
+# Text rows (hex), compressible about as well as transcripts: 160 x 64 KiB.
+sqlite3 "$db" "CREATE TABLE IF NOT EXISTS bench_growth(t TEXT); WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c WHERE x < 160) INSERT INTO bench_growth SELECT hex(randomblob(32768)) FROM c;"
+snap "database grown by 10 MiB"
+
+t0=$(now)
+kill -TERM "$apid"
+wait "$apid" || { echo "bench-e2e: host A exited $?" >&2; cat "$work/a.log" >&2; exit 1; }
+t1=$(now)
+echo "stop (final snapshot: nothing changed, unmount, rebase): $(elapsed "$t0" "$t1")s"
+
+# Host B: empty cache, empty mountpoint: download, verify, mount.
+t0=$(now)
+HERMESFS_STATE_DIR=$work/state-b "$bin" mount --interval 0 "$work/mnt-b" >"$work/b.out" 2>"$work/b.log" &
+bpid=$!
+ready "$work/b.out" "$bpid"
+t1=$(now)
+boot=$(elapsed "$t0" "$t1")
+id=$(sed -n 's/^ready .* snapshot=\([^ ]*\) .*/\1/p' "$work/b.out")
+t2=$(now)
+s3curl -o "$work/dl.sqfs" "$ep/bench/home/snapshots/$id.sqfs"
+t3=$(now)
+unsquashfs -q -no-progress -d "$work/unpacked" "$work/dl.sqfs" >/dev/null
+t4=$(now)
+dl=$(elapsed "$t2" "$t3")
+dlx=$(elapsed "$t2" "$t4")
+echo "start to ready, new host, empty cache: ${boot}s; same archive: plain GET ${dl}s ($(ratio "$boot" "$dl")x), GET + unsquashfs ${dlx}s ($(ratio "$boot" "$dlx")x)"
+kill -TERM "$bpid"
+wait "$bpid" || true
+grep 'snapshot published' "$work/a.log" | sed 's/^/  log: /' | cut -c1-300
