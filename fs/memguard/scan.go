@@ -1,6 +1,7 @@
 package memguard
 
 import (
+	"bytes"
 	"fmt"
 	"regexp"
 	"strings"
@@ -77,6 +78,11 @@ type Pattern struct {
 	// Regexp (RE2 syntax) is matched case-insensitively against the content
 	// after Unicode NFKC normalisation; write it in plain ASCII/lower case.
 	Regexp string
+	// Keywords, when given, are lower-case strings of which every match of
+	// Regexp contains at least one: the regexp is tried only on text that
+	// holds one of them. It is a filter for speed (most memory text holds
+	// none) and must never hide a match; the tests check that it does not.
+	Keywords []string
 }
 
 // DefaultPatterns returns the built-in threat patterns, a fresh slice each call
@@ -94,46 +100,55 @@ func DefaultPatterns() []Pattern {
 			ID:          "ignore-instructions",
 			Description: "an order to ignore, disregard or forget earlier instructions",
 			Regexp:      `\b(?:ignore|disregard|forget)\s+(?:(?:all|any|every|of|the|these|those|your|my)\s+){0,3}(?:previous|prior|above|earlier|preceding|foregoing|all|any|your|system|developer|original)\s+(?:instructions?|prompts?|directives?|rules|guidelines|guardrails)\b`,
+			Keywords:    []string{"ignore", "disregard", "forget"},
 		},
 		{
 			ID:          "role-hijack",
 			Description: "an identity switch aimed at the agent (\"you are now ...\")",
 			Regexp:      `\byou\s+are\s+now\b|\bfrom\s+now\s+on,?\s+you\s+are\b|\bact\s+as\s+(?:if|though)\s+you\s+(?:have|had)\s+no\s+(?:restrictions|limits|rules|guidelines)\b`,
+			Keywords:    []string{"you"},
 		},
 		{
 			ID:          "system-prompt-override",
 			Description: "a replacement or override of the system prompt",
 			Regexp:      `\b(?:override|overwrite|replace|ignore|disregard|bypass)\s+(?:the\s+|your\s+|my\s+|any\s+|all\s+)?system\s+prompts?\b|\bsystem\s+prompt\s+(?:override|overwrite|replacement)\b|\bnew\s+system\s+prompt\s*[:=]`,
+			Keywords:    []string{"system"},
 		},
 		{
 			ID:          "chat-template-tokens",
 			Description: "chat template control tokens that fake a new conversation turn",
 			Regexp:      `<\|(?:im_start|im_end|system|endoftext|start_header_id|end_header_id|eot_id)\|>|\[/?inst\]|<<sys>>`,
+			Keywords:    []string{"<|", "inst]", "<<sys>>"},
 		},
 		{
 			ID:          "hide-from-user",
 			Description: "an instruction to keep something from the user",
 			Regexp:      `\b(?:do\s+not|don['’]t|never)\s+(?:tell|inform)\s+the\s+user\b|\bwithout\s+(?:telling|informing)\s+the\s+user\b`,
+			Keywords:    []string{"user"},
 		},
 		{
 			ID:          "exfil-secret-env",
 			Description: "curl or wget sending an environment variable that holds a key, token, secret or password",
 			Regexp:      `\b(?:curl|wget)\b[^\n]*` + secretVar + `|` + secretVar + `[^\n]*\|\s*(?:curl|wget)\b`,
+			Keywords:    []string{"curl", "wget"},
 		},
 		{
 			ID:          "exfil-env-dump",
 			Description: "the whole environment piped or posted to the network",
 			Regexp:      `\b(?:env|printenv|set)\s*\|\s*(?:curl|wget|nc|ncat|netcat)\b|\b(?:curl|wget)\b[^\n]*\$\(\s*(?:env|printenv)\s*\)`,
+			Keywords:    []string{"curl", "wget", "nc", "netcat"},
 		},
 		{
 			ID:          "ssh-authorized-keys",
 			Description: "a write to an ssh authorized_keys file",
 			Regexp:      `(?:>>?|\btee\b|\bcp\b|\bmv\b|\bscp\b|\brsync\b|\binstall\b|\bssh-copy-id\b|\b(?:add|append|write|insert|put)\b[^\n]*\bto\b)[^\n]*authorized_keys2?\b`,
+			Keywords:    []string{"authorized_keys"},
 		},
 		{
 			ID:          "read-hermes-env",
 			Description: "reading the agent's own secrets file ~/.hermes/.env",
 			Regexp:      `\b(?:cat|less|more|head|tail|source|grep|awk|sed|base64|xxd|od|strings|cp|scp|rsync|curl|wget|dump|send|upload|post|exfiltrate)\b[^\n]*\.hermes/\.env\b|\bopen\s*\([^\n]*\.hermes/\.env\b|(?m:^|[\s;&|(])\.\s+\S*\.hermes/\.env\b`,
+			Keywords:    []string{".hermes/.env"},
 		},
 	}
 }
@@ -144,7 +159,8 @@ const secretVar = `\$\{?(?:\w*_)?(?:api_?)?(?:key|token|secret|passw(?:or)?d|cre
 
 type compiledPattern struct {
 	Pattern
-	re *regexp.Regexp
+	re       *regexp.Regexp
+	keywords [][]byte
 }
 
 type scanner struct {
@@ -166,7 +182,14 @@ func newScanner(ps []Pattern) (*scanner, error) {
 		if err != nil {
 			return nil, fmt.Errorf("memguard: pattern %s: %w", p.ID, err)
 		}
-		s.patterns = append(s.patterns, compiledPattern{Pattern: p, re: re})
+		cp := compiledPattern{Pattern: p, re: re}
+		for _, k := range p.Keywords {
+			if k == "" || k != strings.ToLower(k) {
+				return nil, fmt.Errorf("memguard: pattern %s: keyword %q: want non-empty lower case", p.ID, k)
+			}
+			cp.keywords = append(cp.keywords, []byte(k))
+		}
+		s.patterns = append(s.patterns, cp)
 	}
 	return s, nil
 }
@@ -186,13 +209,29 @@ func (s *scanner) match(b []byte) *patternMatch {
 		return nil
 	}
 	text := norm.NFKC.Bytes(b)
+	// Lower case after NFKC folds every letter the case-insensitive regexps
+	// fold (the Kelvin sign and long s became k and s in NFKC already), so
+	// a keyword missing here cannot be in a match.
+	lower := bytes.ToLower(text)
 	for i := range s.patterns {
 		p := &s.patterns[i]
+		if len(p.keywords) > 0 && !containsAny(lower, p.keywords) {
+			continue
+		}
 		if loc := p.re.FindIndex(text); loc != nil {
 			return &patternMatch{id: p.ID, text: excerpt(string(text[loc[0]:loc[1]]))}
 		}
 	}
 	return nil
+}
+
+func containsAny(b []byte, words [][]byte) bool {
+	for _, w := range words {
+		if bytes.Contains(b, w) {
+			return true
+		}
+	}
+	return false
 }
 
 // excerpt bounds what a match puts into logs.

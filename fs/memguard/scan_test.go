@@ -275,3 +275,74 @@ func FuzzCheck(f *testing.F) {
 		}
 	})
 }
+
+// withoutKeywords is the default table with the keyword filter removed.
+func withoutKeywords() []Pattern {
+	ps := DefaultPatterns()
+	for i := range ps {
+		ps[i].Keywords = nil
+	}
+	return ps
+}
+
+// sameVerdict fails if the keyword filter changes the scan's answer for b.
+func sameVerdict(t *testing.T, fast, full *scanner, b []byte) {
+	t.Helper()
+	m1, m2 := fast.match(b), full.match(b)
+	if (m1 == nil) != (m2 == nil) || m1 != nil && *m1 != *m2 {
+		t.Fatalf("keyword filter changes the verdict on %q: %v vs %v", b, m1, m2)
+	}
+}
+
+func TestKeywordsNeverHideAMatch(t *testing.T) {
+	fast, err := newScanner(DefaultPatterns())
+	if err != nil {
+		t.Fatal(err)
+	}
+	full, err := newScanner(withoutKeywords())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range DefaultPatterns() {
+		if len(p.Keywords) == 0 {
+			t.Errorf("pattern %s has no keywords: every scan runs its regexp", p.ID)
+		}
+	}
+	var inputs []string
+	for _, ss := range threatSamples {
+		inputs = append(inputs, ss...)
+	}
+	inputs = append(inputs, acceptedCorpus...)
+	for _, in := range inputs {
+		// The sample, shouted, and with the letters NFKC folds: the Kelvin
+		// sign for k, long s for s.
+		for _, v := range []string{in, strings.ToUpper(in), strings.NewReplacer("k", "\u212a", "s", "\u017f").Replace(in)} {
+			sameVerdict(t, fast, full, []byte(v))
+		}
+	}
+	if m := fast.match([]byte("echo x >> ~/.\u017f\u017fh/authorized_\u212aeys")); m == nil || m.id != "ssh-authorized-keys" {
+		t.Errorf("folded letters dodge a pattern: %v", m)
+	}
+	if _, err := newScanner([]Pattern{{ID: "x", Regexp: "a", Keywords: []string{"A"}}}); err == nil {
+		t.Error("an upper-case keyword was accepted")
+	}
+}
+
+func FuzzKeywords(f *testing.F) {
+	for _, ss := range threatSamples {
+		for _, s := range ss {
+			f.Add([]byte(s))
+		}
+	}
+	fast, err := newScanner(DefaultPatterns())
+	if err != nil {
+		f.Fatal(err)
+	}
+	full, err := newScanner(withoutKeywords())
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		sameVerdict(t, fast, full, b)
+	})
+}
