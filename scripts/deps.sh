@@ -2,7 +2,7 @@
 # Installs what building and testing hermesfs need, skipping what is present.
 # Usage: scripts/deps.sh [run|test]
 #   run   fuse3 (fusermount3), for mounting
-#   test  also squashfs-tools, sqlite3, versitygw and staticcheck
+#   test  also squashfs-tools, sqlite3, strace, versitygw and staticcheck
 set -eu
 want=${1:-test}
 
@@ -13,6 +13,7 @@ if [ "$want" = test ]; then
 	need mksquashfs squashfs-tools
 	need unsquashfs squashfs-tools
 	need sqlite3 sqlite3
+	need strace strace
 fi
 if [ -n "$missing" ]; then
 	pkgs=$(echo "$missing" | tr ' ' '\n' | sort -u | tr '\n' ' ')
