@@ -513,8 +513,8 @@ func (d *daemon) serve(ctx context.Context) error {
 			if !d.snapMu.TryLock() {
 				return // one is running; the next tick catches up
 			}
-			d.snapMu.Unlock()
-			d.snapshotNow(d.bgCtx, reason)
+			defer d.snapMu.Unlock()
+			d.snapshotLocked(d.bgCtx, reason)
 		}()
 	}
 
@@ -605,15 +605,17 @@ func (d *daemon) stop(waitBg func()) shutdownResult {
 	default:
 		// A snapshot in progress finishes (or fails) first, within the
 		// same deadline (bgCancel above): never a half-published snapshot.
-		done := make(chan struct{})
-		go func() { d.snapMu.Lock(); d.snapMu.Unlock(); close(done) }()
+		locked := make(chan struct{})
+		go func() { d.snapMu.Lock(); close(locked) }()
 		var r snapshotResult
 		var err error
 		select {
-		case <-done:
-			r, err = d.snapshotNow(snapCtx, "final")
+		case <-locked:
+			r, err = d.snapshotLocked(snapCtx, "final")
+			d.snapMu.Unlock()
 		case <-snapCtx.Done():
 			err = fmt.Errorf("a snapshot in progress did not finish within --stop-timeout %s", cfg.StopTimeout)
+			go func() { <-locked; d.snapMu.Unlock() }()
 		}
 		if err != nil {
 			res.Code, res.Error = exitUnsynced, fmt.Sprintf("final snapshot failed: %v; local changes are kept in %s and published by the next start", err, d.sd.path)

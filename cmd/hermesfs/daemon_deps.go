@@ -95,11 +95,6 @@ var (
 	errLeaseHeld = errors.New("the store is held by another host")
 )
 
-// archiveFile is the opened lower-layer archive.
-type archiveFile interface {
-	Close() error
-}
-
 // packStats are the figures of one pack.
 type packStats struct {
 	Files       int64

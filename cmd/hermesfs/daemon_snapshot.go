@@ -15,6 +15,11 @@ import (
 func (d *daemon) snapshotNow(ctx context.Context, reason string) (snapshotResult, error) {
 	d.snapMu.Lock()
 	defer d.snapMu.Unlock()
+	return d.snapshotLocked(ctx, reason)
+}
+
+// snapshotLocked is snapshotNow with snapMu held by the caller.
+func (d *daemon) snapshotLocked(ctx context.Context, reason string) (snapshotResult, error) {
 	if d.cfg.ReadOnly {
 		return snapshotResult{}, errors.New("read-only mount: it never publishes")
 	}
