@@ -104,11 +104,17 @@ func makeTree(t testing.TB) string {
 		t.Fatal(err)
 	}
 	os.Chmod(filepath.Join(root, "empty-dir"), 0o750)
+	os.MkdirAll(filepath.Join(root, "state-snapshots"), 0o755)
 	// Sparse: a hole at the start, data, a hole at the end.
 	f, err := os.Create(filepath.Join(root, "sparse.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	f.WriteAt(text(5000, 4), int64(3*bs))
+	f.Truncate(int64(8*bs + 100))
+	f.Close()
+	// Its twin: stored once, extracted by copying around the holes.
+	f, _ = os.Create(filepath.Join(root, "state-snapshots", "sparse-copy.db"))
 	f.WriteAt(text(5000, 4), int64(3*bs))
 	f.Truncate(int64(8*bs + 100))
 	f.Close()

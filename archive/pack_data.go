@@ -25,9 +25,10 @@ import (
 type jobKind uint8
 
 const (
-	jobData     jobKind = iota // a data block of file
-	jobFragment                // a full fragment block
-	jobRaw                     // an already compressed block copied from another archive
+	jobData        jobKind = iota // a data block of file
+	jobFragment                   // a full fragment block
+	jobRaw                        // an already compressed block copied from another archive
+	jobRawFragment                // an already compressed fragment block copied from another archive
 )
 
 type job struct {
@@ -76,14 +77,15 @@ func (b *bufPool) put(buf []byte) {
 
 // dataWriter carries the state of one data phase.
 type dataWriter struct {
-	p      *packer
-	ctx    context.Context
-	jobs   chan *job
-	order  chan *job
-	in     *bufPool
-	comp   *bufPool
-	frag   []byte // fragment block being filled (pooled), nil if none
-	nfrags uint32
+	p       *packer
+	ctx     context.Context
+	jobs    chan *job
+	order   chan *job
+	in      *bufPool
+	comp    *bufPool
+	frag    []byte // fragment block being filled (pooled), nil if none
+	fragIdx uint32 // its index
+	nfrags  uint32 // fragment indexes handed out
 
 	// Dedup: files whose size another file shares are hashed; a later file
 	// with the same size and SHA-256 shares the first one's blocks.
@@ -92,6 +94,10 @@ type dataWriter struct {
 	hashed    map[int64]bool // sizes of which some written file has a hash
 
 	reused map[reuseKey]*fileData // content copied from earlier archives
+	// Fragment blocks of earlier archives copied whole (see reuseFragment).
+	adopted  map[oldFragment]uint32
+	liveFrag map[oldFragment]int64 // bytes of this tree's files in each
+	scanned  bool
 }
 
 func (p *packer) writeData(ctx context.Context, out *output) ([]fragEntry, error) {
@@ -154,6 +160,11 @@ func (p *packer) writeData(ctx context.Context, out *output) ([]fragEntry, error
 	if prodErr != nil {
 		return nil, prodErr
 	}
+	for i, f := range frags {
+		if f.word == 0 {
+			return nil, fmt.Errorf("internal error: fragment %d never written", i)
+		}
+	}
 	return frags, nil
 }
 
@@ -174,18 +185,21 @@ func (d *dataWriter) store(out *output, j *job, frags *[]fragEntry) error {
 			out.write(j.out, kindData, j.crc)
 		}
 		fd.words = append(fd.words, j.word)
-	case jobFragment:
-		if uint32(len(*frags)) != j.frag {
-			return fmt.Errorf("internal error: fragment %d out of order", j.frag)
+	case jobFragment, jobRawFragment:
+		// Indexes are handed out when a fragment is started, so blocks
+		// copied from another archive can land before the one being
+		// filled: place entries by index.
+		for uint32(len(*frags)) <= j.frag {
+			*frags = append(*frags, fragEntry{})
 		}
-		*frags = append(*frags, fragEntry{start: out.pos, word: j.word})
+		(*frags)[j.frag] = fragEntry{start: out.pos, word: j.word}
 		out.write(j.out, kindFragment, j.crc)
 	}
 	return out.err
 }
 
 func (d *dataWriter) release(j *job) {
-	if j.kind != jobRaw && j.in != nil {
+	if j.kind != jobRaw && j.kind != jobRawFragment && j.in != nil {
 		d.in.put(j.in)
 	}
 	if j.comp != nil {
@@ -219,7 +233,7 @@ func (d *dataWriter) process(bc blockCompressor, j *job) {
 
 func (d *dataWriter) submit(j *job) error {
 	j.ready = make(chan struct{})
-	if j.kind == jobRaw {
+	if j.kind == jobRaw || j.kind == jobRawFragment {
 		close(j.ready)
 	} else {
 		select {
@@ -253,8 +267,7 @@ func (d *dataWriter) flushFragment() error {
 	if d.frag == nil || len(d.frag) == 0 {
 		return nil
 	}
-	j := &job{kind: jobFragment, in: d.frag, frag: d.nfrags}
-	d.nfrags++
+	j := &job{kind: jobFragment, in: d.frag, frag: d.fragIdx}
 	d.frag = nil
 	return d.submit(j)
 }
@@ -269,10 +282,12 @@ func (d *dataWriter) fragmentSpace(n int) ([]byte, uint32, uint32, error) {
 	}
 	if d.frag == nil {
 		d.frag = d.in.get()[:0]
+		d.fragIdx = d.nfrags
+		d.nfrags++
 	}
 	off := len(d.frag)
 	d.frag = d.frag[:off+n]
-	return d.frag[off : off+n], d.nfrags, uint32(off), nil
+	return d.frag[off : off+n], d.fragIdx, uint32(off), nil
 }
 
 func (d *dataWriter) produceFile(n *node) error {

@@ -51,8 +51,13 @@ func (d *dataWriter) reuse(n *node, fd *fileData, src BlockSource) (bool, error)
 
 	bs := int64(p.bs)
 	if n.size < bs {
-		// A small file lives in a fragment: take its bytes (checked and
-		// decompressed by the reader) into the new fragments.
+		if l.frag >= 0 {
+			if ok, err := d.reuseFragment(n, fd, r, l); ok || err != nil {
+				return true, err
+			}
+		}
+		// Take the bytes (checked and decompressed by the reader) into the
+		// new fragments.
 		buf, idx, off, err := d.fragmentSpace(int(n.size))
 		if err != nil {
 			return true, err
@@ -157,3 +162,109 @@ func (f *baseFile) ArchiveSource() (*Reader, Inode, bool) { return f.r, f.ino, t
 // unwrap gives the file underneath, so a local file is still read with
 // pread and hole detection when its blocks cannot be reused.
 func (f *baseFile) unwrap() iofs.File { return f.File }
+
+// oldFragment names a fragment block of an earlier archive.
+type oldFragment struct {
+	r   *Reader
+	idx int
+}
+
+// fragmentLive is the share of an earlier fragment block that must still
+// be in use for the block to be copied whole; below it, the live files'
+// bytes are repacked so stale bytes do not pile up snapshot after snapshot.
+const fragmentLive = 0.75
+
+// reuseFragment points a small file at a copy of the fragment block that
+// holds it in the earlier archive, copying the block (compressed, checked)
+// the first time, if enough of that block is still in use.
+func (d *dataWriter) reuseFragment(n *node, fd *fileData, r *Reader, l *fileLayout) (bool, error) {
+	key := oldFragment{r, l.frag}
+	if idx, ok := d.adopted[key]; ok {
+		fd.frag, fd.fragOff = idx, l.fragOff
+		d.p.res.ReusedBytes += n.size
+		return true, nil
+	}
+	if !d.scanned {
+		if err := d.scanFragments(); err != nil {
+			return false, err
+		}
+	}
+	used := r.fragmentUse()
+	if l.frag >= len(used) || float64(d.liveFrag[key]) < fragmentLive*float64(used[l.frag]) {
+		return false, nil
+	}
+	f := r.frags[l.frag]
+	raw, err := r.readAt(f.start, uint64(f.word&^dataUncompBit), kindFragment.String())
+	if err == nil {
+		err = r.check(f.start, raw, kindFragment.String())
+	}
+	if err != nil {
+		return true, fmt.Errorf("reuse %s: %w", n.path, err)
+	}
+	idx := d.nfrags
+	d.nfrags++
+	if d.adopted == nil {
+		d.adopted = map[oldFragment]uint32{}
+	}
+	d.adopted[key] = idx
+	j := &job{kind: jobRawFragment, in: raw, out: raw, frag: idx, word: f.word, crc: crc32c(raw)}
+	if err := d.submit(j); err != nil {
+		return true, err
+	}
+	fd.frag, fd.fragOff = idx, l.fragOff
+	d.p.res.ReusedBytes += n.size
+	return true, nil
+}
+
+// scanFragments learns, once per pack and only when some file turns out to
+// come from an earlier archive, how many bytes of each earlier fragment
+// block the files still to be packed use. It opens each small file once.
+func (d *dataWriter) scanFragments() error {
+	d.scanned = true
+	d.liveFrag = map[oldFragment]int64{}
+	bs := int64(d.p.bs)
+	for _, n := range d.p.order {
+		if n.size == 0 || n.size >= bs {
+			continue
+		}
+		if err := d.ctx.Err(); err != nil {
+			return err
+		}
+		f, err := d.p.src.Open(n.path)
+		if err != nil {
+			continue // reported when the file itself is packed
+		}
+		if bsrc, ok := f.(BlockSource); ok {
+			if r, ino, ok := bsrc.ArchiveSource(); ok && r != nil {
+				if l, err := r.layout(ino); err == nil && l.frag >= 0 && l.size == n.size {
+					d.liveFrag[oldFragment{r, l.frag}] += n.size
+				}
+			}
+		}
+		f.Close()
+	}
+	return nil
+}
+
+// fragmentUse returns, per fragment block, how many of its bytes the
+// archive's files use (the end of the last tail in it).
+func (r *Reader) fragmentUse() []int64 {
+	r.fragUseOnce.Do(func() {
+		use := make([]int64, len(r.frags))
+		seen := map[Inode]bool{}
+		for _, e := range r.entries {
+			if !e.Mode.IsRegular() || seen[e.Ino] {
+				continue
+			}
+			seen[e.Ino] = true
+			in, err := r.lookupInode(e.Ino)
+			if err != nil || in.frag == noFragment || int64(in.frag) >= int64(len(use)) {
+				continue
+			}
+			tail := int64(in.size % uint64(r.bs))
+			use[in.frag] = max(use[in.frag], int64(in.fragOff)+tail)
+		}
+		r.fragUse = use
+	})
+	return r.fragUse
+}

@@ -75,6 +75,9 @@ type Reader struct {
 
 	cache   *blockCache
 	layouts sync.Map // Inode -> *fileLayout
+
+	fragUseOnce sync.Once
+	fragUse     []int64 // see fragmentUse
 }
 
 const refSet = 1 << 63

@@ -1,6 +1,7 @@
 package archive
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -91,4 +92,77 @@ func TestReuseChecksBaseBlocks(t *testing.T) {
 	defer out.Close()
 	_, err := Pack(t.Context(), out, r, PackOptions{})
 	wantCorrupt(t, err, off, "data block")
+}
+
+// Small files share fragment blocks; a fragment block whose files are
+// still mostly there is copied whole, one that is mostly stale is not.
+func TestReuseFragments(t *testing.T) {
+	src := filepath.Join(t.TempDir(), "tree")
+	const n = 60 // 10 KB each: about 12 files per 128 KiB fragment block
+	name := func(i int) string { return filepath.Join(src, "cron", fmt.Sprintf("out-%03d.md", i)) }
+	for i := range n {
+		writeFile(t, name(i), text(10000, i), 0o644)
+	}
+	basePath, _ := packToFile(t, src, PackOptions{})
+	base := openFile(t, basePath)
+
+	repack := func() (string, PackResult) {
+		t.Helper()
+		p := filepath.Join(t.TempDir(), "next.sqfs")
+		f, _ := os.Create(p)
+		defer f.Close()
+		res, err := Pack(t.Context(), f, WithBase(os.DirFS(src), base), PackOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p, res
+	}
+	check := func(p string) {
+		t.Helper()
+		r := openFile(t, p)
+		compareTrees(t, scanTree(t, src), scanArchive(t, r), compareOpts{nsec: true})
+		if err := r.Verify(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Unchanged: every fragment block is copied, the archive is the same.
+	p, res := repack()
+	check(p)
+	if res.ReusedBytes != n*10000 {
+		t.Errorf("unchanged tree: reused %d bytes, want %d", res.ReusedBytes, n*10000)
+	}
+	a, _ := os.ReadFile(basePath)
+	b, _ := os.ReadFile(p)
+	if string(a) != string(b) {
+		t.Error("repacking an unchanged tree with its own archive as base changed the bytes")
+	}
+
+	// One file changed, one gone: their blocks' neighbours are reused,
+	// the changed file is packed anew.
+	writeFile(t, name(3), text(10000, 1000), 0o644)
+	os.Remove(name(30))
+	p, res = repack()
+	check(p)
+	if res.ReusedBytes < (n-2-12)*10000 {
+		t.Errorf("one change: reused only %d bytes", res.ReusedBytes)
+	}
+	fresh, _ := packToFile(t, src, PackOptions{})
+	fs1, _ := os.Stat(fresh)
+	fs2, _ := os.Stat(p)
+	if fs2.Size() > fs1.Size()*13/10 {
+		t.Errorf("reusing archive is %d bytes, a fresh one %d", fs2.Size(), fs1.Size())
+	}
+
+	// Most files gone: copying their blocks would mostly copy stale bytes.
+	for i := range n {
+		if i%4 != 0 {
+			os.Remove(name(i))
+		}
+	}
+	p, res = repack()
+	check(p)
+	if res.ReusedBytes != 0 {
+		t.Errorf("mostly stale fragment blocks were copied: reused %d bytes", res.ReusedBytes)
+	}
 }

@@ -3,6 +3,7 @@ package archive
 import (
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"testing/fstest"
 )
@@ -70,6 +71,16 @@ func TestUnpack(t *testing.T) {
 	compareTrees(t, scanTree(t, src), scanTree(t, out), compareOpts{nsec: true, owners: root, dirMtime: true, devices: root})
 	if last != total || total == 0 {
 		t.Errorf("progress ended at %d of %d", last, total)
+	}
+	// Holes stay holes, also in the copy made from the first extraction.
+	for _, name := range []string{"sparse.db", "state-snapshots/sparse-copy.db"} {
+		var st syscall.Stat_t
+		if err := syscall.Stat(filepath.Join(out, name), &st); err != nil {
+			t.Fatal(err)
+		}
+		if st.Blocks*512 >= 4*128<<10 {
+			t.Errorf("%s: %d bytes allocated for 5000 bytes of data: holes filled in", name, st.Blocks*512)
+		}
 	}
 	if err := Unpack(t.Context(), r, out, UnpackOptions{}); err == nil {
 		t.Error("Unpack into a non-empty directory succeeded")
