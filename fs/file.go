@@ -44,7 +44,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, uint3
 			n.mu.Lock()
 			n.cachedOpens++
 			n.mu.Unlock()
-			return &lowerFile{n: n, upperFd: -1}, fuse.FOPEN_KEEP_CACHE, 0
+			return &lowerFile{n: n, upperFd: -1}, fuse.FOPEN_KEEP_CACHE | fuse.FOPEN_NOFLUSH, 0
 		}
 		if err := ov.copyUp(ctx, n, !trunc); err != nil {
 			ov.log.Warn("copy-up failed", "ino", n.ino, "err", err)
@@ -135,8 +135,12 @@ func (ov *overlay) truncateFd(n *node, fd int, size int64) syscall.Errno {
 // carries the request identity that links the two.
 func (ov *overlay) newUpperHandle(ctx context.Context, n *node, fd int, writable, noPassthrough bool) (fusefs.FileHandle, uint32) {
 	var uino uint64
+	var size int64
 	if st, err := statFd(fd); err == nil {
-		uino = st.ino
+		uino, size = st.ino, st.size
+	}
+	if size < ov.opts.PassthroughMinSize {
+		noPassthrough = true
 	}
 	h := &upperFile{n: n, fd: fd, uino: uino, writable: writable}
 	fc, _ := ctx.(*fuse.Context)
@@ -153,18 +157,21 @@ func (ov *overlay) newUpperHandle(ctx context.Context, n *node, fd int, writable
 		n.ptOpens++
 		h.mode = modePassthrough
 		ov.pendingPT.Store(fc.Cancel, h)
-		return h, 0
+		return h, fuse.FOPEN_NOFLUSH
 	case fc != nil && n.ptOpens > 0:
 		n.ptOpens++
 		h.mode = modePassthrough
 		ov.pendingPT.Store(fc.Cancel, h)
-		return h, fuse.FOPEN_DIRECT_IO
+		return h, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NOFLUSH
 	default:
 		n.cachedOpens++
 		h.mode = modeCached
-		var fl uint32 = fuse.FOPEN_KEEP_CACHE
+		// Nothing to do at close(2): FLUSH would be a round trip per
+		// close for nothing.
+		var fl uint32 = fuse.FOPEN_KEEP_CACHE | fuse.FOPEN_NOFLUSH
 		if n.cacheStale {
-			fl, n.cacheStale = 0, false
+			fl &^= fuse.FOPEN_KEEP_CACHE
+			n.cacheStale = false
 		}
 		return h, fl
 	}
@@ -192,7 +199,6 @@ var (
 	_ fusefs.FileReader    = (*upperFile)(nil)
 	_ fusefs.FileWriter    = (*upperFile)(nil)
 	_ fusefs.FileFsyncer   = (*upperFile)(nil)
-	_ fusefs.FileFlusher   = (*upperFile)(nil)
 	_ fusefs.FileReleaser  = (*upperFile)(nil)
 	_ fusefs.FileAllocater = (*upperFile)(nil)
 	_ fusefs.FileLseeker   = (*upperFile)(nil)
@@ -255,8 +261,6 @@ func (h *upperFile) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 	}
 	return errnoOf(unix.Fsync(h.fd))
 }
-
-func (h *upperFile) Flush(ctx context.Context) syscall.Errno { return 0 }
 
 func (h *upperFile) Release(ctx context.Context) syscall.Errno {
 	n := h.n

@@ -86,47 +86,57 @@ func (ov *overlay) capture() (*View, error) {
 	return v, nil
 }
 
-// walk captures the upper directory open at fd (path rel).
+// walk captures the upper directory open at fd (path rel). The stall of a
+// freeze is this walk: one getdents per directory and one statx per entry.
 func (v *View) walk(fd int, rel string, root bool) (*vdir, error) {
 	ents, err := readDirents(fd)
 	if err != nil {
 		return nil, fmt.Errorf("list %q: %w", rel, err)
 	}
 	d := &vdir{entries: make(map[string]*ventry, len(ents))}
+	names := make([]string, 0, len(ents))
 	for _, de := range ents {
 		name := de.name
-		if isReserved(name) {
-			switch {
-			case name == opaqueMarker:
-				d.opaque = true
-			case name == redirectMarker:
-				s, err := readSmall(fd, name)
-				if err != nil {
-					return nil, err
-				}
-				d.redirect, d.hasRedirect = s, true
-			default:
-				if s, ok := whiteoutTarget(fd, name); ok {
-					if d.hidden == nil {
-						d.hidden = map[string]bool{}
-					}
-					d.hidden[s] = true
-				}
+		if !isReserved(name) {
+			names = append(names, name)
+			continue
+		}
+		switch {
+		case name == opaqueMarker:
+			d.opaque = true
+		case name == redirectMarker:
+			s, err := readSmall(fd, name)
+			if err != nil {
+				return nil, err
 			}
+			d.redirect, d.hasRedirect = s, true
+		default:
+			if s, ok := whiteoutTarget(fd, name); ok {
+				if d.hidden == nil {
+					d.hidden = map[string]bool{}
+				}
+				d.hidden[s] = true
+			}
+		}
+	}
+	es := make([]ventry, len(names))
+	errs := make([]error, len(names))
+	for i, name := range names {
+		es[i].name = name
+		es[i].st, errs[i] = statxAt(fd, name)
+	}
+	for i := range es {
+		e := &es[i]
+		if errs[i] == unix.ENOENT {
 			continue
 		}
-		st, err := statxAt(fd, name)
-		if err == unix.ENOENT {
-			continue
+		p := joinRel(rel, e.name)
+		if errs[i] != nil {
+			return nil, fmt.Errorf("stat %q: %w", p, errs[i])
 		}
-		if err != nil {
-			return nil, fmt.Errorf("stat %q: %w", joinRel(rel, name), err)
-		}
-		e := &ventry{name: name, st: st}
-		p := joinRel(rel, name)
-		switch st.mode & syscall.S_IFMT {
+		switch e.st.mode & syscall.S_IFMT {
 		case syscall.S_IFDIR:
-			sub, err := unix.Openat(fd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+			sub, err := unix.Openat(fd, e.name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 			if err != nil {
 				return nil, fmt.Errorf("open %q: %w", p, err)
 			}
@@ -137,21 +147,21 @@ func (v *View) walk(fd int, rel string, root bool) (*vdir, error) {
 			}
 		case syscall.S_IFLNK:
 			buf := make([]byte, 4096)
-			k, err := unix.Readlinkat(fd, name, buf)
+			k, err := unix.Readlinkat(fd, e.name, buf)
 			if err != nil {
 				return nil, fmt.Errorf("readlink %q: %w", p, err)
 			}
 			e.target = string(buf[:k])
 		case syscall.S_IFREG:
-			cf := v.files[st.ino]
+			cf := v.files[e.st.ino]
 			if cf == nil {
-				cf = &capFile{uino: st.ino, size: st.size, pinFd: -1, sidecar: -1}
-				v.files[st.ino] = cf
+				cf = &capFile{uino: e.st.ino, size: e.st.size, pinFd: -1, sidecar: -1}
+				v.files[e.st.ino] = cf
 			}
 			cf.paths = append(cf.paths, p)
 			e.file = cf
 		}
-		d.entries[name] = e
+		d.entries[e.name] = e
 	}
 	return d, nil
 }

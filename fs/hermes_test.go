@@ -463,7 +463,7 @@ func TestOpenFileSurvivesUnlinkAndRename(t *testing.T) {
 // later writable open of the same file coexist; the writer's bytes reach
 // the reader.
 func TestPassthroughMixedOpens(t *testing.T) {
-	e := mountEnv(t, nil, Options{})
+	e := mountEnv(t, nil, Options{PassthroughMinSize: 1})
 	if !e.m.Passthrough() {
 		t.Skip("kernel without FUSE passthrough")
 	}
@@ -473,6 +473,13 @@ func TestPassthroughMixedOpens(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
+	n := e.m.ov.root.GetChild("log").Operations().(*node)
+	n.mu.Lock()
+	pt, id := n.ptOpens, n.backingID
+	n.mu.Unlock()
+	if pt != 1 || id == 0 {
+		t.Fatalf("read-only open: %d passthrough handles, backing id %d", pt, id)
+	}
 	w, err := os.OpenFile(e.path("log"), os.O_WRONLY|os.O_APPEND, 0)
 	if err != nil {
 		t.Fatalf("writable open while a passthrough reader is open: %v", err)

@@ -732,7 +732,9 @@ func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fusefs.FileHand
 			}
 		}
 	}
-	return h, 0, 0
+	// The kernel may keep listings: every change of a directory goes
+	// through it, and it drops its cached listing when one happens.
+	return h, fuse.FOPEN_CACHE_DIR | fuse.FOPEN_KEEP_CACHE, 0
 }
 
 // dirHandle lists a merged directory. The listing is taken at the first

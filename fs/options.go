@@ -78,11 +78,12 @@ type Options struct {
 	Debug bool
 
 	// EntryTimeout and AttrTimeout are how long the kernel may cache names
-	// and attributes. The overlay is the only writer of its upper layer
-	// and the kernel sees every change made through the mount, so they
-	// can be long; they bound staleness only for what changes behind the
-	// kernel's back (a guarded file's content when its writer closes).
-	// Default 1s each. NegativeTimeout caches missing names; default 1s.
+	// and attributes, NegativeTimeout missing names. The overlay is the only
+	// writer of its upper layer and every change goes through the kernel
+	// (which updates its caches itself), except a guarded file's new
+	// content, which the overlay announces with an invalidation. So they
+	// can be long: default 1h each. Nothing but the overlay may change the
+	// upper directory while it is mounted.
 	EntryTimeout    time.Duration
 	AttrTimeout     time.Duration
 	NegativeTimeout time.Duration
@@ -92,6 +93,12 @@ type Options struct {
 	// upper file where the kernel allows it (kernel >= 6.9, a daemon with
 	// CAP_SYS_ADMIN), and by the daemon otherwise.
 	NoPassthrough bool
+
+	// PassthroughMinSize is the smallest upper file opened with
+	// passthrough. Below it, the page cache of a daemon-served open is
+	// faster: passthrough costs two ioctls per open and bypasses the
+	// cache the kernel keeps across opens. Default 1 MiB.
+	PassthroughMinSize int64
 
 	// GuardMaxBytes caps the content of a guarded file handed to
 	// Guard.Check: a larger new content is rejected with EFBIG without
@@ -104,9 +111,10 @@ type Options struct {
 }
 
 const (
-	defaultTimeout       = time.Second
-	defaultGuardMaxBytes = 4 << 20
-	defaultMaxWrite      = 1 << 20
+	defaultTimeout        = time.Hour
+	defaultGuardMaxBytes  = 4 << 20
+	defaultMaxWrite       = 1 << 20
+	defaultPassthroughMin = 1 << 20
 )
 
 func (o Options) withDefaults() Options {
@@ -124,6 +132,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.GuardMaxBytes == 0 {
 		o.GuardMaxBytes = defaultGuardMaxBytes
+	}
+	if o.PassthroughMinSize == 0 {
+		o.PassthroughMinSize = defaultPassthroughMin
 	}
 	if o.MaxWrite == 0 {
 		o.MaxWrite = defaultMaxWrite

@@ -1,0 +1,175 @@
+// Package fs is the hermesfs overlay: a FUSE file system (go-fuse v2, imported
+// as fusefs) that shows a read-only lower layer (an archive, see Lower) under
+// a writable upper layer (a local directory), like overlayfs, but entirely
+// unprivileged and with a point-in-time snapshot of the merged tree (Freeze).
+//
+//	m, err := fs.Mount(ctx, "/home/me/.hermes", fs.Options{Upper: state + "/upper", Lower: reader})
+//	...
+//	v, err := m.Freeze(ctx)             // the tree at one instant, as an io/fs.FS
+//	archive.Pack(ctx, out, v, archive.PackOptions{})
+//	v.Close()
+//	m.Unmount(ctx)
+//
+// # Layers
+//
+// A name resolves to the upper entry if there is one, else to the lower entry
+// unless a whiteout hides it. A directory present in both merges them: its
+// listing is the upper entries plus the lower ones not hidden or shadowed,
+// sorted by name. Nodes stand for inodes, not paths (go-fuse keeps one per
+// st_ino and generation): a node knows its lower inode and whether it exists
+// in the upper layer; its path is found through the tree when an upper
+// object must be reached. Every upper access goes through directory file
+// descriptors and *at() calls resolved beneath the upper root without
+// following symlinks (openat2 RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS), so paths
+// longer than PATH_MAX work and nothing can lead outside the upper directory.
+//
+// # Upper-layer representation
+//
+// Everything the overlay keeps for itself lives in the upper directory under
+// names starting with ".wh.", which users can neither create nor see
+// (creating one fails with EINVAL; lower entries with such names stay
+// visible but cannot be changed). No xattrs, no device nodes, no privileges:
+//
+//	.wh.NAME               whiteout: the lower entry NAME of this directory is deleted
+//	.wh..wh..hHEX          whiteout of a name too long for the prefix (sha256 of
+//	                       the name; the file holds the name)
+//	.wh..wh..opq           opaque: this directory merges no lower directory
+//	.wh..wh..dir           redirect: this directory merges the lower directory
+//	                       whose path the file holds (it was renamed)
+//	.wh..wh..ino           (root) the inode map, see below
+//	.wh..wh..work/         (root) temporaries, guarded staging, freeze sidecars;
+//	                       emptied at every mount
+//
+// An upper entry and a whiteout of the same name may coexist: the upper entry
+// wins. That ordering is what makes each operation crash-safe with no journal:
+// a whiteout is made durable (file, then fsync of its directory) before the
+// upper entry that hid the lower one goes away, so a crash leaves the state
+// before or after the operation, never a deleted lower entry back from the
+// dead. Copy-ups and new opaque directories are built in the work directory,
+// synced and renamed into place. Overlay metadata is fsynced before the
+// operation returns; ordinary creates, writes and renames are as durable as
+// the user makes them (fsync of files and directories is passed to the upper
+// file system and never waits on the network).
+//
+// # Copy-up
+//
+// The first change to a lower object (a writable open, truncate, chmod,
+// chown, utimes, link, rename) copies it up with its parent directories,
+// keeping mode, owner (when the daemon may chown) and mtime. Files are copied
+// with their content (holes where the content is zeros) unless the change
+// truncates them to nothing; the copy is made in the work directory and
+// renamed into place, so readers see the lower file until the copy is
+// complete. Directories are copied up empty and keep merging their lower
+// directory. A lower file with several names is copied up once and its other
+// names become upper hard links to the copy (names under a renamed or
+// deleted parent are left alone). A read-only handle opened on the lower
+// file before the copy-up reads the upper copy after it.
+//
+// Renaming works for lower files and whole lower directories and never
+// returns EXDEV: the file is copied up first; a directory takes a redirect
+// marker naming the lower directory it merges (opaque if it merges none)
+// before it moves, so it shows the same tree at its new place and nothing of
+// a lower directory already there. A directory removed and made again is
+// opaque from its first instant (built in the work directory with its
+// marker).
+//
+// # Inode numbers
+//
+// st_ino is stable for an object's life, across copy-up, rename and remount:
+// lower objects report their squashfs inode number (below 2^32); objects born
+// in the upper layer report their upper inode number plus 2^32, so the two
+// ranges never collide; hard links share one number. A copied-up file keeps
+// its lower number: the copy-up records (upper inode, birth time) -> number
+// in the inode map (an fsynced append-only log) before the copy becomes
+// visible, so after a remount, a crash included, the upper file reports the
+// lower number again. A guarded file replaced by its staged content keeps its
+// number the same way. Records whose birth time no longer matches belong to
+// deleted files and are ignored. A merged directory reports its lower
+// number. Numbers hold for the life of the lower layer: a new archive numbers
+// its inodes anew.
+//
+// # Kernel I/O modes
+//
+// Lower files are opened with FOPEN_KEEP_CACHE (their content never
+// changes). Upper files are served by the daemon with the page cache, except
+// read-only opens, which use FUSE passthrough where the kernel allows it
+// (kernel >= 6.9 and CAP_SYS_ADMIN; otherwise it is off, silently). Writable
+// opens are always daemon-served so that the freeze sees and can hold every
+// write; that is also why the writeback cache is off. The kernel allows one
+// backing file per inode and, while an inode has a passthrough open, refuses
+// non-passthrough opens of it: an open arriving then is given passthrough
+// with FOPEN_DIRECT_IO, which sends read(2) and write(2) to the daemon
+// anyway (only mmap of such a handle reaches the file directly). The overlay
+// manages backing-file registration itself (passthrough.go). Locks (flock,
+// fcntl) are left to the kernel: correct on one host, and go-fuse's lock
+// operations hang. Xattrs are disabled (ENOTSUP); each write would otherwise
+// cost a getxattr round trip.
+//
+// # Freeze
+//
+// Every operation that changes the upper layer holds the gate shared
+// (gate.go). Freeze closes it: new mutations wait, those in flight finish,
+// and the upper layer's metadata is captured (entries, modes, owners, times,
+// sizes, symlink targets, whiteouts, markers, the inode map). Then the gate
+// opens again. Mutations are blocked for that walk only: O(entries in the
+// upper layer), independent of how much data changed. No file content is
+// copied and no descriptor is opened per file.
+//
+// Until the View is closed, its content is kept: before a write, truncate
+// or fallocate changes bytes of a captured file inside its frozen size, the
+// 16 KiB blocks it touches are saved to a sparse sidecar file (same offsets)
+// in the work directory, once each; before a captured file loses a name
+// (unlink, rename over it, a guarded commit) it is pinned by a descriptor
+// (beyond a budget, by a hard link in the work directory). The View reads
+// live bytes, then overlays saved blocks, clipped to the frozen size; it
+// finds a file through its captured names as moved by later renames, or its
+// pin. The lower layer is immutable and needs nothing. Close drops sidecars
+// and pins and stops the saving.
+//
+// Mmap writes reach the overlay as writes when the kernel writes the pages
+// back, like any file system; a snapshot holds what was written back by the
+// freeze, which is what a crash at that instant would leave.
+//
+// # Guarded files
+//
+// For a path the Guard guards (the memory files), changes are all or
+// nothing. A writable open stages the content in the work directory (a copy
+// of the current content, made at the first write, unless O_TRUNC); the
+// handle reads its own writes; it uses direct I/O so neither the page cache
+// nor a shared mapping can go around the staging (shared writable mmap fails
+// with ENODEV). At close(2) (FLUSH) the staged content is handed to
+// Guard.Check with the old content; accepted, it replaces the file by one
+// rename (synced, same st_ino); rejected, it is dropped and close fails with
+// EFBIG or EPERM, the file untouched. A FLUSH commits only content that was
+// written: the first close of a shell redirect (open O_TRUNC, dup2, close)
+// must not commit an empty file; an O_TRUNC with no write at all is committed
+// at release. rename(2) of a file over a guarded name, truncate(2) of one,
+// and a directory rename that brings one are checked the same way before they
+// happen. Symlinks, device nodes and hard links cannot be made at a guarded
+// name, a guarded file cannot get a second name, and a file still open for
+// writing cannot be renamed over one (EBUSY). Other files pay nothing.
+//
+// # Lock order and concurrency
+//
+// node.mu (copy-up, open accounting) may be held when entering the gate,
+// never the other way round; a copy-up reads and writes its copy outside the
+// gate and holds it only to rename it into place, so a freeze never waits for
+// a large copy. View.mu guards renames and pins; capFile.mu serialises the
+// saving of one file's blocks against View reads. FUSE methods return only
+// syscall.Errno; the FUSE request context is cancelled by any signal to the
+// caller, so work that must complete (copy-up, a Guard's audit append) does
+// not follow it.
+//
+// # Ownership and modes
+//
+// The mount is the owner's: no allow_other; default_permissions makes the
+// kernel check modes, which the overlay reports exactly (NullPermissions).
+// A privileged daemon gives new entries the caller's uid and gid (the
+// directory's gid under a setgid directory); an unprivileged one (mounting
+// through fusermount3) owns everything it creates, and its user is then the
+// only user of the mount. The kernel applies the caller's umask before
+// CREATE, MKDIR and MKNOD; the daemon's own umask is not changed (it is read
+// from /proc/self/status) and a mode it would have narrowed is set again
+// explicitly with fchmod, so the daemon's other files keep the process
+// umask.
+package fs
