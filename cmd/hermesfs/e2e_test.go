@@ -217,6 +217,16 @@ func TestE2EControlSocket(t *testing.T) {
 		t.Errorf("status after snapshot: %+v last %+v", r, r.Last)
 	}
 
+	// A memory file over its limit is refused, and status shows it.
+	os.MkdirAll(filepath.Join(mp, "memories"), 0o755)
+	if err := os.WriteFile(filepath.Join(mp, "memories", "MEMORY.md"), []byte(strings.Repeat("x", 3000)), 0o644); !errors.Is(err, syscall.EFBIG) {
+		t.Errorf("MEMORY.md over the limit: %v, want EFBIG", err)
+	}
+	r, _ = h.statusJSON(mp)
+	if len(r.Rejections) != 1 || r.Rejections[0].File != "memories/MEMORY.md" || r.Rejections[0].Reason != "limit" {
+		t.Errorf("status memory rejections: %+v", r.Rejections)
+	}
+
 	// status without MOUNTPOINT lists running mounts (by the registry).
 	code, out, _ = h.run("status")
 	if code != 0 || !strings.Contains(out, mp) || !strings.Contains(out, id) {
