@@ -147,6 +147,14 @@ func (d *daemon) boot(ctx context.Context) error {
 	d.st.Mountpoint = cfg.Mountpoint
 	d.st.Store = d.parts.storeURL(d)
 
+	// Temporary files of a pack or download a crash interrupted.
+	for _, pat := range []string{"pack/.*.tmp*", "pack/next.sqfs", "pack/seed.sqfs", "cache/download.sqfs*", "cache/.*.tmp*"} {
+		olds, _ := filepath.Glob(filepath.Join(sd.path, pat))
+		for _, o := range olds {
+			os.Remove(o)
+		}
+	}
+
 	d.cat, err = d.parts.openCatalog(ctx, d)
 	if err != nil {
 		return fmt.Errorf("store %s: %w", d.st.Store, err)
@@ -155,7 +163,7 @@ func (d *daemon) boot(ctx context.Context) error {
 	if cfg.ReadOnly {
 		d.leaseState = "none"
 	} else {
-		d.lease, err = d.cat.Lease(ctx, d.host)
+		d.lease, err = d.cat.Lease(ctx, "hermesfs mount "+cfg.Mountpoint)
 		if err != nil {
 			if errors.Is(err, errLeaseHeld) {
 				return withCode(exitConflict, fmt.Errorf("%w (use --read-only to mount the newest snapshot read-only)", err))
@@ -250,8 +258,13 @@ func (d *daemon) decideBase(ctx context.Context) (string, error) {
 		if ours == "" {
 			ours = st.Base
 		}
+		// A crash between a publish and the state.json update leaves
+		// LATEST on a snapshot of ours that state.json does not name: its
+		// manifest says this host made it on top of what we know.
+		oursUnrecorded := latest.Host == d.host && latest.Parent != "" &&
+			(latest.Parent == st.LastPublished || latest.Parent == st.Base)
 		switch {
-		case latest.ID == "" || latest.ID == st.Base || latest.ID == st.LastPublished:
+		case latest.ID == "" || latest.ID == st.Base || latest.ID == st.LastPublished || oursUnrecorded:
 			d.pending, d.expect = true, latest.Pointer
 			d.log.Info("local changes found in the state dir; mounting them over their base and publishing them", "base", orNone(st.Base), "latest", orNone(latest.ID))
 			return d.baseFile(ctx, st.Base, st.BaseSHA256)

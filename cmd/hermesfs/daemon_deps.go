@@ -43,6 +43,8 @@ type snapshotInfo struct {
 	// Pointer is what LATEST named when it was read ("" when absent, even
 	// if snapshots exist): the value the next publish must replace.
 	Pointer string
+	// Host and Parent come from the manifest, when Latest could read it.
+	Host, Parent string
 }
 
 // publishResult is what publishing one archive cost.

@@ -47,7 +47,11 @@ func (a *catalogAdapter) Latest(ctx context.Context) (snapshotInfo, error) {
 		}
 		return snapshotInfo{}, nil
 	}
-	return snapshotInfo{ID: id, Pointer: id}, nil
+	info := snapshotInfo{ID: id, Pointer: id}
+	if m, err := a.c.Manifest(ctx, id); err == nil {
+		info.Size, info.SHA256, info.Host, info.Parent = m.Size, m.SHA256, m.Host, m.Parent
+	}
+	return info, nil
 }
 
 func (a *catalogAdapter) Fetch(ctx context.Context, id, dst string) (snapshotInfo, []string, error) {
@@ -121,8 +125,9 @@ func (realParts) openCatalog(ctx context.Context, d *daemon) (catalog, error) {
 	if err != nil {
 		return nil, err
 	}
-	host, _ := os.Hostname()
-	return newCatalogAdapter(s, host, log, nil), nil
+	// The per-state-dir host id names this writer in snapshot ids,
+	// manifests and the lease, so a restart recognises its own work.
+	return newCatalogAdapter(s, d.host, log, nil), nil
 }
 
 func (realParts) storeURL(d *daemon) string {

@@ -943,3 +943,46 @@ func TestE2ECorruptSnapshotFallback(t *testing.T) {
 		t.Errorf("LATEST still %s", got)
 	}
 }
+
+// A crash right after a publish, before state.json recorded it: the next
+// start recognises LATEST as its own snapshot, not another host's.
+func TestE2ECrashAfterPublish(t *testing.T) {
+	need(t, "/dev/fuse")
+	storeDir := e2eDir(t, "store")
+	mp := e2eDir(t, "home")
+	h := newHost(t, "file://"+storeDir)
+	d := h.mount(mp, "--interval", "0")
+	writeFile(t, filepath.Join(mp, "a"), "a", 0o644)
+	_, out, _ := h.run("snapshot", mp)
+	id1 := strings.TrimSpace(out)
+	writeFile(t, filepath.Join(mp, "b"), "b", 0o644)
+	if code, _, _ := h.run("snapshot", mp); code != 0 {
+		t.Fatal("snapshot")
+	}
+	writeFile(t, filepath.Join(mp, "c"), "c", 0o644)
+	d.cmd.Process.Kill()
+	d.wait()
+	syscall.Unmount(mp, syscall.MNT_DETACH)
+	// Roll state.json back to before the second publish was recorded.
+	st, err := readState(h.state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.LastPublished = id1
+	b, _ := json.Marshal(st)
+	writeFile(t, filepath.Join(h.state, "state.json"), string(b), 0o600)
+
+	d2 := h.mount(mp, "--interval", "0")
+	for _, f := range []string{"a", "b", "c"} {
+		if got := mustRead(t, filepath.Join(mp, f)); got != f {
+			t.Errorf("%s = %q", f, got)
+		}
+	}
+	if c := d2.stop(syscall.SIGTERM); c != 0 {
+		t.Fatalf("stop: %d\n%s", c, d2.stderr)
+	}
+	out2 := unsquash(t, filepath.Join(storeDir, "snapshots", localLatest(t, storeDir)+".sqfs"))
+	if got := mustRead(t, filepath.Join(out2, "c")); got != "c" {
+		t.Errorf("c not published: %q", got)
+	}
+}
