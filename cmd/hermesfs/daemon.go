@@ -249,9 +249,23 @@ func (d *daemon) decideBase(ctx context.Context) (string, error) {
 	}
 	local := !upperEmpty && (st.Unpublished || !st.CleanShutdown)
 	if !upperEmpty && !local {
-		// A clean shutdown that could not rebase: the upper is in
-		// LastPublished, mounting base + upper shows that same tree.
-		local = latest.ID != st.LastPublished
+		// A clean stop that could not rebase: everything in the upper
+		// layer is published (in LastPublished, or it holds nothing but
+		// the overlay's own bookkeeping when LastPublished is empty).
+		mine := st.LastPublished
+		if mine == "" {
+			mine = st.Base
+		}
+		if latest.ID == mine {
+			// Base + upper is LATEST: no download.
+			d.expect = latest.Pointer
+			return d.baseFile(ctx, st.Base, st.BaseSHA256)
+		}
+		// LATEST moved on; what the upper holds is in the store.
+		if err := d.clearUpper("published"); err != nil {
+			return "", err
+		}
+		st.LastPublished = ""
 	}
 	if local {
 		ours := st.LastPublished
@@ -288,10 +302,6 @@ func (d *daemon) decideBase(ctx context.Context) (string, error) {
 					"choose with --on-conflict keep-local (publish ours over theirs) or --on-conflict discard-local (set ours aside and mount theirs)",
 				d.sd.path, orNone(ours), latest.ID))
 		}
-	} else if !upperEmpty {
-		// Everything in the upper layer is in LATEST (our last snapshot).
-		d.expect = latest.Pointer
-		return d.baseFile(ctx, st.Base, st.BaseSHA256)
 	}
 
 	d.expect = latest.Pointer
@@ -679,50 +689,46 @@ func (d *daemon) stop(waitBg func()) shutdownResult {
 	return res
 }
 
-// finish records the state for the next start. When the final snapshot
-// holds the whole tree (no mutation after its freeze), it becomes the new
-// base and the upper layer is set aside: the next start needs neither a
-// download nor the old upper layer.
+// finish records the state for the next start. When the merged tree is
+// a snapshot (the final one, or the base when nothing was ever published
+// from it) and no mutation came after the final freeze, that snapshot
+// becomes the base in the cache and the upper layer goes: the next start
+// needs neither a download nor the old upper layer.
 func (d *daemon) finish(synced bool, finalGen uint64) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	st := &d.st
-	rebase := synced && d.ov.Generation() == finalGen && st.LastPublished != ""
-	if rebase && st.LastPublished != st.Base {
-		if _, err := os.Stat(filepath.Join(d.sd.packDir(), st.LastPublished+".sqfs")); err != nil {
+	target, sha := st.LastPublished, d.publishedSHA
+	if target == "" || target == st.Base {
+		target, sha = st.Base, st.BaseSHA256
+	}
+	rebase := synced && d.ov.Generation() == finalGen
+	packed := filepath.Join(d.sd.packDir(), target+".sqfs")
+	if rebase && target != st.Base {
+		if _, err := os.Stat(packed); err != nil {
+			rebase = false // published by an earlier run: keep base + upper
+		} else if _, err := d.adopt(packed, target, sha); err != nil {
+			d.log.Warn("rebase: keeping base + upper", "err", err)
 			rebase = false
 		}
 	}
 	if rebase {
-		if st.LastPublished != st.Base {
-			if _, err := d.adopt(filepath.Join(d.sd.packDir(), st.LastPublished+".sqfs"), st.LastPublished, ""); err != nil {
-				d.log.Warn("rebase: keeping base + upper", "err", err)
-				rebase = false
-			}
-		}
-	}
-	if rebase {
-		newSHA := st.BaseSHA256
-		if st.LastPublished != st.Base {
-			newSHA = d.publishedSHA
-		}
-		// The upper layer moves aside before state.json names the new
-		// base: a crash in between leaves an empty upper over the old
-		// base, and the next start downloads LATEST (= the new base).
-		aside, err := setAside(d.sd.upper(), "rebased")
-		if err != nil {
+		// The upper layer goes before state.json names the new base: a
+		// crash in between leaves an empty upper over the old base, and
+		// the next start downloads LATEST (the new base).
+		if err := d.clearUpper("rebased"); err != nil {
 			d.log.Warn("rebase: keeping base + upper", "err", err)
 		} else {
-			os.MkdirAll(d.sd.upper(), 0o700)
-			oldBase := st.Base
-			st.Base, st.BaseSHA256 = st.LastPublished, newSHA
+			old := st.Base
+			st.Base, st.BaseSHA256 = target, sha
 			st.Unpublished, st.CleanShutdown = false, true
 			if err := d.sd.save(*st); err != nil {
 				d.log.Error("state", "err", err)
 			}
-			os.RemoveAll(aside)
 			d.cleanCache(st.Base)
-			d.log.Info("rebased: the final snapshot is the new base", "base", st.Base, "previous", orNone(oldBase))
+			if old != st.Base {
+				d.log.Info("rebased: the final snapshot is the new base", "base", st.Base, "previous", orNone(old))
+			}
 			return
 		}
 	}
@@ -731,4 +737,20 @@ func (d *daemon) finish(synced bool, finalGen uint64) {
 	if err := d.sd.save(*st); err != nil {
 		d.log.Error("state", "err", err)
 	}
+}
+
+// clearUpper removes an upper layer whose every change is in the store:
+// renamed aside first (one atomic step), then deleted.
+func (d *daemon) clearUpper(why string) error {
+	aside, err := setAside(d.sd.upper(), why)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(d.sd.upper(), 0o700); err != nil {
+		return err
+	}
+	if err := syncDir(d.sd.path); err != nil {
+		return err
+	}
+	return os.RemoveAll(aside)
 }

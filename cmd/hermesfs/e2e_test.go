@@ -986,3 +986,37 @@ func TestE2ECrashAfterPublish(t *testing.T) {
 		t.Errorf("c not published: %q", got)
 	}
 }
+
+// A host that changed nothing and stopped cleanly never blocks on a
+// conflict when another host published meanwhile.
+func TestE2EIdleHostRestart(t *testing.T) {
+	need(t, "/dev/fuse")
+	storeDir := e2eDir(t, "store")
+	store := "file://" + storeDir
+	mpA, mpB := e2eDir(t, "homeA"), e2eDir(t, "homeB")
+	a, b := newHost(t, store), newHost(t, store)
+	db := b.mount(mpB, "--interval", "0")
+	writeFile(t, filepath.Join(mpB, "f"), "1", 0o644)
+	if c := db.stop(syscall.SIGTERM); c != 0 {
+		t.Fatal("stop B")
+	}
+	da := a.mount(mpA, "--interval", "0")
+	if got := mustRead(t, filepath.Join(mpA, "f")); got != "1" {
+		t.Fatalf("A sees %q", got)
+	}
+	if c := da.stop(syscall.SIGTERM); c != 0 {
+		t.Fatal("stop A")
+	}
+	db = b.mount(mpB, "--interval", "0")
+	writeFile(t, filepath.Join(mpB, "f"), "2", 0o644)
+	if c := db.stop(syscall.SIGTERM); c != 0 {
+		t.Fatal("stop B")
+	}
+	da = a.mount(mpA, "--interval", "0")
+	if got := mustRead(t, filepath.Join(mpA, "f")); got != "2" {
+		t.Errorf("A after B published again sees %q", got)
+	}
+	if c := da.stop(syscall.SIGTERM); c != 0 {
+		t.Fatalf("stop A: %d\n%s", c, da.stderr)
+	}
+}
