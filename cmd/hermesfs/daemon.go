@@ -243,9 +243,16 @@ func (d *daemon) decideBase(ctx context.Context) (string, error) {
 		return p, nil
 	}
 
-	upperEmpty, err := dirEmpty(d.sd.upper())
+	changed, err := upperHasChanges(d.sd.upper())
 	if err != nil {
 		return "", fmt.Errorf("state dir: %w", err)
+	}
+	upperEmpty := !changed
+	if empty, _ := dirEmpty(d.sd.upper()); upperEmpty && !empty {
+		// Only the overlay's bookkeeping: start the new mount without it.
+		if err := d.clearUpper("unchanged"); err != nil {
+			return "", err
+		}
 	}
 	local := !upperEmpty && (st.Unpublished || !st.CleanShutdown)
 	if !upperEmpty && !local {

@@ -335,3 +335,23 @@ func TestUnescapeMountinfo(t *testing.T) {
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+func TestUpperHasChanges(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "upper")
+	if c, err := upperHasChanges(dir); c || err != nil {
+		t.Errorf("missing upper: %v %v", c, err)
+	}
+	os.MkdirAll(filepath.Join(dir, ".wh..wh..work", "tmp"), 0o700)
+	os.WriteFile(filepath.Join(dir, ".wh..wh..ino"), []byte("map"), 0o600)
+	if c, err := upperHasChanges(dir); c || err != nil {
+		t.Errorf("bookkeeping only: %v %v", c, err)
+	}
+	for _, name := range []string{".wh.deleted", "file", ".wh..wh..opq"} {
+		p := filepath.Join(dir, name)
+		os.WriteFile(p, nil, 0o600)
+		if c, _ := upperHasChanges(dir); !c {
+			t.Errorf("%s is a change", name)
+		}
+		os.Remove(p)
+	}
+}

@@ -190,6 +190,32 @@ func dirEmpty(dir string) (bool, error) {
 	return len(names) == 0, err
 }
 
+// upperHasChanges reports whether the upper layer at dir holds any change
+// to the tree. The overlay keeps bookkeeping of its own at the root (see
+// package fs: the inode map and a work directory emptied at every mount),
+// which alone changes nothing; anything else (an entry, a whiteout, an
+// opaque or redirect marker) does.
+func upperHasChanges(dir string) (bool, error) {
+	f, err := os.Open(dir)
+	if errors.Is(err, iofs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	names, err := f.Readdirnames(-1)
+	if err != nil {
+		return false, err
+	}
+	for _, n := range names {
+		if n != ".wh..wh..ino" && n != ".wh..wh..work" {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
 // setAside renames dir to dir.<what>-<time> so nothing is ever deleted that
 // may hold the only copy of a user's data. It returns the new name.
 func setAside(dir, what string) (string, error) {

@@ -136,7 +136,7 @@ func statusOne(ctx context.Context, e *env, mountpoint, stateDir string, asJSON 
 			r.Last = &snapshotRecord{ID: st.LastPublished, Time: st.PublishedAt}
 		}
 	}
-	if up, err := dirEmpty(loc.StateDir + "/upper"); err == nil && !up {
+	if changed, err := upperHasChanges(loc.StateDir + "/upper"); err == nil && changed {
 		r.Unpublished = r.Unpublished || !st.CleanShutdown
 	}
 	printStatus(e.stdout, []statusReport{r}, asJSON)
