@@ -267,7 +267,13 @@ func TestE2ESdNotifyAndBackground(t *testing.T) {
 	h := newHost(t, "file://"+storeDir)
 	h.extraEnv = []string{"NOTIFY_SOCKET=" + sock}
 
-	code, out, errOut := h.run("mount", "--background", mp)
+	// A daemon that fails before ready: its exit code and last log lines.
+	code, out, errOut := h.run("mount", "--background", mp+"/no/such/dir")
+	if code != exitFailure || out != "" || !strings.Contains(errOut, "exited before it was ready") || !strings.Contains(errOut, "no such file") {
+		t.Errorf("--background on a missing mountpoint: exit %d %q\n%s", code, out, errOut)
+	}
+
+	code, out, errOut = h.run("mount", "--background", mp)
 	if code != 0 || !strings.HasPrefix(out, "ready "+mp) {
 		t.Fatalf("mount --background: exit %d %q\n%s", code, out, errOut)
 	}
