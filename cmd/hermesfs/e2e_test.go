@@ -1026,3 +1026,66 @@ func TestE2EIdleHostRestart(t *testing.T) {
 		t.Fatalf("stop A: %d\n%s", c, da.stderr)
 	}
 }
+
+// The S3 server goes away before SIGTERM: exit 5 within the stop timeout,
+// the upper layer kept; once the server is back the next start publishes.
+func TestE2ES3DownAtSigterm(t *testing.T) {
+	need(t, "/dev/fuse", "unsquashfs")
+	bin, err := s3test.Binary()
+	if err != nil {
+		missing(t, "versitygw")
+	}
+	data := e2eDir(t, "s3data")
+	srv, err := s3test.Launch(bin, data, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.CreateBucket(t.Context(), "hermes-e2e"); err != nil {
+		srv.Close()
+		t.Fatal(err)
+	}
+	t.Setenv("AWS_ACCESS_KEY_ID", s3test.AccessKey)
+	t.Setenv("AWS_SECRET_ACCESS_KEY", s3test.SecretKey)
+	t.Setenv("AWS_REGION", s3test.Region)
+	url := func(ep string) string { return fmt.Sprintf("s3://hermes-e2e/h?endpoint=%s&path_style=true", ep) }
+	mp := e2eDir(t, "home")
+	h := newHost(t, url(srv.Endpoint))
+	d := h.mount(mp, "--interval", "0", "--stop-timeout", "30s")
+	writeFile(t, filepath.Join(mp, "precious.txt"), "do not lose me", 0o644)
+	srv.Close()
+	t0 := time.Now()
+	if code := d.stop(syscall.SIGTERM); code != exitUnsynced {
+		t.Fatalf("SIGTERM with S3 down: exit %d, want %d\n%s", code, exitUnsynced, d.stderr)
+	}
+	if el := time.Since(t0); el > 45*time.Second {
+		t.Errorf("stop took %s, past --stop-timeout 30s", el)
+	}
+	if got := mustRead(t, filepath.Join(h.state, "upper", "precious.txt")); got != "do not lose me" {
+		t.Fatalf("upper layer not kept: %q", got)
+	}
+
+	srv, err = s3test.Launch(bin, data, nil) // same data, new port
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	h.store = url(srv.Endpoint)
+	d2 := h.mount(mp, "--interval", "0")
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		if r, _ := h.statusJSON(mp); r.Snapshots > 0 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if c := d2.stop(syscall.SIGTERM); c != 0 {
+		t.Fatalf("stop: %d\n%s", c, d2.stderr)
+	}
+	mpB := e2eDir(t, "homeB")
+	b := newHost(t, url(srv.Endpoint))
+	db := b.mount(mpB)
+	if got := mustRead(t, filepath.Join(mpB, "precious.txt")); got != "do not lose me" {
+		t.Errorf("new host after the store came back: %q", got)
+	}
+	db.stop(syscall.SIGTERM)
+}
