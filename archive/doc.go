@@ -30,7 +30,15 @@
 // same tree and options always give the same bytes. A file that says it is
 // unchanged content of an earlier archive (BlockSource) has its compressed
 // blocks copied from that archive instead of being recompressed, so a
-// snapshot costs what changed.
+// snapshot costs what changed; a fragment block of that archive is copied
+// whole when at least 3/4 of it is still in use (below that, its live tails
+// are repacked, so stale bytes do not accumulate over snapshots).
+//
+// squashfs puts its superblock first but can only fill it in last. Pack
+// therefore writes into an *os.File (anything with WriteAt and ReadAt)
+// directly, seeking back once for the superblock and reading the result
+// back for its SHA-256; any other io.Writer gets the archive through a
+// temporary file.
 //
 // # Reading
 //
@@ -45,6 +53,16 @@
 //
 // Inode numbers are the squashfs inode numbers: stable for the life of an
 // archive, shared by hard links.
+//
+// # Unpacking
+//
+// Unpack walks the tree in one goroutine, creating every entry relative
+// to an open descriptor of its parent (O_NOFOLLOW, O_EXCL: nothing lands
+// outside the target), while workers fill in file content a few blocks at
+// a time. Directory metadata is applied after the directory's entries,
+// file metadata after the file's content. Files the archive stores once
+// are decompressed once and copied in the kernel (copy_file_range) around
+// their holes.
 //
 // # Hostile input
 //

@@ -274,3 +274,26 @@ func TestLargeDirectory(t *testing.T) {
 		}
 	}
 }
+
+// A file opened for appending cannot take the superblock at its start
+// afterwards; Pack notices and still writes the archive after what is
+// there.
+func TestPackToAppendOnlyFile(t *testing.T) {
+	src := makeTree(t)
+	_, want := packToFile(t, src, PackOptions{})
+	p := filepath.Join(t.TempDir(), "append.sqfs")
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteString("prefix")
+	res, err := PackDir(t.Context(), f, src, PackOptions{})
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ := os.ReadFile(p)
+	if res.SHA256 != want.SHA256 || sha256.Sum256(data[6:]) != want.SHA256 || string(data[:6]) != "prefix" {
+		t.Fatal("archive appended to a file differs")
+	}
+}

@@ -15,6 +15,8 @@ import (
 	"runtime"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // PackOptions configures Pack. The zero value packs with zstd level 3 in
@@ -104,7 +106,7 @@ func Pack(ctx context.Context, w io.Writer, src iofs.FS, opts PackOptions) (Pack
 	if err != nil {
 		return PackResult{}, fmt.Errorf("archive: pack: %w", err)
 	}
-	if f, ok := w.(packFile); ok {
+	if f, ok := w.(packFile); ok && !appendOnly(w) {
 		return p.packTo(ctx, f)
 	}
 	tmp, err := os.CreateTemp("", "hermesfs-pack-*.sqfs")
@@ -455,4 +457,15 @@ func mtimeSecs(t time.Time) (uint32, uint32) {
 		return math.MaxUint32, 0
 	}
 	return uint32(s), uint32(t.Nanosecond())
+}
+
+// appendOnly reports whether w is a file opened with O_APPEND, where
+// WriteAt cannot put the superblock in place.
+func appendOnly(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fl, err := unix.FcntlInt(f.Fd(), unix.F_GETFL, 0)
+	return err == nil && fl&unix.O_APPEND != 0
 }

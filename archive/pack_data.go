@@ -264,7 +264,7 @@ func (d *dataWriter) produce() error {
 
 // flushFragment queues the fragment block being filled.
 func (d *dataWriter) flushFragment() error {
-	if d.frag == nil || len(d.frag) == 0 {
+	if len(d.frag) == 0 {
 		return nil
 	}
 	j := &job{kind: jobFragment, in: d.frag, frag: d.fragIdx}

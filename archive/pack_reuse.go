@@ -10,7 +10,6 @@ import (
 // inodes with the same blocks (deduplicated copies) have the same content.
 type reuseKey struct {
 	r              *Reader
-	start          uint64
 	frag, fragOff  uint32
 	size           int64
 	nblocks, first uint64

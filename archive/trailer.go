@@ -116,16 +116,6 @@ func (e *extents) find(off uint64) int {
 	return -1
 }
 
-// containing returns the index of the extent that holds byte off, or -1.
-func (e *extents) containing(off uint64) int {
-	n := len(e.len)
-	i := sort.Search(n, func(i int) bool { return e.off[i+1] > off })
-	if i < n && e.off[i] <= off {
-		return i
-	}
-	return -1
-}
-
 type trailer struct {
 	ext     extents
 	mtimeNs []uint32

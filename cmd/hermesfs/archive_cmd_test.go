@@ -101,7 +101,7 @@ func TestPackUnpackVerifyCommands(t *testing.T) {
 	}
 
 	dst := filepath.Join(t.TempDir(), "restored")
-	code, out, errOut = runCLI(t, "unpack", file, dst)
+	code, _, errOut = runCLI(t, "unpack", file, dst)
 	if code != exitOK {
 		t.Fatalf("unpack: exit %d: %s", code, errOut)
 	}
