@@ -91,9 +91,15 @@
 // # Kernel I/O modes
 //
 // Lower files are opened with FOPEN_KEEP_CACHE (their content never
-// changes). Upper files are served by the daemon with the page cache, except
-// read-only opens, which use FUSE passthrough where the kernel allows it
-// (kernel >= 6.9 and CAP_SYS_ADMIN; otherwise it is off, silently). Writable
+// changes); a sequential reader has the next MiB decompressed ahead of it.
+// Upper files are served by the daemon with the page cache, except
+// read-only opens of files of Options.PassthroughMinSize or more, which use
+// FUSE passthrough where the kernel allows it (kernel >= 6.9 and
+// CAP_SYS_ADMIN; otherwise it is off, silently): for small files the page
+// cache kept across opens beats the two ioctls passthrough costs per open.
+// Directory listings are cached by the kernel, and entries and attributes
+// for an hour: every change goes through the kernel, which updates its
+// caches itself (a guarded commit, made behind its back, is announced). Writable
 // opens are always daemon-served so that the freeze sees and can hold every
 // write; that is also why the writeback cache is off. The kernel allows one
 // backing file per inode and, while an inode has a passthrough open, refuses

@@ -5,6 +5,7 @@ import (
 	"io"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	fusefs "github.com/hanwen/go-fuse/v2/fs"
@@ -298,7 +299,18 @@ type lowerFile struct {
 	n       *node
 	mu      sync.Mutex
 	upperFd int
+	// nextOff is where the last read ended; a read starting there is
+	// sequential and starts decompressing what comes after it.
+	nextOff     atomic.Int64
+	prefetching atomic.Bool
 }
+
+// prefetchSize is how far ahead of a sequential reader the archive is
+// decompressed (into its block cache), so decompression overlaps the
+// kernel's copying instead of adding to it.
+const prefetchSize = 1 << 20
+
+var prefetchBufs = sync.Pool{New: func() any { b := make([]byte, prefetchSize); return &b }}
 
 var (
 	_ fusefs.FileReader   = (*lowerFile)(nil)
@@ -325,6 +337,15 @@ func (h *lowerFile) Read(ctx context.Context, dest []byte, off int64) (fuse.Read
 	if err != nil && err != io.EOF {
 		n.ov.log.Error("lower read failed", "ino", n.lower, "off", off, "err", err)
 		return nil, syscall.EIO
+	}
+	end := off + int64(k)
+	if h.nextOff.Swap(end) == off && err == nil && k == len(dest) && !h.prefetching.Swap(true) {
+		go func() {
+			defer h.prefetching.Store(false)
+			bp := prefetchBufs.Get().(*[]byte)
+			n.ov.lower.ReadAt(n.lower, *bp, end)
+			prefetchBufs.Put(bp)
+		}()
 	}
 	return fuse.ReadResultData(dest[:k]), 0
 }
@@ -402,7 +423,7 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	if err != nil {
 		return nil, nil, 0, errnoOf(err)
 	}
-	ch, errno := n.newUpperChild(ctx, dfd, name, out)
+	ch, errno := n.newUpperChild(ctx, dfd, name, 0, out)
 	if errno != 0 {
 		unix.Close(fd)
 		return nil, nil, 0, errno

@@ -423,6 +423,23 @@ func TestGenerationAndDirty(t *testing.T) {
 	if e.m.Generation() != g0 {
 		t.Errorf("a read moved the generation")
 	}
+	for _, change := range []func() error{
+		func() error { return os.WriteFile(e.path("empty-new"), nil, 0o644) },
+		func() error { return os.Mkdir(e.path("d"), 0o755) },
+		func() error { return os.Symlink("x", e.path("s")) },
+		func() error { return os.Rename(e.path("s"), e.path("s2")) },
+		func() error { return os.Chmod(e.path("d"), 0o700) },
+		func() error { return os.Remove(e.path("s2")) },
+	} {
+		g := e.m.Generation()
+		if err := change(); err != nil {
+			t.Fatal(err)
+		}
+		if e.m.Generation() <= g {
+			t.Errorf("a change did not move the generation")
+		}
+	}
+	g0 = e.m.Generation()
 	e.write("a.txt", "12345")
 	if e.m.Generation() <= g0 {
 		t.Errorf("a write did not move the generation")
@@ -433,6 +450,7 @@ func TestGenerationAndDirty(t *testing.T) {
 	}
 	v.Close()
 	if files, bytes := e.m.Dirty(v.Generation()); files != 0 || bytes != 0 {
+		// (Changes before the freeze are not counted after it.)
 		t.Errorf("dirty right after a freeze: %d files %d bytes", files, bytes)
 	}
 	e.write("b.txt", "1234567890")

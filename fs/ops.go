@@ -74,17 +74,21 @@ func callerPid(ctx context.Context) uint32 {
 	return 0
 }
 
-// newUpperChild makes the node for a just-created upper entry name in n.
-func (n *node) newUpperChild(ctx context.Context, dfd int, name string, out *fuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
+// newUpperChild makes the node for a just-created upper entry name in n
+// and counts the creation (of bytes) as a change.
+func (n *node) newUpperChild(ctx context.Context, dfd int, name string, bytes int64, out *fuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
 	st, err := statxAt(dfd, name)
 	if err != nil {
+		n.ov.changed(0, 0)
 		return nil, errnoOf(err)
 	}
 	e := entry{upper: true, ust: st}
 	id, err := n.ov.identify(n, dfd, name, &e)
 	if err != nil {
+		n.ov.changed(0, 0)
 		return nil, errnoOf(err)
 	}
+	n.ov.changed(id.ino, bytes)
 	return n.ov.newChild(ctx, n, id, &e, out), 0
 }
 
@@ -123,8 +127,7 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 		// the new directory is opaque from the moment it appears.
 		return nil, errnoOf(err)
 	}
-	ov.changed(0, 0)
-	return n.newUpperChild(ctx, dfd, name, out)
+	return n.newUpperChild(ctx, dfd, name, 0, out)
 }
 
 // inheritedSgid is S_ISGID when directory dfd is setgid (new directories
@@ -214,8 +217,7 @@ func (n *node) Mknod(ctx context.Context, name string, mode uint32, rdev uint32,
 	if err := ov.own(ctx, dfd, name, -1); err != nil {
 		return nil, errnoOf(err)
 	}
-	ov.changed(0, 0)
-	return n.newUpperChild(ctx, dfd, name, out)
+	return n.newUpperChild(ctx, dfd, name, 0, out)
 }
 
 func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
@@ -248,8 +250,7 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 	if err := ov.own(ctx, dfd, name, -1); err != nil {
 		return nil, errnoOf(err)
 	}
-	ov.changed(0, int64(len(target)))
-	return n.newUpperChild(ctx, dfd, name, out)
+	return n.newUpperChild(ctx, dfd, name, int64(len(target)), out)
 }
 
 func (n *node) Link(ctx context.Context, target fusefs.InodeEmbedder, name string, out *fuse.EntryOut) (*fusefs.Inode, syscall.Errno) {

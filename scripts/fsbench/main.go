@@ -260,23 +260,27 @@ func dur(d time.Duration) string {
 	return fmt.Sprintf("%.0fµs", float64(d)/float64(time.Microsecond))
 }
 
-// warm runs fn on both roots b.runs times, keeping the best time of each.
+// warm runs fn on both roots b.runs times, alternating so that both see
+// the same disk weather, and keeps the best time of each.
 func (b *bench) warm(name, goal string, fn func(root string) error, native, overlay string) {
-	best := func(root string) time.Duration {
-		var d time.Duration = -1
-		for i := 0; i < b.runs; i++ {
-			t := time.Now()
-			if err := fn(root); err != nil {
-				fmt.Fprintf(os.Stderr, "fsbench: %s on %s: %v\n", name, root, err)
-				return 0
-			}
-			if e := time.Since(t); d < 0 || e < d {
-				d = e
-			}
+	bestN, bestO := time.Duration(-1), time.Duration(-1)
+	once := func(root string, best *time.Duration) bool {
+		t := time.Now()
+		if err := fn(root); err != nil {
+			fmt.Fprintf(os.Stderr, "fsbench: %s on %s: %v\n", name, root, err)
+			return false
 		}
-		return d
+		if e := time.Since(t); *best < 0 || e < *best {
+			*best = e
+		}
+		return true
 	}
-	report(name, goal, best(native), best(overlay))
+	for i := 0; i < b.runs; i++ {
+		if !once(native, &bestN) || !once(overlay, &bestO) {
+			return
+		}
+	}
+	report(name, goal, bestN, bestO)
 }
 
 // cold runs fn once on each root after dropping the page cache (and, for
