@@ -123,12 +123,22 @@ func Mount(ctx context.Context, mountpoint string, opts Options) (*Mounted, erro
 
 // newOverlay opens the upper layer and the overlay's state in it.
 func newOverlay(opts Options) (*overlay, error) {
+	_, statErr := os.Stat(opts.Upper)
+	created := os.IsNotExist(statErr)
 	if err := os.MkdirAll(opts.Upper, 0o700); err != nil {
 		return nil, fmt.Errorf("fs: create upper %s: %w", opts.Upper, err)
 	}
 	rootFd, err := unix.Open(opts.Upper, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("fs: open upper %s: %w", opts.Upper, err)
+	}
+	if created && opts.Lower != nil {
+		// The upper root is the mount root's upper side: a new one takes
+		// the archived root's mode, owner and mtime, as a copy-up would.
+		if err := copyRootAttrs(rootFd, opts.Lower, os.Geteuid() == 0); err != nil {
+			unix.Close(rootFd)
+			return nil, fmt.Errorf("fs: upper %s: %w", opts.Upper, err)
+		}
 	}
 	u := &upper{root: rootFd, work: -1, path: opts.Upper, umask: processUmask(), privileged: os.Geteuid() == 0}
 	ov := &overlay{u: u, lower: opts.Lower, guard: opts.Guard, log: opts.Logger.With("component", "fs"), opts: opts}
@@ -162,6 +172,23 @@ func newOverlay(opts Options) (*overlay, error) {
 		return fail("sync", err)
 	}
 	return ov, nil
+}
+
+func copyRootAttrs(rootFd int, lower Lower, privileged bool) error {
+	la, err := lower.Stat(lower.Root())
+	if err != nil {
+		return err
+	}
+	if privileged {
+		if err := unix.Fchownat(rootFd, ".", int(la.Uid), int(la.Gid), 0); err != nil {
+			return err
+		}
+	}
+	if err := unix.Fchmodat(rootFd, ".", fileModeToUnix(la.Mode)&07777|0o700, 0); err != nil {
+		return err
+	}
+	ts := timespec(la.Mtime)
+	return unix.UtimesNanoAt(rootFd, ".", []unix.Timespec{ts, ts}, 0)
 }
 
 // maybeClose releases the upper layer's descriptors once the mount is gone

@@ -464,6 +464,20 @@ func TestInodeStability(t *testing.T) {
 	check("after remount")
 }
 
+// TestRootAttrs: a new upper layer gives the mount root the archived
+// root's mode and owner.
+func TestRootAttrs(t *testing.T) {
+	lower, _ := packLower(t, func(dir string) {
+		os.Chmod(dir, 0o750)
+		os.Chown(dir, 1000, 1001)
+	})
+	e := mountEnv(t, lower, Options{})
+	st := lstat(t, e.mnt)
+	if st.Mode&0o7777 != 0o750 || st.Uid != 1000 || st.Gid != 1001 {
+		t.Errorf("mount root: mode %o owner %d:%d, want 750 1000:1001", st.Mode&0o7777, st.Uid, st.Gid)
+	}
+}
+
 func TestReservedNames(t *testing.T) {
 	e := mountEnv(t, nil, Options{})
 	for _, name := range []string{".wh.x", ".wh..wh..opq"} {
