@@ -57,9 +57,10 @@ func TestKernelMount(t *testing.T) {
 	}
 	src := makeTree(t)
 	want := scanTree(t, src)
-	for _, c := range []Compression{Zstd, Gzip, LZ4, None} {
-		t.Run(string(c), func(t *testing.T) {
-			p, _ := packToFile(t, src, PackOptions{Compression: c})
+	for _, o := range []PackOptions{{Compression: Zstd}, {Compression: Gzip}, {Compression: LZ4}, {Compression: None},
+		{Compression: Zstd, BlockSize: 4 << 10}, {Compression: Zstd, Level: 19, BlockSize: 1 << 20}} {
+		t.Run(fmt.Sprintf("%s-%d", o.Compression, o.BlockSize), func(t *testing.T) {
+			p, _ := packToFile(t, src, o)
 			mnt := filepath.Join(t.TempDir(), "mnt")
 			os.Mkdir(mnt, 0o755)
 			out, err := exec.Command("mount", "-t", "squashfs", "-o", "loop,ro", p, mnt).CombinedOutput()
