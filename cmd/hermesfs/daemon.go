@@ -464,6 +464,11 @@ func newHostID() string {
 // serve runs a ready mount until it is told to stop, then shuts down.
 func (d *daemon) serve(ctx context.Context) error {
 	cfg := d.cfg
+	// What the boot decided, read before the control socket lets requests
+	// (and so snapshots) run on other goroutines.
+	d.bgCtx, d.bgCancel = context.WithCancel(context.Background())
+	defer d.bgCancel()
+	base, store, pending := d.st.Base, d.st.Store, d.pending
 	ctl, err := listenControl(d.sd.socket(), d, d.log)
 	if err != nil {
 		d.cleanupBoot()
@@ -475,7 +480,6 @@ func (d *daemon) serve(ctx context.Context) error {
 	}
 	defer unregisterMount(rdir, cfg.Mountpoint, os.Getpid())
 
-	base := d.st.Base
 	if cfg.ReadOnly {
 		base = d.roBase
 	}
@@ -483,17 +487,15 @@ func (d *daemon) serve(ctx context.Context) error {
 	if shown == "" {
 		shown = "none"
 	}
-	fmt.Fprintf(d.e.stdout, "ready %s snapshot=%s store=%s\n", cfg.Mountpoint, shown, d.st.Store)
+	fmt.Fprintf(d.e.stdout, "ready %s snapshot=%s store=%s\n", cfg.Mountpoint, shown, store)
 	if f, ok := d.e.stdout.(interface{ Sync() error }); ok {
 		f.Sync()
 	}
 	if err := sdNotify(d.e.getenv, fmt.Sprintf("READY=1\nSTATUS=mounted %s from snapshot %s\nMAINPID=%d", cfg.Mountpoint, orNone(base), os.Getpid())); err != nil {
 		d.log.Warn("sd_notify", "err", err)
 	}
-	d.log.Info("ready", "snapshot", orNone(base), "store", d.st.Store, "state_dir", d.sd.path, "interval", cfg.Interval.String(), "read_only", cfg.ReadOnly)
+	d.log.Info("ready", "snapshot", orNone(base), "store", store, "state_dir", d.sd.path, "interval", cfg.Interval.String(), "read_only", cfg.ReadOnly)
 
-	d.bgCtx, d.bgCancel = context.WithCancel(context.Background())
-	defer d.bgCancel()
 	var tick <-chan time.Time
 	if cfg.Interval > 0 && !cfg.ReadOnly {
 		t := time.NewTicker(cfg.Interval)
@@ -530,7 +532,7 @@ func (d *daemon) serve(ctx context.Context) error {
 	}
 	// Changes left by a crash or a failed final upload go out right away.
 	kick := make(chan struct{}, 1)
-	if d.pending {
+	if pending {
 		kick <- struct{}{}
 	}
 	// Periodic snapshots run on their own goroutine so that a signal

@@ -26,7 +26,7 @@ func (d *daemon) snapshotLocked(ctx context.Context, reason string) (snapshotRes
 	d.mu.Lock()
 	gen, lost := d.ov.Generation(), d.leaseState == "lost"
 	unchanged := gen == d.publishedGen && !d.pending
-	last, expect := d.st.LastPublished, d.expect
+	last, expect, base := d.st.LastPublished, d.expect, d.st.Base
 	d.mu.Unlock()
 	if lost {
 		return snapshotResult{}, withCode(exitConflict, fmt.Errorf("%w: the lease was taken over; not publishing", errLeaseHeld))
@@ -47,7 +47,11 @@ func (d *daemon) snapshotLocked(ctx context.Context, reason string) (snapshotRes
 		d.mu.Unlock()
 	}()
 
-	r, err := d.snapshotOnce(ctx, last, expect)
+	parent := last
+	if parent == "" {
+		parent = base
+	}
+	r, err := d.snapshotOnce(ctx, parent, expect)
 	if err != nil {
 		err = fmt.Errorf("snapshot (%s): %w", reason, err)
 		d.log.Error("snapshot failed; local state kept, retrying at the next tick", "err", err)
@@ -70,7 +74,7 @@ func (d *daemon) snapshotLocked(ctx context.Context, reason string) (snapshotRes
 	return r, nil
 }
 
-func (d *daemon) snapshotOnce(ctx context.Context, last, expect string) (snapshotResult, error) {
+func (d *daemon) snapshotOnce(ctx context.Context, parent, expect string) (snapshotResult, error) {
 	var r snapshotResult
 	t0 := time.Now()
 	view, err := d.ov.Freeze(ctx)
@@ -94,10 +98,6 @@ func (d *daemon) snapshotOnce(ctx context.Context, last, expect string) (snapsho
 	r.Files, r.BytesPacked, r.Size, r.BytesReused = ps.Files, ps.BytesPacked, ps.Size, ps.BytesReused
 
 	t2 := time.Now()
-	parent := last
-	if parent == "" {
-		parent = d.st.Base
-	}
 	pr, err := d.cat.Publish(ctx, out, publishMeta{Parent: parent, Files: ps.Files, Host: d.host}, expect)
 	if err != nil {
 		os.Remove(out)

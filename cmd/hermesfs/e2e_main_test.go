@@ -92,7 +92,8 @@ func missing(t *testing.T, what string) {
 }
 
 // hermesfsBin returns the binary under test: $HERMESFS_BIN, else one built
-// once for this test run.
+// once for this test run (with the race detector when the tests have it,
+// so the daemon's own goroutines are checked too).
 func hermesfsBin(t *testing.T) string {
 	t.Helper()
 	binOnce.Do(func() {
@@ -101,8 +102,14 @@ func hermesfsBin(t *testing.T) string {
 			return
 		}
 		binPath = filepath.Join(tmpRoot, "bin", "hermesfs")
-		cmd := exec.Command("go", "build", "-o", binPath, ".")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		args := []string{"build", "-o", binPath}
+		if raceEnabled {
+			args = append(args, "-race")
+		}
+		cmd := exec.Command("go", append(args, ".")...)
+		if !raceEnabled {
+			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		}
 		if out, err := cmd.CombinedOutput(); err != nil {
 			binErr = fmt.Errorf("go build: %v\n%s", err, out)
 		}
