@@ -1089,3 +1089,59 @@ func TestE2ES3DownAtSigterm(t *testing.T) {
 	}
 	db.stop(syscall.SIGTERM)
 }
+
+func TestE2EKeepLocal(t *testing.T) {
+	need(t, "/dev/fuse")
+	storeDir := e2eDir(t, "store")
+	store := "file://" + storeDir
+	mpA, mpB := e2eDir(t, "homeA"), e2eDir(t, "homeB")
+	a, b := newHost(t, store), newHost(t, store)
+	da := a.mount(mpA, "--interval", "0")
+	writeFile(t, filepath.Join(mpA, "a.txt"), "a", 0o644)
+	if c := da.stop(syscall.SIGTERM); c != 0 {
+		t.Fatal("stop A")
+	}
+	// What a failed final upload leaves in A's state dir (its lease was
+	// released, so B need not wait for it to go stale).
+	writeFile(t, filepath.Join(a.state, "upper", "local.txt"), "mine", 0o644)
+	st, _ := readState(a.state)
+	st.Unpublished, st.CleanShutdown = true, false
+	j, _ := json.Marshal(st)
+	writeFile(t, filepath.Join(a.state, "state.json"), string(j), 0o600)
+
+	db := b.mount(mpB, "--interval", "0")
+	writeFile(t, filepath.Join(mpB, "b.txt"), "b", 0o644)
+	if c := db.stop(syscall.SIGTERM); c != 0 {
+		t.Fatal("stop B")
+	}
+	theirs := localLatest(t, storeDir)
+	if c := a.start(mpA).wait(); c != exitConflict {
+		t.Fatalf("A without --on-conflict: exit %d", c)
+	}
+	da = a.mount(mpA, "--interval", "0", "--on-conflict", "keep-local")
+	if mustRead(t, filepath.Join(mpA, "local.txt")) != "mine" || mustRead(t, filepath.Join(mpA, "a.txt")) != "a" {
+		t.Error("keep-local does not show our tree")
+	}
+	if _, err := os.Stat(filepath.Join(mpA, "b.txt")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("keep-local shows their change: %v", err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for localLatest(t, storeDir) == theirs && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if c := da.stop(syscall.SIGTERM); c != 0 {
+		t.Fatalf("stop A: %d\n%s", c, da.stderr)
+	}
+	ours := localLatest(t, storeDir)
+	if ours == theirs {
+		t.Fatal("keep-local did not publish over theirs")
+	}
+	out := unsquash(t, filepath.Join(storeDir, "snapshots", ours+".sqfs"))
+	if mustRead(t, filepath.Join(out, "local.txt")) != "mine" {
+		t.Error("published tree lacks our change")
+	}
+	// Theirs is still in the store, only no longer LATEST.
+	if _, err := os.Stat(filepath.Join(storeDir, "snapshots", theirs+".sqfs")); err != nil {
+		t.Errorf("their snapshot: %v", err)
+	}
+}
