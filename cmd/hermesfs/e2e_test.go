@@ -1145,3 +1145,44 @@ func TestE2EKeepLocal(t *testing.T) {
 		t.Errorf("their snapshot: %v", err)
 	}
 }
+
+// The memory hook reads the home's config.yaml from the layers, not
+// through the mount: from the lower archive, then the upper layer, and not
+// at all once deleted.
+func TestE2EMemoryLimitsFromConfig(t *testing.T) {
+	need(t, "/dev/fuse")
+	storeDir := e2eDir(t, "store")
+	mp := filepath.Join(e2eDir(t, "home"), "h")
+	writeFile(t, filepath.Join(mp, "config.yaml"), "memory:\n  memory_char_limit: 100\n", 0o644)
+	writeFile(t, filepath.Join(mp, "memories", "MEMORY.md"), "short", 0o644)
+	h := newHost(t, "file://"+storeDir)
+	d := h.mount(mp, "--interval", "0")
+	mem := filepath.Join(mp, "memories", "MEMORY.md")
+	text := strings.Repeat("é", 150)
+	if err := os.WriteFile(mem, []byte(text), 0o644); !errors.Is(err, syscall.EFBIG) {
+		t.Errorf("150 characters under a limit of 100 (config.yaml in the archive): %v", err)
+	}
+	if got := mustRead(t, mem); got != "short" {
+		t.Errorf("rejected write changed MEMORY.md: %q", got)
+	}
+	writeFile(t, filepath.Join(mp, "config.yaml"), "memory:\n  memory_char_limit: 200\n", 0o644)
+	if err := os.WriteFile(mem, []byte(text), 0o644); err != nil {
+		t.Errorf("150 characters under a limit of 200 (config.yaml in the upper layer): %v", err)
+	}
+	if err := os.Remove(filepath.Join(mp, "config.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(mem, []byte(strings.Repeat("é", 1000)), 0o644); err != nil {
+		t.Errorf("1000 characters with config.yaml deleted (default 2200): %v", err)
+	}
+	if err := os.WriteFile(mem, []byte(strings.Repeat("é", 2300)), 0o644); !errors.Is(err, syscall.EFBIG) {
+		t.Errorf("2300 characters with the default limit: %v", err)
+	}
+	if c := d.stop(syscall.SIGTERM); c != 0 {
+		t.Fatalf("stop: %d", c)
+	}
+	audit := mustRead(t, filepath.Join(h.state, "audit.jsonl"))
+	if strings.Count(audit, `"verdict":"rejected"`) != 2 || strings.Count(audit, `"verdict":"accepted"`) != 2 {
+		t.Errorf("audit log:\n%s", audit)
+	}
+}
