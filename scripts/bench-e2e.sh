@@ -20,12 +20,8 @@ vgw=$(command -v versitygw || echo "$gobin/versitygw")
 [ -x "$vgw" ] || { echo "bench-e2e: versitygw missing (scripts/deps.sh test)" >&2; exit 1; }
 
 mkdir -p "$BENCH_DIR"
-home=$BENCH_DIR/genhome-$BENCH_SIZE
-if [ ! -f "$home.complete" ]; then
-	rm -rf "$home"
-	go run ./scripts/genhome -size "$BENCH_SIZE" -out "$home" >/dev/null
-	touch "$home.complete"
-fi
+# The generated home, shared with the other benchmarks.
+home=$(scripts/genhome/cached.sh "$BENCH_SIZE" 1)
 work=$BENCH_DIR/e2e
 cleanup() {
 	for m in "$work/mnt-a" "$work/mnt-b"; do
