@@ -16,9 +16,27 @@ import (
 	"time"
 )
 
-// daemon is one running `hermesfs mount`: the mount, its state dir, the
-// store, and the snapshot schedule. See the README section "hermesfs mount"
-// for the behaviour; the comments here say why it is built this way.
+// The daemon of `hermesfs mount`. The README section "hermesfs mount" says
+// what it does; this is how.
+//
+// Life: boot (lock the state dir, open the store, take the lease, decide the
+// lower layer, mount) -> serve (ready line, READY=1, control socket, timer)
+// -> stop (final snapshot with the mount live, unmount, rebase, release).
+// A signal during boot aborts it; once ready, a signal starts stop, which
+// runs to its end on its own deadline (--stop-timeout).
+//
+// Goroutines: the main one runs the serve loop and then stop; each periodic
+// snapshot and each control request runs on its own goroutine; the lease
+// heartbeats on another. Lock order: snapMu (one snapshot at a time), then
+// mu (the fields status reads). Nothing holds mu across I/O.
+//
+// What survives a crash is on disk, never only in memory: state.json says
+// which archive the upper layer sits on and whether the upper layer may hold
+// unpublished changes (true from boot until a clean stop), so a restart
+// publishes whatever a crash left, and refuses rather than guesses when
+// another host published in between.
+
+// daemon is one running `hermesfs mount`.
 type daemon struct {
 	cfg   *mountConfig
 	e     *env
@@ -29,7 +47,7 @@ type daemon struct {
 	sd    *stateDir
 	cat   catalog
 	lease lease
-	host  string // hostname/per-state-dir random id: the lease holder
+	host  string // hostname-<random>, one per state dir: names this writer in snapshot ids, manifests and the lease
 
 	ov overlay
 
@@ -76,7 +94,7 @@ type daemon struct {
 
 // runDaemon runs the daemon in the foreground until a signal (ctx),
 // `hermesfs umount` or the mount going away; it returns the exit error.
-func runDaemon(ctx context.Context, e *env, cfg *mountConfig, p parts) (err error) {
+func runDaemon(ctx context.Context, e *env, cfg *mountConfig, p parts) error {
 	d := &daemon{
 		cfg: cfg, e: e, parts: p,
 		stopCh:    make(chan struct{}),
@@ -87,8 +105,6 @@ func runDaemon(ctx context.Context, e *env, cfg *mountConfig, p parts) (err erro
 	d.base = d.root.With("mountpoint", cfg.Mountpoint)
 	d.log = d.base.With("component", "daemon")
 
-	// Shutdown must run to its end even though ctx (the signal) is done:
-	// bootCtx is the signal context only while booting.
 	if err := d.boot(ctx); err != nil {
 		d.cleanupBoot()
 		return err
@@ -568,7 +584,7 @@ loop:
 			d.mu.Lock()
 			d.leaseState = "lost"
 			d.mu.Unlock()
-			err := fmt.Errorf("%w: the lease was taken over; this host no longer publishes (local state kept, mount still served)", errLeaseHeld)
+			err := fmt.Errorf("%w (local state kept, mount still served)", errLeaseLost)
 			d.log.Error("lease lost", "err", err)
 			d.setErr(err)
 			sdNotify(d.e.getenv, "STATUS=lease lost: not publishing")
@@ -651,7 +667,7 @@ func (d *daemon) stop(waitBg func()) shutdownResult {
 		}
 		if err != nil {
 			res.Code, res.Error = exitUnsynced, fmt.Sprintf("final snapshot failed: %v; local changes are kept in %s and published by the next start", err, d.sd.path)
-			if errors.Is(err, errLeaseHeld) {
+			if errors.Is(err, errLeaseLost) || errors.Is(err, errConflict) {
 				res.Code = exitConflict
 			}
 		} else {

@@ -94,8 +94,19 @@ type lease interface {
 
 var (
 	errConflict  = errors.New("another host published since")
-	errLeaseHeld = errors.New("the store is held by another host")
+	errLeaseHeld = errors.New("the store's writer lease is held by another host")
+	errLeaseLost = errors.New("the writer lease was taken over: this host no longer publishes")
 )
+
+// marked is an error that prints as err but also matches kind (errors.Is),
+// so a part's own message reaches the user without a prefix repeating it.
+type marked struct {
+	err, kind error
+}
+
+func (m marked) Error() string   { return m.err.Error() }
+func (m marked) Unwrap() []error { return []error{m.err, m.kind} }
+func mark(err, kind error) error { return marked{err, kind} }
 
 // packStats are the figures of one pack.
 type packStats struct {

@@ -29,7 +29,7 @@ func (d *daemon) snapshotLocked(ctx context.Context, reason string) (snapshotRes
 	last, expect, base := d.st.LastPublished, d.expect, d.st.Base
 	d.mu.Unlock()
 	if lost {
-		return snapshotResult{}, withCode(exitConflict, fmt.Errorf("%w: the lease was taken over; not publishing", errLeaseHeld))
+		return snapshotResult{}, withCode(exitConflict, errLeaseLost)
 	}
 	if unchanged {
 		d.log.Debug("snapshot: nothing changed", "reason", reason, "last", orNone(last))
@@ -56,7 +56,7 @@ func (d *daemon) snapshotLocked(ctx context.Context, reason string) (snapshotRes
 		err = fmt.Errorf("snapshot (%s): %w", reason, err)
 		d.log.Error("snapshot failed; local state kept, retrying at the next tick", "err", err)
 		d.setErr(err)
-		if errors.Is(err, errConflict) {
+		if errors.Is(err, errConflict) || errors.Is(err, errLeaseLost) {
 			return r, withCode(exitConflict, err)
 		}
 		return r, err

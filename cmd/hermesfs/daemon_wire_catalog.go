@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"os"
 
@@ -81,10 +80,10 @@ func (a *catalogAdapter) Publish(ctx context.Context, path string, meta publishM
 	if err != nil {
 		var ce *uploader.ConflictError
 		if errors.As(err, &ce) {
-			return publishResult{}, fmt.Errorf("%w: %v", errConflict, err)
+			return publishResult{}, mark(err, errConflict)
 		}
 		if errors.Is(err, uploader.ErrLeaseLost) {
-			return publishResult{}, fmt.Errorf("%w: %v", errLeaseHeld, err)
+			return publishResult{}, mark(err, errLeaseLost)
 		}
 		return publishResult{}, err
 	}
@@ -100,7 +99,7 @@ func (a *catalogAdapter) Lease(ctx context.Context, holder string) (lease, error
 	l, err := a.c.AcquireLease(ctx, uploader.LeaseOptions{Holder: holder})
 	if err != nil {
 		if errors.Is(err, uploader.ErrLeaseHeld) {
-			return nil, fmt.Errorf("%w: %v", errLeaseHeld, err)
+			return nil, mark(err, errLeaseHeld)
 		}
 		return nil, err
 	}
