@@ -99,7 +99,7 @@ func PackDir(ctx context.Context, w io.Writer, dir string, opts PackOptions) (Pa
 // other io.Writer receives the archive from a temporary file under
 // os.TempDir(), streamed through once it is complete.
 //
-// Memory stays bounded by the block pipeline (a few blocks per worker) plus
+// Memory stays bounded by the block pipeline (up to 16 blocks per worker) plus
 // the metadata of the tree (roughly 200 bytes per entry).
 func Pack(ctx context.Context, w io.Writer, src iofs.FS, opts PackOptions) (PackResult, error) {
 	p, err := newPacker(src, opts)
@@ -435,7 +435,7 @@ func (p *packer) packTo(ctx context.Context, f packFile) (res PackResult, err er
 	}
 	total := int64(padded) + int64(len(tr))
 	h := sha256.New()
-	if _, err := io.Copy(h, io.NewSectionReader(f, base, total)); err != nil {
+	if _, err := io.CopyBuffer(h, io.NewSectionReader(f, base, total), make([]byte, 1<<20)); err != nil {
 		return res, fmt.Errorf("read back: %w", err)
 	}
 	p.res.Size = total

@@ -93,6 +93,8 @@ type dataWriter struct {
 	byHash    map[[32]byte]*fileData
 	hashed    map[int64]bool // sizes of which some written file has a hash
 
+	prehash map[*node]*prehash // hashes of later same-size files, computed ahead
+
 	reused map[reuseKey]*fileData // content copied from earlier archives
 	// Fragment blocks of earlier archives copied whole (see reuseFragment).
 	adopted  map[oldFragment]uint32
@@ -108,7 +110,7 @@ func (p *packer) writeData(ctx context.Context, out *output) ([]fragEntry, error
 		p:         p,
 		ctx:       ctx,
 		jobs:      make(chan *job, workers),
-		order:     make(chan *job, 4*workers+4),
+		order:     make(chan *job, 16*workers+16),
 		in:        &bufPool{size: p.bs},
 		comp:      &bufPool{size: p.bs},
 		sizeCount: map[int64]int{},
@@ -121,6 +123,9 @@ func (p *packer) writeData(ctx context.Context, out *output) ([]fragEntry, error
 		}
 	}
 	var wg sync.WaitGroup
+	if later := d.laterCandidates(); len(later) > 0 {
+		wg.Go(func() { d.hashAhead(later) })
+	}
 	for range workers {
 		wg.Go(func() {
 			bc := p.codec.newWorker()
@@ -153,6 +158,8 @@ func (p *packer) writeData(ctx context.Context, out *output) ([]fragEntry, error
 		}
 		d.release(j)
 	}
+	// The producer is done; stop hashing files it no longer needs.
+	cancel()
 	wg.Wait()
 	if werr != nil {
 		return nil, werr
@@ -300,12 +307,16 @@ func (d *dataWriter) produceFile(n *node) error {
 	}
 	p.res.DataBytes += n.size
 	dupCandidate := d.sizeCount[n.size] > 1
-	if dupCandidate && d.hashed[n.size] {
-		sum, err := d.hashFile(n)
-		if err != nil {
-			return err
+	if ph := d.prehash[n]; ph != nil && d.hashed[n.size] {
+		select {
+		case <-ph.done:
+		case <-d.ctx.Done():
+			return d.ctx.Err()
 		}
-		if prior := d.byHash[sum]; prior != nil && prior.size == n.size {
+		if ph.err != nil {
+			return ph.err
+		}
+		if prior := d.byHash[ph.sum]; !ph.skipped && prior != nil && prior.size == n.size {
 			n.file = prior
 			return nil
 		}
@@ -446,27 +457,74 @@ func readFull(r io.Reader, buf []byte, name string) error {
 	return nil
 }
 
-// hashFile reads a whole file to learn whether it duplicates one already
+// prehash is the content hash of a file that may duplicate an earlier one,
+// computed by hashAhead while earlier files are being compressed.
+type prehash struct {
+	done    chan struct{}
+	sum     [32]byte
+	skipped bool // the file comes from an earlier archive: reuse decides
+	err     error
+}
+
+// laterCandidates lists, in data order, the files whose size an earlier
+// file has: only they may turn out to be duplicates of what is already
 // written.
-func (d *dataWriter) hashFile(n *node) ([32]byte, error) {
-	var sum [32]byte
+func (d *dataWriter) laterCandidates() []*node {
+	var later []*node
+	seen := map[int64]bool{}
+	d.prehash = map[*node]*prehash{}
+	for _, n := range d.p.order {
+		if n.size == 0 || d.sizeCount[n.size] < 2 {
+			continue
+		}
+		if seen[n.size] {
+			later = append(later, n)
+			d.prehash[n] = &prehash{done: make(chan struct{})}
+		}
+		seen[n.size] = true
+	}
+	return later
+}
+
+// hashAhead hashes the later candidates in order, off the producer's path,
+// so that deciding whether a big file (a copy of state.db) is a duplicate
+// does not stall the pipeline.
+func (d *dataWriter) hashAhead(later []*node) {
+	for _, n := range later {
+		ph := d.prehash[n]
+		if d.ctx.Err() != nil {
+			ph.err = d.ctx.Err()
+		} else {
+			ph.sum, ph.skipped, ph.err = d.hashFile(n)
+		}
+		close(ph.done)
+	}
+}
+
+// hashFile reads a whole file to learn whether it duplicates one already
+// written; files that come from an earlier archive are left to reuse.
+func (d *dataWriter) hashFile(n *node) (sum [32]byte, skipped bool, err error) {
 	f, err := d.p.src.Open(n.path)
 	if err != nil {
-		return sum, fmt.Errorf("open %s: %w", n.path, err)
+		return sum, false, fmt.Errorf("open %s: %w", n.path, err)
 	}
 	defer f.Close()
+	if bsrc, ok := f.(BlockSource); ok {
+		if _, _, ok := bsrc.ArchiveSource(); ok {
+			return sum, true, nil
+		}
+	}
 	h := sha256.New()
-	buf := d.in.get()
-	defer d.in.put(buf)
+	buf := make([]byte, 1<<20)
 	m, err := io.CopyBuffer(h, io.LimitReader(onlyReader{f}, n.size), buf)
 	if err != nil {
-		return sum, fmt.Errorf("read %s: %w", n.path, err)
+		return sum, false, fmt.Errorf("read %s: %w", n.path, err)
 	}
 	if m != n.size {
-		return sum, fmt.Errorf("read %s: file shrank while being packed", n.path)
+		return sum, false, fmt.Errorf("read %s: file shrank while being packed", n.path)
 	}
 	copy(sum[:], h.Sum(nil))
-	return sum, nil
+	return sum, false, nil
 }
 
 // onlyReader hides WriterTo/ReaderFrom so CopyBuffer uses our buffer.
