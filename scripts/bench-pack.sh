@@ -11,7 +11,9 @@
 #   reuse:  repack after changing about 1% of the tree, with --base (blocks of
 #           unchanged files copied from the previous archive) vs a full pack
 # Each measurement is the best of BENCH_RUNS (default 3) runs, with the tree
-# (or archive) read into the page cache just before each run. Uses $HERMESFS_BIN, else bin/hermesfs (built if missing).
+# (or archive) read into the page cache just before each run (through a pipe:
+# GNU tar skips reading file data when its output is /dev/null).
+# Uses $HERMESFS_BIN, else bin/hermesfs (built if missing).
 set -eu
 cd "$(dirname "$0")/.."
 BIN=${HERMESFS_BIN:-bin/hermesfs}
@@ -32,7 +34,7 @@ trap 'rm -rf "$work"' EXIT
 
 # Both packers read the tree from the page cache: it is warmed before every
 # run (other benchmarks on the machine may drop caches in between).
-warm="tar cf - -C '$home' . >/dev/null"
+warm="tar cf - -C '$home' . | cat >/dev/null"
 
 # best LABEL PREP CMD...: runs CMD $RUNS times (running the shell snippet
 # PREP before each, untimed) and keeps the fastest run's
@@ -94,8 +96,8 @@ changed=$(find "$work/tree/sessions" -name '*.json' | sort | awk -v t="$treebyte
 	printf '\n{"appended": "a new turn in this session"}\n' >>"$f"
 	echo "$f"
 done | wc -l)
-best full "rm -f '$work/full.sqfs'; tar cf - -C '$work/tree' . >/dev/null" "$BIN" pack "$work/tree" "$work/full.sqfs"
-best reuse "rm -f '$work/reuse.sqfs'; tar cf - -C '$work/tree' . >/dev/null; cat '$work/h.sqfs' >/dev/null" "$BIN" pack --base "$work/h.sqfs" "$work/tree" "$work/reuse.sqfs"
+best full "rm -f '$work/full.sqfs'; tar cf - -C '$work/tree' . | cat >/dev/null" "$BIN" pack "$work/tree" "$work/full.sqfs"
+best reuse "rm -f '$work/reuse.sqfs'; tar cf - -C '$work/tree' . | cat >/dev/null; cat '$work/h.sqfs' >/dev/null" "$BIN" pack --base "$work/h.sqfs" "$work/tree" "$work/reuse.sqfs"
 "$BIN" verify "$work/reuse.sqfs" >/dev/null
 printf "reuse  full pack:        wall %6.2fs  cpu %6.2fs  size %8.1f MiB\n" \
 	"$(field full 1)" "$(cpu full)" "$(mib "$(size "$work/full.sqfs")")"
