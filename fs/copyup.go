@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	iofs "io/fs"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -39,11 +38,7 @@ func (ov *overlay) copyUpDir(ctx context.Context, n *node) error {
 	if err != nil {
 		return err
 	}
-	prel, ok := p.rel()
-	if !ok {
-		return syscall.ENOENT
-	}
-	pfd, err := ov.u.dir(prel)
+	pfd, prel, err := p.dirFd(false)
 	if err != nil {
 		return err
 	}
@@ -52,6 +47,9 @@ func (ov *overlay) copyUpDir(ctx context.Context, n *node) error {
 	defer ov.gate.leave()
 	if err := ov.mkdirLike(pfd, name, &la); err != nil {
 		return fmt.Errorf("fs: copy up %s/%s: %w", prel, name, err)
+	}
+	if st, err := statxAt(pfd, name); err == nil {
+		n.uino.Store(st.ino)
 	}
 	n.upper.Store(true)
 	ov.changed(n.ino, 0)
@@ -92,6 +90,9 @@ func (ov *overlay) copyUp(ctx context.Context, n *node, content bool) error {
 	if n.upper.Load() {
 		return nil
 	}
+	// The FUSE request's context ends with any signal to the caller
+	// (SIGURG included); a copy-up, once started, is finished.
+	ctx = context.WithoutCancel(ctx)
 	if n.isDir() {
 		return ov.copyUpDir(ctx, n)
 	}
@@ -111,11 +112,7 @@ func (ov *overlay) copyUp(ctx context.Context, n *node, content bool) error {
 	if err != nil {
 		return err
 	}
-	prel, ok := p.rel()
-	if !ok {
-		return syscall.ENOENT
-	}
-	pfd, err := ov.u.dir(prel)
+	pfd, prel, err := p.dirFd(false)
 	if err != nil {
 		return err
 	}
@@ -400,9 +397,4 @@ func (ov *overlay) linkAlias(ctx context.Context, n *node, rel, q string) error 
 		return err
 	}
 	return fsyncDir(dfd)
-}
-
-// isNotExist reports a missing lower or upper name.
-func isNotExist(err error) bool {
-	return errors.Is(err, iofs.ErrNotExist) || errors.Is(err, unix.ENOENT)
 }

@@ -75,10 +75,6 @@ func (n *node) openUpper(writable bool) (int, syscall.Errno) {
 		mode = unix.O_RDWR
 	}
 	p, name, ok := n.parent()
-	var prel string
-	if ok {
-		prel, ok = p.rel()
-	}
 	if !ok {
 		// No name any more: reopen the object itself if it was kept,
 		// else have the kernel look the path up again (ESTALE makes
@@ -93,7 +89,7 @@ func (n *node) openUpper(writable bool) (int, syscall.Errno) {
 		}
 		return fd, errnoOf(err)
 	}
-	pfd, err := n.ov.u.dir(prel)
+	pfd, _, err := p.dirFd(false)
 	if err != nil {
 		return -1, errnoOf(err)
 	}

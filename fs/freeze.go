@@ -323,10 +323,27 @@ func translate(p string, renames []renameRec) string {
 }
 
 // viewSet holds the open views of a mount. The write path asks active()
-// on every write, so the list is read without a lock.
+// on every write, so the list is read without a lock. The list changes
+// only under the closed gate, so it is stable for a mutation's duration.
 type viewSet struct {
 	mu   sync.Mutex
 	list atomic.Pointer[[]*View]
+	// renameMu orders the renames the views log as the file system
+	// orders them: the kernel runs renames in unrelated directories
+	// concurrently, and a rename of a directory and a rename inside it
+	// must be translated in the order they happened.
+	renameMu sync.Mutex
+}
+
+// lockRenames serialises a rename with its logging while views are open
+// (a mutation holds the gate, so that cannot change meanwhile). It returns
+// the unlock.
+func (s *viewSet) lockRenames() func() {
+	if !s.active() {
+		return func() {}
+	}
+	s.renameMu.Lock()
+	return s.renameMu.Unlock
 }
 
 func (s *viewSet) snapshot() []*View {

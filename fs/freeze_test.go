@@ -275,7 +275,6 @@ func TestViewPack(t *testing.T) {
 	e.write("a/one.txt", "changed")
 	e.write("upper.txt", "new")
 	os.Remove(e.path("top.txt"))
-	want := stateOfDir(t, e.mnt)
 
 	v, err := e.m.Freeze(t.Context())
 	if err != nil {
@@ -305,7 +304,7 @@ func TestViewPack(t *testing.T) {
 	secondsOnly = true
 	defer func() { secondsOnly = false }()
 	got := stateOfDir(t, dest)
-	want = stateOfDir(t, e.mnt)
+	want := stateOfDir(t, e.mnt)
 	// The live tree moved on: upper.txt was rewritten after the freeze.
 	want["upper.txt"] = strings.Replace(want["upper.txt"], fmt.Sprintf("%x", sha256.Sum256([]byte("after"))), fmt.Sprintf("%x", sha256.Sum256([]byte("new"))), 1)
 	for _, m := range []treeState{got, want} {

@@ -459,12 +459,7 @@ func (g *guardFile) commit(ctx context.Context) syscall.Errno {
 		g.discard()
 		return errnoOf(err)
 	}
-	prel, ok := p.rel()
-	if !ok {
-		g.discard()
-		return syscall.ENOENT
-	}
-	pfd, err := ov.u.dir(prel)
+	pfd, _, err := p.dirFd(false)
 	if err != nil {
 		g.discard()
 		return errnoOf(err)

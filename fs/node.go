@@ -75,6 +75,9 @@ type node struct {
 	// upper is set once the object exists in the upper layer. It never
 	// goes back.
 	upper atomic.Bool
+	// uino is the inode number of a directory's upper directory, once
+	// known (0 before): dirFd checks it.
+	uino atomic.Uint64
 
 	// mu serialises copy-up and the open-mode accounting below.
 	mu sync.Mutex
@@ -184,6 +187,50 @@ func (n *node) rel() (string, bool) {
 	return string(b), true
 }
 
+// dirFd opens directory node d's upper directory, for reading if read is
+// set (else O_PATH), and returns it with its path; release it with
+// upper.put. The kernel locks only the parents of a rename, so an ancestor
+// of d may be renamed at the same time and d's path be stale for an
+// instant: the directory opened is checked to be d's own by its inode
+// number, and looked up again if it is not.
+func (d *node) dirFd(read bool) (int, string, error) {
+	u := d.ov.u
+	mode := unix.O_PATH
+	if read {
+		mode = unix.O_RDONLY
+	}
+	for try := 0; ; try++ {
+		rel, ok := d.rel()
+		if !ok {
+			return -1, "", syscall.ENOENT
+		}
+		var fd int
+		var err error
+		if read {
+			fd, err = u.dirRead(rel)
+		} else {
+			fd, err = u.openDir(rel, mode)
+		}
+		want := d.uino.Load()
+		if err == nil && (want == 0 || rel == "") {
+			return fd, rel, nil
+		}
+		if err == nil {
+			st, serr := statFd(fd)
+			if serr == nil && st.ino == want {
+				return fd, rel, nil
+			}
+			u.put(fd)
+			err = syscall.ESTALE
+		}
+		if try == 20 || (err != syscall.ESTALE && err != syscall.ENOENT && err != syscall.ENOTDIR) {
+			return -1, "", err
+		}
+		// The rename that moved it has not reached the tree yet.
+		time.Sleep(time.Duration(try+1) * 50 * time.Microsecond)
+	}
+}
+
 // parent returns the directory node holding n and n's name in it.
 func (n *node) parent() (*node, string, bool) {
 	name, p := n.EmbeddedInode().Parent()
@@ -222,11 +269,7 @@ func (ov *overlay) resolve(d *node, dfd int, name string) (entry, error) {
 	var e entry
 	if d.upper.Load() && !isReserved(name) {
 		if dfd < 0 {
-			drel, ok := d.rel()
-			if !ok {
-				return e, syscall.ENOENT
-			}
-			fd, err := ov.u.dir(drel)
+			fd, _, err := d.dirFd(false)
 			if err != nil {
 				return e, err
 			}
@@ -363,9 +406,15 @@ func genOf(st *ustat) uint64 {
 func (ov *overlay) newChild(ctx context.Context, d *node, id identity, e *entry, out *fuse.EntryOut) *fusefs.Inode {
 	n := &node{ov: ov, kind: id.kind, ino: id.ino, lower: id.lower, lowerPath: id.lowerPath}
 	n.upper.Store(id.upper)
+	if id.upper && id.kind == syscall.S_IFDIR {
+		n.uino.Store(e.ust.ino)
+	}
 	ch := d.NewInode(ctx, n, fusefs.StableAttr{Mode: id.kind, Ino: id.ino, Gen: id.gen})
-	if got, ok := ch.Operations().(*node); ok && id.upper {
+	if got, ok := ch.Operations().(*node); ok && got != n && id.upper {
 		got.upper.Store(true)
+		if id.kind == syscall.S_IFDIR {
+			got.uino.Store(e.ust.ino)
+		}
 	}
 	ov.fillEntryAttr(&out.Attr, id, e)
 	return ch
@@ -450,11 +499,7 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fu
 	ov := n.ov
 	dfd := -1
 	if n.upper.Load() {
-		drel, ok := n.rel()
-		if !ok {
-			return nil, syscall.ENOENT
-		}
-		fd, err := ov.u.dir(drel)
+		fd, _, err := n.dirFd(false)
 		if err != nil {
 			return nil, errnoOf(err)
 		}
@@ -519,10 +564,6 @@ func (n *node) ustat() (ustat, syscall.Errno) {
 		return st, errnoOf(err)
 	}
 	p, name, ok := n.parent()
-	var prel string
-	if ok {
-		prel, ok = p.rel()
-	}
 	if !ok {
 		if fd := n.orphanFd(); fd >= 0 {
 			st, err := statFd(fd)
@@ -530,7 +571,7 @@ func (n *node) ustat() (ustat, syscall.Errno) {
 		}
 		return ustat{}, syscall.ENOENT
 	}
-	pfd, err := n.ov.u.dir(prel)
+	pfd, _, err := p.dirFd(false)
 	if err != nil {
 		return ustat{}, errnoOf(err)
 	}
@@ -555,11 +596,7 @@ func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
 	if !ok {
 		return nil, syscall.ENOENT
 	}
-	prel, ok := p.rel()
-	if !ok {
-		return nil, syscall.ENOENT
-	}
-	pfd, err := n.ov.u.dir(prel)
+	pfd, _, err := p.dirFd(false)
 	if err != nil {
 		return nil, errnoOf(err)
 	}
@@ -599,12 +636,8 @@ func (n *node) Fsync(ctx context.Context, f fusefs.FileHandle, flags uint32) sys
 	if !n.upper.Load() {
 		return 0
 	}
-	rel, ok := n.rel()
-	if !ok {
-		return 0
-	}
 	if n.isDir() {
-		fd, err := n.ov.u.dirRead(rel)
+		fd, _, err := n.dirFd(true)
 		if err != nil {
 			return errnoOf(err)
 		}
@@ -626,29 +659,38 @@ type mergedEntry struct {
 // list returns the merged listing of directory n, sorted by name, without
 // "." and "..".
 func (ov *overlay) list(n *node) ([]mergedEntry, error) {
-	rel := ""
+	fd := -1
 	if n.upper.Load() {
-		var ok bool
-		if rel, ok = n.rel(); !ok {
-			return nil, syscall.ENOENT
-		}
-	}
-	return ov.listAt(n, rel)
-}
-
-// listAt lists directory d whose upper directory (if d.upper) is at rel.
-// Upper names hide lower ones; whiteouts hide lower names; the overlay's
-// own names are skipped.
-func (ov *overlay) listAt(d *node, rel string) ([]mergedEntry, error) {
-	var out []mergedEntry
-	seen := map[string]bool{}
-	hidden := map[string]bool{}
-	if d.upper.Load() {
-		fd, err := ov.u.dirRead(rel)
-		if err != nil {
+		var err error
+		if fd, _, err = n.dirFd(true); err != nil {
 			return nil, err
 		}
 		defer unix.Close(fd)
+	}
+	return ov.listFd(n, fd)
+}
+
+// listAt lists directory d whose upper directory (if d.upper) is at rel.
+func (ov *overlay) listAt(d *node, rel string) ([]mergedEntry, error) {
+	fd := -1
+	if d.upper.Load() {
+		var err error
+		if fd, err = ov.u.dirRead(rel); err != nil {
+			return nil, err
+		}
+		defer unix.Close(fd)
+	}
+	return ov.listFd(d, fd)
+}
+
+// listFd lists directory d whose upper directory (if d.upper) is open for
+// reading at fd. Upper names hide lower ones; whiteouts hide lower names;
+// the overlay's own names are skipped.
+func (ov *overlay) listFd(d *node, fd int) ([]mergedEntry, error) {
+	var out []mergedEntry
+	seen := map[string]bool{}
+	hidden := map[string]bool{}
+	if fd >= 0 {
 		ents, err := readDirents(fd)
 		if err != nil {
 			return nil, err
@@ -726,8 +768,11 @@ func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fusefs.FileHand
 	if n.upper.Load() {
 		// Keep the upper directory itself, so fstat of an open directory
 		// answers after it is removed or replaced.
-		if rel, ok := n.rel(); ok {
-			if fd, err := n.ov.u.openDir(rel, unix.O_PATH); err == nil && fd != n.ov.u.root {
+		if fd, _, err := n.dirFd(false); err == nil {
+			if fd == n.ov.u.root {
+				fd, err = unix.Openat(fd, ".", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+			}
+			if err == nil {
 				h.fd = fd
 			}
 		}

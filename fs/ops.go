@@ -33,11 +33,7 @@ func (n *node) prepDir(ctx context.Context) (int, string, syscall.Errno) {
 	if err := n.ov.copyUpDir(ctx, n); err != nil {
 		return -1, "", errnoOf(err)
 	}
-	rel, ok := n.rel()
-	if !ok {
-		return -1, "", syscall.ENOENT
-	}
-	fd, err := n.ov.u.dir(rel)
+	fd, rel, err := n.dirFd(false)
 	if err != nil {
 		return -1, "", errnoOf(err)
 	}
@@ -279,11 +275,7 @@ func (n *node) Link(ctx context.Context, target fusefs.InodeEmbedder, name strin
 	if !ok {
 		return nil, syscall.ENOENT
 	}
-	trel, ok := tp.rel()
-	if !ok {
-		return nil, syscall.ENOENT
-	}
-	tfd, err := ov.u.dir(trel)
+	tfd, _, err := tp.dirFd(false)
 	if err != nil {
 		return nil, errnoOf(err)
 	}

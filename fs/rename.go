@@ -120,10 +120,15 @@ func (n *node) Rename(ctx context.Context, name string, newParent fusefs.InodeEm
 				return errnoOf(err)
 			}
 		}
-		if err := unix.Renameat2(sfd, name, dfd, newName, unix.RENAME_EXCHANGE); err != nil {
+		unlock := ov.views.lockRenames()
+		err := unix.Renameat2(sfd, name, dfd, newName, unix.RENAME_EXCHANGE)
+		if err == nil {
+			ov.logRename(sfd, srel, name, dfd, drel, newName, true)
+		}
+		unlock()
+		if err != nil {
 			return errnoOf(err)
 		}
-		ov.views.renamed(joinRel(srel, name), joinRel(drel, newName), true)
 		ov.changed(src.ino, 0)
 		if dst != nil {
 			ov.changed(dst.ino, 0)
@@ -168,6 +173,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent fusefs.InodeEm
 	if de.upper && !srcDir && de.ust.nlink <= 1 && dst != nil {
 		dst.keepOrphan(dfd, newName)
 	}
+	unlock := ov.views.lockRenames()
 	err = unix.Renameat(sfd, name, dfd, newName)
 	if (err == unix.ENOTEMPTY || err == unix.EEXIST) && de.upper && srcDir {
 		// The destination directory is empty in the merged view but
@@ -177,12 +183,31 @@ func (n *node) Rename(ctx context.Context, name string, newParent fusefs.InodeEm
 			err = ov.removeUpperDir(sfd, name)
 		}
 	}
+	if err == nil {
+		ov.logRename(sfd, srel, name, dfd, drel, newName, false)
+	}
+	unlock()
 	if err != nil {
 		return errnoOf(err)
 	}
-	ov.views.renamed(joinRel(srel, name), joinRel(drel, newName), false)
 	ov.changed(src.ino, 0)
 	return 0
+}
+
+// logRename tells open views about a rename, with the directories' paths
+// as they are now: the paths found before the rename may be stale if an
+// ancestor moved meanwhile (the descriptors are not).
+func (ov *overlay) logRename(sfd int, srel, name string, dfd int, drel, newName string, exchange bool) {
+	if !ov.views.active() {
+		return
+	}
+	if r, ok := ov.u.relOf(sfd); ok {
+		srel = r
+	}
+	if r, ok := ov.u.relOf(dfd); ok {
+		drel = r
+	}
+	ov.views.renamed(joinRel(srel, name), joinRel(drel, newName), exchange)
 }
 
 // markMovingDir gives the upper directory name in dfd, about to move, a

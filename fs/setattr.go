@@ -55,11 +55,7 @@ func (n *node) setattrUpper(ctx context.Context, f fusefs.FileHandle, in *fuse.S
 			}
 			return syscall.ENOENT
 		}
-		prel, ok := p.rel()
-		if !ok {
-			return syscall.ENOENT
-		}
-		fd, err := ov.u.dir(prel)
+		fd, _, err := p.dirFd(false)
 		if err != nil {
 			return errnoOf(err)
 		}

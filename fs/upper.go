@@ -51,6 +51,7 @@ type upper struct {
 	root       int // O_PATH descriptor of the upper root
 	work       int // O_PATH descriptor of the work directory
 	path       string
+	realRoot   string // the upper root's absolute path as /proc shows it
 	umask      uint32 // the process umask, undone for modes the kernel already masked
 	privileged bool   // euid 0: new files are given to the calling user
 	seq        atomic.Uint64
@@ -113,6 +114,27 @@ func openBeneath(at int, rel string, mode int) (int, error) {
 		}
 		return fd, err
 	}
+}
+
+// relOf returns the path, relative to the upper root, of the directory
+// open at fd, as the kernel knows it now (which a concurrent rename of an
+// ancestor cannot make stale, unlike a path kept from before).
+func (u *upper) relOf(fd int) (string, bool) {
+	if fd == u.root {
+		return "", true
+	}
+	p, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd))
+	if err != nil || u.realRoot == "" {
+		return "", false
+	}
+	if p == u.realRoot {
+		return "", true
+	}
+	rel, ok := strings.CutPrefix(p, u.realRoot+"/")
+	if !ok || strings.HasSuffix(rel, " (deleted)") {
+		return "", false
+	}
+	return rel, true
 }
 
 // put releases a descriptor from dir or dirRead.

@@ -1,6 +1,7 @@
 package fs
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -82,6 +83,11 @@ func (v *View) Stall() time.Duration { return v.stall }
 // used after.
 func (v *View) Close() error {
 	v.ov.views.remove(v)
+	// A mutation that took the list of views before the removal may
+	// still be saving bytes for this one: let mutations drain first.
+	if err := v.ov.gate.freeze(context.Background()); err == nil {
+		v.ov.gate.thaw()
+	}
 	err := v.release()
 	v.ov.maybeClose()
 	return err
@@ -461,55 +467,56 @@ func (v *View) Open(name string) (iofs.File, error) {
 }
 
 // openCaptured opens the frozen upper file cf, wherever its content lives
-// now: pinned, or at one of its names as moved by later renames.
+// now: pinned, or at one of its names as moved by later renames. Renames
+// wait meanwhile (they log themselves under the same lock), so the
+// translated names match the tree; a name being destroyed is pinned
+// before it goes.
 func (v *View) openCaptured(cf *capFile) (int, error) {
-	var lastRenames int
-	lastPinned := false
-	for attempt := 0; ; attempt++ {
-		v.mu.Lock()
-		if v.closed {
-			v.mu.Unlock()
-			return -1, iofs.ErrClosed
-		}
-		if cf.pinFd >= 0 {
-			fd, err := unix.Dup(cf.pinFd)
-			v.mu.Unlock()
-			return fd, err
-		}
-		if cf.pinned != "" {
-			fd, err := unix.Openat(v.dirfd, cf.pinned, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-			v.mu.Unlock()
-			return fd, err
-		}
-		renames := v.renames
+	unlock := v.ov.views.lockRenames()
+	defer unlock()
+	v.mu.Lock()
+	if v.closed {
 		v.mu.Unlock()
-		for _, p := range cf.paths {
-			q := translate(p, renames)
-			dir, name := splitRel(q)
-			dfd, err := v.ov.u.dir(dir)
-			if err != nil {
-				continue
-			}
-			fd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-			v.ov.u.put(dfd)
-			if err != nil {
-				continue
-			}
-			if st, err := statFd(fd); err == nil && st.ino == cf.uino {
-				return fd, nil
-			}
-			unix.Close(fd)
-		}
-		// A rename or pin may have raced with the attempt: retry while
-		// something changes.
-		v.mu.Lock()
-		progress := len(v.renames) != lastRenames || (cf.pinFd >= 0 || cf.pinned != "") != lastPinned
-		lastRenames, lastPinned = len(v.renames), cf.pinFd >= 0 || cf.pinned != ""
-		v.mu.Unlock()
-		if !progress && attempt > 0 {
-			return -1, fmt.Errorf("captured file %s is gone", cf.paths[0])
-		}
+		return -1, iofs.ErrClosed
 	}
+	if cf.pinFd >= 0 {
+		fd, err := unix.Dup(cf.pinFd)
+		v.mu.Unlock()
+		return fd, err
+	}
+	if cf.pinned != "" {
+		fd, err := unix.Openat(v.dirfd, cf.pinned, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		v.mu.Unlock()
+		return fd, err
+	}
+	renames := v.renames
+	v.mu.Unlock()
+	for _, p := range cf.paths {
+		dir, name := splitRel(translate(p, renames))
+		dfd, err := v.ov.u.dir(dir)
+		if err != nil {
+			continue
+		}
+		fd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		v.ov.u.put(dfd)
+		if err != nil {
+			continue
+		}
+		if st, err := statFd(fd); err == nil && st.ino == cf.uino {
+			return fd, nil
+		}
+		unix.Close(fd)
+	}
+	// An unlink racing with this open pins the file first: look again.
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if cf.pinFd >= 0 {
+		return unix.Dup(cf.pinFd)
+	}
+	if cf.pinned != "" {
+		return unix.Openat(v.dirfd, cf.pinned, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	}
+	return -1, fmt.Errorf("captured file %s is gone", cf.paths[0])
 }
 
 // viewFile reads a captured upper file: its live bytes, with the blocks
