@@ -22,6 +22,10 @@
 // descriptors and *at() calls resolved beneath the upper root without
 // following symlinks (openat2 RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS), so paths
 // longer than PATH_MAX work and nothing can lead outside the upper directory.
+// The kernel locks only the parents of a rename, so an ancestor of a
+// directory may move while an operation in it runs: the directory opened by
+// path is checked to be the node's own by its upper inode number and looked
+// up again if not (dirFd).
 //
 // # Upper-layer representation
 //
@@ -129,8 +133,11 @@
 // (beyond a budget, by a hard link in the work directory). The View reads
 // live bytes, then overlays saved blocks, clipped to the frozen size; it
 // finds a file through its captured names as moved by later renames, or its
-// pin. The lower layer is immutable and needs nothing. Close drops sidecars
-// and pins and stops the saving.
+// pin. Renames are logged in the order the upper file system made them
+// (they are serialised while views are open, with the directories' paths
+// read back from their descriptors), and a view opens a captured file under
+// the same lock. The lower layer is immutable and needs nothing. Close
+// drains mutations in flight, then drops sidecars and pins.
 //
 // Mmap writes reach the overlay as writes when the kernel writes the pages
 // back, like any file system; a snapshot holds what was written back by the
