@@ -387,6 +387,7 @@ func (p *packer) packTo(ctx context.Context, f packFile) (res PackResult, err er
 		return res, err
 	}
 	p.number(p.root)
+	p.log.Debug("pack: tree scanned", "inodes", p.inodes, "elapsed", time.Since(start))
 	var base int64
 	if s, ok := f.(io.Seeker); ok {
 		if base, err = s.Seek(0, io.SeekCurrent); err != nil {
@@ -407,6 +408,7 @@ func (p *packer) packTo(ctx context.Context, f packFile) (res PackResult, err er
 	if err != nil {
 		return res, err
 	}
+	p.log.Debug("pack: data written", "elapsed", time.Since(start))
 	sb, err := p.writeTables(out, frags)
 	if err != nil {
 		return res, err
@@ -433,6 +435,7 @@ func (p *packer) packTo(ctx context.Context, f packFile) (res PackResult, err er
 	if _, err := f.WriteAt(sbBytes, base); err != nil {
 		return res, fmt.Errorf("write superblock: %w", err)
 	}
+	p.log.Debug("pack: tables written", "elapsed", time.Since(start))
 	total := int64(padded) + int64(len(tr))
 	h := sha256.New()
 	if _, err := io.CopyBuffer(h, io.NewSectionReader(f, base, total), make([]byte, 1<<20)); err != nil {

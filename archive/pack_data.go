@@ -56,22 +56,32 @@ var zeroBlock = make([]byte, maxBlockSize)
 
 func allZero(b []byte) bool { return bytes.Equal(b, zeroBlock[:len(b)]) }
 
+// bufPool is a free list of block buffers. Unlike a sync.Pool it survives
+// garbage collections, so the pipeline's buffers are allocated once per
+// pack rather than again after every GC.
 type bufPool struct {
 	size int
-	pool sync.Pool
+	free chan []byte
 }
 
+func newBufPool(size, n int) *bufPool { return &bufPool{size: size, free: make(chan []byte, n)} }
+
 func (b *bufPool) get() []byte {
-	if v := b.pool.Get(); v != nil {
-		return (*(v.(*[]byte)))[:b.size]
+	select {
+	case buf := <-b.free:
+		return buf[:b.size]
+	default:
+		return make([]byte, b.size)
 	}
-	return make([]byte, b.size)
 }
 
 func (b *bufPool) put(buf []byte) {
-	if cap(buf) >= b.size {
-		buf = buf[:cap(buf)]
-		b.pool.Put(&buf)
+	if cap(buf) < b.size {
+		return
+	}
+	select {
+	case b.free <- buf[:cap(buf)]:
+	default:
 	}
 }
 
@@ -111,8 +121,8 @@ func (p *packer) writeData(ctx context.Context, out *output) ([]fragEntry, error
 		ctx:       ctx,
 		jobs:      make(chan *job, workers),
 		order:     make(chan *job, 16*workers+16),
-		in:        &bufPool{size: p.bs},
-		comp:      &bufPool{size: p.bs},
+		in:        newBufPool(p.bs, 20*workers+20),
+		comp:      newBufPool(p.bs, 20*workers+20),
 		sizeCount: map[int64]int{},
 		byHash:    map[[32]byte]*fileData{},
 		hashed:    map[int64]bool{},
@@ -490,12 +500,13 @@ func (d *dataWriter) laterCandidates() []*node {
 // so that deciding whether a big file (a copy of state.db) is a duplicate
 // does not stall the pipeline.
 func (d *dataWriter) hashAhead(later []*node) {
+	buf := make([]byte, 1<<20)
 	for _, n := range later {
 		ph := d.prehash[n]
 		if d.ctx.Err() != nil {
 			ph.err = d.ctx.Err()
 		} else {
-			ph.sum, ph.skipped, ph.err = d.hashFile(n)
+			ph.sum, ph.skipped, ph.err = d.hashFile(n, buf)
 		}
 		close(ph.done)
 	}
@@ -503,7 +514,7 @@ func (d *dataWriter) hashAhead(later []*node) {
 
 // hashFile reads a whole file to learn whether it duplicates one already
 // written; files that come from an earlier archive are left to reuse.
-func (d *dataWriter) hashFile(n *node) (sum [32]byte, skipped bool, err error) {
+func (d *dataWriter) hashFile(n *node, buf []byte) (sum [32]byte, skipped bool, err error) {
 	f, err := d.p.src.Open(n.path)
 	if err != nil {
 		return sum, false, fmt.Errorf("open %s: %w", n.path, err)
@@ -515,7 +526,6 @@ func (d *dataWriter) hashFile(n *node) (sum [32]byte, skipped bool, err error) {
 		}
 	}
 	h := sha256.New()
-	buf := make([]byte, 1<<20)
 	m, err := io.CopyBuffer(h, io.LimitReader(onlyReader{f}, n.size), buf)
 	if err != nil {
 		return sum, false, fmt.Errorf("read %s: %w", n.path, err)
