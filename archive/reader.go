@@ -674,24 +674,24 @@ func (r *Reader) walk() error {
 		queue = queue[1:]
 		start := len(r.entries)
 		err := r.parseDir(d, func(e DirEntry, ref uint64) error {
-			if r.refs[e.Ino] != 0 {
-				if r.refs[e.Ino] != ref|refSet {
-					return fmt.Errorf("inode %d has two locations", e.Ino)
-				}
-				if e.Mode.IsDir() {
-					return fmt.Errorf("directory inode %d is linked twice (a cycle)", e.Ino)
-				}
-			} else {
-				in, err := r.inodeAt(ref)
-				if err != nil {
-					return err
-				}
-				if in.ino != e.Ino {
-					return fmt.Errorf("entry %q names inode %d, inode says %d", e.Name, e.Ino, in.ino)
-				}
-				if typeMode(in.typ) != e.Mode {
-					return fmt.Errorf("entry %q type disagrees with its inode", e.Name)
-				}
+			seen := r.refs[e.Ino] != 0
+			if seen && r.refs[e.Ino] != ref|refSet {
+				return fmt.Errorf("inode %d has two locations", e.Ino)
+			}
+			if seen && e.Mode.IsDir() {
+				return fmt.Errorf("directory inode %d is linked twice (a cycle)", e.Ino)
+			}
+			in, err := r.inodeAt(ref)
+			if err != nil {
+				return err
+			}
+			if in.ino != e.Ino {
+				return fmt.Errorf("entry %q names inode %d, inode says %d", e.Name, e.Ino, in.ino)
+			}
+			if typeMode(in.typ) != e.Mode {
+				return fmt.Errorf("entry %q type disagrees with its inode", e.Name)
+			}
+			if !seen {
 				r.refs[e.Ino] = ref | refSet
 				if e.Mode.IsDir() {
 					queue = append(queue, in)
