@@ -156,7 +156,10 @@
 // EFBIG or EPERM, the file untouched. A FLUSH commits only content that was
 // written: the first close of a shell redirect (open O_TRUNC, dup2, close)
 // must not commit an empty file; an O_TRUNC with no write at all is committed
-// at release. rename(2) of a file over a guarded name, truncate(2) of one,
+// at release. A Guard that also implements GuardWriteChecker is asked at
+// every write too, so a writer that ignores close(2) (a shell appending past
+// the limit) sees the write fail. A file created by the writer whose first
+// content is refused is removed again: a refused creation leaves no file. rename(2) of a file over a guarded name, truncate(2) of one,
 // and a directory rename that brings one are checked the same way before they
 // happen. Symlinks, device nodes and hard links cannot be made at a guarded
 // name, a guarded file cannot get a second name, and a file still open for

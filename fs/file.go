@@ -35,7 +35,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, uint3
 	if ov.guard != nil {
 		if rel, ok := n.rel(); ok && ov.guard.Guarded(rel) {
 			if writable || trunc {
-				return ov.openGuarded(ctx, n, rel, flags, false)
+				return ov.openGuarded(ctx, n, rel, flags, 0)
 			}
 			guardedPath = true
 		}
@@ -426,8 +426,12 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	}
 	cn := ch.Operations().(*node)
 	if guardedPath {
+		var created uint64 = 1
+		if st, err := statFd(fd); err == nil {
+			created = st.ino
+		}
 		unix.Close(fd)
-		h, fl, errno := ov.openGuarded(ctx, cn, joinRel(drel, name), flags, true)
+		h, fl, errno := ov.openGuarded(ctx, cn, joinRel(drel, name), flags, created)
 		return ch, h, fl, errno
 	}
 	h, fl := ov.newUpperHandle(ctx, cn, fd, flags&syscall.O_ACCMODE != syscall.O_RDONLY, false)

@@ -232,7 +232,10 @@ func (ov *overlay) checkTree(ctx context.Context, d *node, to string, pid uint32
 
 // openGuarded opens guarded file n for writing: the handle stages the
 // content privately and commits it at close if the Guard accepts it.
-func (ov *overlay) openGuarded(ctx context.Context, n *node, rel string, flags uint32, created bool) (fusefs.FileHandle, uint32, syscall.Errno) {
+//
+// created is the upper inode number of the file when this open created it
+// (0 otherwise): if its first content is refused, the file goes again.
+func (ov *overlay) openGuarded(ctx context.Context, n *node, rel string, flags uint32, created uint64) (fusefs.FileHandle, uint32, syscall.Errno) {
 	g := &guardFile{
 		n:          n,
 		ov:         ov,
@@ -240,7 +243,8 @@ func (ov *overlay) openGuarded(ctx context.Context, n *node, rel string, flags u
 		pid:        callerPid(ctx),
 		appendMode: flags&syscall.O_APPEND != 0,
 		stage:      -1,
-		existed:    !created,
+		existed:    created == 0,
+		createdIno: created,
 	}
 	if flags&syscall.O_TRUNC != 0 {
 		if errno := g.restage(false); errno != 0 {
@@ -279,6 +283,9 @@ type guardFile struct {
 	dirty     bool // staged content not yet committed
 	written   bool // dirty by a write, not only by O_TRUNC
 	existed   bool // the file existed before this handle (else Check gets old == nil)
+	// createdIno is the upper inode this handle created empty, until a
+	// content is committed; a refused first content removes it.
+	createdIno uint64
 }
 
 var (
@@ -360,6 +367,15 @@ func (g *guardFile) Write(ctx context.Context, data []byte, off int64) (uint32, 
 	if off+int64(len(data)) > g.ov.opts.GuardMaxBytes {
 		return 0, syscall.EFBIG
 	}
+	if errno := g.checkWrite(func(cur []byte) []byte {
+		if end := off + int64(len(data)); end > int64(len(cur)) {
+			cur = append(cur, make([]byte, end-int64(len(cur)))...)
+		}
+		copy(cur[off:], data)
+		return cur
+	}); errno != 0 {
+		return 0, errno
+	}
 	if err := pwriteAll(g.stage, data, off); err != nil {
 		return 0, errnoOf(err)
 	}
@@ -377,6 +393,14 @@ func (g *guardFile) truncate(size int64) syscall.Errno {
 		if errno := g.restage(size > 0); errno != 0 {
 			return errno
 		}
+	}
+	if errno := g.checkWrite(func(cur []byte) []byte {
+		if size <= int64(len(cur)) {
+			return cur[:size]
+		}
+		return append(cur, make([]byte, size-int64(len(cur)))...)
+	}); errno != 0 {
+		return errno
 	}
 	if err := unix.Ftruncate(g.stage, size); err != nil {
 		return errnoOf(err)
@@ -401,6 +425,30 @@ func (g *guardFile) Allocate(ctx context.Context, off, size uint64, mode uint32)
 	}
 	g.dirty, g.written = true, true
 	return 0
+}
+
+// checkWrite asks a GuardWriteChecker about the staged content as change
+// would make it. The stage is open.
+func (g *guardFile) checkWrite(change func([]byte) []byte) syscall.Errno {
+	wc, ok := g.ov.guard.(GuardWriteChecker)
+	if !ok {
+		return 0
+	}
+	cur, errno := g.ov.readFd(g.stage)
+	if errno != 0 {
+		return errno
+	}
+	err := wc.CheckWrite(g.rel, change(cur))
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, syscall.EFBIG):
+		return syscall.EFBIG
+	case errors.Is(err, syscall.EPERM):
+		return syscall.EPERM
+	}
+	g.ov.log.Error("guard write check failed", "path", g.rel, "err", err)
+	return syscall.EIO
 }
 
 // Fsync has nothing durable to do: staged bytes become the file only at
@@ -446,6 +494,7 @@ func (g *guardFile) commit(ctx context.Context) syscall.Errno {
 	}
 	if errno := ov.check(ctx, g.rel, old, next, g.pid); errno != 0 {
 		g.discard()
+		g.removeCreated()
 		return errno
 	}
 
@@ -505,7 +554,7 @@ func (g *guardFile) commit(ctx context.Context) syscall.Errno {
 		return errnoOf(err)
 	}
 	unix.Close(g.stage)
-	g.stage, g.stageName, g.dirty, g.written, g.existed = -1, "", false, false, true
+	g.stage, g.stageName, g.dirty, g.written, g.existed, g.createdIno = -1, "", false, false, true, 0
 
 	n.mu.Lock()
 	n.cacheStale = true
@@ -514,6 +563,43 @@ func (g *guardFile) commit(ctx context.Context) syscall.Errno {
 	// kernel cannot take the notification while it waits for this reply.
 	go n.NotifyContent(0, 0)
 	return 0
+}
+
+// removeCreated takes away the empty file this handle created, once its
+// first content is refused: a refused creation leaves no file. The kernel is
+// told before the refusal returns, so a stat right after close(2) sees the
+// name gone.
+func (g *guardFile) removeCreated() {
+	if g.createdIno == 0 {
+		return
+	}
+	ino := g.createdIno
+	g.createdIno = 0
+	ov, n := g.ov, g.n
+	p, name, ok := n.parent()
+	if !ok {
+		return
+	}
+	pfd, _, err := p.dirFd(false)
+	if err != nil {
+		return
+	}
+	defer ov.u.put(pfd)
+	ov.gate.enter()
+	st, err := statxAt(pfd, name)
+	if err == nil && st.ino == ino && st.size == 0 {
+		if st.nlink <= 1 {
+			n.keepOrphan(pfd, name)
+		}
+		err = unix.Unlinkat(pfd, name, 0)
+		ov.changed(n.ino, 0)
+	} else {
+		err = syscall.ESTALE
+	}
+	ov.gate.leave()
+	if err == nil {
+		p.NotifyDelete(name, n.EmbeddedInode())
+	}
 }
 
 func (g *guardFile) Release(ctx context.Context) syscall.Errno {

@@ -301,3 +301,50 @@ func TestGuardShellWriters(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// writeCheckGuard also refuses writes early (GuardWriteChecker).
+type writeCheckGuard struct{ testGuard }
+
+func (g *writeCheckGuard) CheckWrite(rel string, content []byte) error {
+	if len(content) > g.max {
+		return fmt.Errorf("over the limit: %w", syscall.EFBIG)
+	}
+	return nil
+}
+
+// TestGuardEarlyRefusals: with a GuardWriteChecker, a shell append past the
+// limit fails the write (and so the shell); a refused creation leaves no
+// file behind.
+func TestGuardEarlyRefusals(t *testing.T) {
+	g := &writeCheckGuard{testGuard{max: 64}}
+	e := mountEnv(t, nil, Options{Guard: g})
+	os.Mkdir(e.path("memories"), 0o755)
+	e.write("memories/MEMORY.md", "base")
+	mem := e.path("memories/MEMORY.md")
+	out, err := exec.Command("sh", "-c", "echo "+strings.Repeat("x", 100)+" >> "+mem).CombinedOutput()
+	if err == nil {
+		t.Errorf("shell append past the limit exited 0 (%q)", out)
+	}
+	if got := e.read("memories/MEMORY.md"); got != "base" {
+		t.Errorf("after refused append: %q", got)
+	}
+	// Within the limit, writes pass and close commits.
+	if out, err := exec.Command("sh", "-c", "echo more >> "+mem).CombinedOutput(); err != nil {
+		t.Errorf("append within the limit: %v %s", err, out)
+	}
+	if got := e.read("memories/MEMORY.md"); got != "basemore\n" {
+		t.Errorf("after append: %q", got)
+	}
+
+	// A creation whose content the Guard refuses at close leaves no file.
+	user := e.path("memories/USER.md")
+	if _, err := writeClose(user, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL, "BAD"); !errors.Is(err, syscall.EPERM) {
+		t.Errorf("refused creation: close %v", err)
+	}
+	if _, err := os.Stat(user); !os.IsNotExist(err) {
+		t.Errorf("refused creation left the file: %v", err)
+	}
+	if got := e.names("memories"); len(got) != 1 {
+		t.Errorf("memories lists %v", got)
+	}
+}

@@ -54,6 +54,18 @@ type Guard interface {
 	Check(ctx context.Context, rel string, old, new []byte, pid uint32) error
 }
 
+// GuardWriteChecker is optionally implemented by a Guard to refuse a write
+// to a guarded file as soon as the write makes the staged content
+// unacceptable, so that a writer that ignores close(2)'s error (a shell
+// redirection) sees the write itself fail. CheckWrite gets rel and the
+// whole content the write would produce; it is called on every write to a
+// guarded handle, must be cheap and must record nothing: Check at close
+// still decides. An error wrapping EFBIG or EPERM fails the write with that
+// errno and leaves the staged content as it was; nil lets it through.
+type GuardWriteChecker interface {
+	CheckWrite(rel string, content []byte) error
+}
+
 // Options configures Mount. Zero values take the defaults documented on
 // each field (set in one place, withDefaults).
 type Options struct {
