@@ -468,12 +468,26 @@ func TestPassthroughMixedOpens(t *testing.T) {
 		t.Skip("kernel without FUSE passthrough")
 	}
 	e.write("log", "first\n")
+	// The writer's RELEASE reaches the daemon after close(2) returns;
+	// until it does, the file counts as open in cached mode.
+	n := e.m.ov.root.GetChild("log").Operations().(*node)
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		n.mu.Lock()
+		busy := n.cachedOpens > 0
+		n.mu.Unlock()
+		if !busy {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("writer handle never released")
+		}
+		time.Sleep(time.Millisecond)
+	}
 	r, err := os.Open(e.path("log"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	n := e.m.ov.root.GetChild("log").Operations().(*node)
 	n.mu.Lock()
 	pt, id := n.ptOpens, n.backingID
 	n.mu.Unlock()

@@ -70,11 +70,7 @@ func (u *upper) dir(rel string) (int, error) {
 // dirRead opens the upper directory at rel for reading (getdents, fsync);
 // release it with put.
 func (u *upper) dirRead(rel string) (int, error) {
-	fd, err := u.openDir(rel, unix.O_RDONLY)
-	if err == nil && fd == u.root {
-		return unix.Openat(u.root, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	}
-	return fd, err
+	return u.openDir(rel, unix.O_RDONLY)
 }
 
 func (u *upper) openDir(rel string, mode int) (int, error) {
