@@ -45,7 +45,9 @@ type clock struct {
 	t  time.Time
 }
 
-func newClock() *clock { return &clock{t: time.Date(2026, 11, 22, 13, 45, 1, 0, time.UTC)} }
+// newClock starts at the real time: stores stamp objects with their own
+// (real) clock, and the catalog compares those stamps with its clock.
+func newClock() *clock { return &clock{t: time.Now().UTC().Truncate(time.Second)} }
 
 func (c *clock) Now() time.Time {
 	c.mu.Lock()
