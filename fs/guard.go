@@ -286,6 +286,11 @@ type guardFile struct {
 	// createdIno is the upper inode this handle created empty, until a
 	// content is committed; a refused first content removes it.
 	createdIno uint64
+	// refused is the content a write refused by the GuardWriteChecker
+	// would have made, and refusedErrno its errno: the handle then
+	// commits nothing, and its close judges (and audits) refused instead.
+	refused      []byte
+	refusedErrno syscall.Errno
 }
 
 var (
@@ -332,6 +337,7 @@ func (g *guardFile) discard() {
 		g.stage, g.stageName = -1, ""
 	}
 	g.dirty, g.written = false, false
+	g.refused, g.refusedErrno = nil, 0
 }
 
 func (g *guardFile) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
@@ -428,7 +434,8 @@ func (g *guardFile) Allocate(ctx context.Context, off, size uint64, mode uint32)
 }
 
 // checkWrite asks a GuardWriteChecker about the staged content as change
-// would make it. The stage is open.
+// would make it. The stage is open. A refusal poisons the handle: nothing
+// it staged is committed, and its close reports the refusal again.
 func (g *guardFile) checkWrite(change func([]byte) []byte) syscall.Errno {
 	wc, ok := g.ov.guard.(GuardWriteChecker)
 	if !ok {
@@ -438,17 +445,31 @@ func (g *guardFile) checkWrite(change func([]byte) []byte) syscall.Errno {
 	if errno != 0 {
 		return errno
 	}
-	err := wc.CheckWrite(g.rel, change(cur))
+	var old []byte
+	if g.existed {
+		if old, errno = g.ov.readContent(g.n); errno == syscall.ENOENT {
+			old, errno = nil, 0
+		}
+		if errno != 0 {
+			return errno
+		}
+	}
+	next := change(cur)
+	err := wc.CheckWrite(g.rel, old, next)
 	switch {
 	case err == nil:
 		return 0
 	case errors.Is(err, syscall.EFBIG):
-		return syscall.EFBIG
+		errno = syscall.EFBIG
 	case errors.Is(err, syscall.EPERM):
-		return syscall.EPERM
+		errno = syscall.EPERM
+	default:
+		g.ov.log.Error("guard write check failed", "path", g.rel, "err", err)
+		return syscall.EIO
 	}
-	g.ov.log.Error("guard write check failed", "path", g.rel, "err", err)
-	return syscall.EIO
+	g.refused, g.refusedErrno = next, errno
+	g.dirty, g.written = true, true
+	return errno
 }
 
 // Fsync has nothing durable to do: staged bytes become the file only at
@@ -491,6 +512,17 @@ func (g *guardFile) commit(ctx context.Context) syscall.Errno {
 			g.discard()
 			return errno
 		}
+	}
+	if g.refused != nil {
+		// A write was refused: judge and audit what the writer asked for,
+		// and commit none of what it staged around the refusal.
+		errno := ov.check(ctx, g.rel, old, g.refused, g.pid)
+		if errno == 0 {
+			errno = g.refusedErrno
+		}
+		g.discard()
+		g.removeCreated()
+		return errno
 	}
 	if errno := ov.check(ctx, g.rel, old, next, g.pid); errno != 0 {
 		g.discard()

@@ -305,7 +305,7 @@ func TestGuardShellWriters(t *testing.T) {
 // writeCheckGuard also refuses writes early (GuardWriteChecker).
 type writeCheckGuard struct{ testGuard }
 
-func (g *writeCheckGuard) CheckWrite(rel string, content []byte) error {
+func (g *writeCheckGuard) CheckWrite(rel string, old, content []byte) error {
 	if len(content) > g.max {
 		return fmt.Errorf("over the limit: %w", syscall.EFBIG)
 	}
@@ -334,6 +334,24 @@ func TestGuardEarlyRefusals(t *testing.T) {
 	}
 	if got := e.read("memories/MEMORY.md"); got != "basemore\n" {
 		t.Errorf("after append: %q", got)
+	}
+	// A refused write poisons its handle: the accepted write before it is
+	// not committed either (no half entry), and close fails too.
+	f, err := os.OpenFile(mem, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString("half"); err != nil {
+		t.Errorf("write within the limit: %v", err)
+	}
+	if _, err := f.WriteString(strings.Repeat("y", 100)); !errors.Is(err, syscall.EFBIG) {
+		t.Errorf("write past the limit: %v, want EFBIG", err)
+	}
+	if err := f.Close(); !errors.Is(err, syscall.EFBIG) {
+		t.Errorf("close after a refused write: %v, want EFBIG", err)
+	}
+	if got := e.read("memories/MEMORY.md"); got != "basemore\n" {
+		t.Errorf("after a refused write: %q, want the content before the handle", got)
 	}
 
 	// A creation whose content the Guard refuses at close leaves no file.

@@ -142,7 +142,7 @@ func newOverlay(opts Options) (*overlay, error) {
 	}
 	u := &upper{root: rootFd, work: -1, path: opts.Upper, umask: processUmask(), privileged: os.Geteuid() == 0}
 	u.realRoot, _ = os.Readlink("/proc/self/fd/" + strconv.Itoa(rootFd))
-	ov := &overlay{u: u, lower: opts.Lower, guard: opts.Guard, log: opts.Logger.With("component", "fs"), opts: opts}
+	ov := &overlay{u: u, lower: opts.Lower, guard: opts.Guard, log: opts.Logger, opts: opts}
 	fail := func(what string, err error) (*overlay, error) {
 		ov.close()
 		return nil, fmt.Errorf("fs: %s in %s: %w", what, opts.Upper, err)

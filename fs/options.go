@@ -56,14 +56,17 @@ type Guard interface {
 
 // GuardWriteChecker is optionally implemented by a Guard to refuse a write
 // to a guarded file as soon as the write makes the staged content
-// unacceptable, so that a writer that ignores close(2)'s error (a shell
-// redirection) sees the write itself fail. CheckWrite gets rel and the
-// whole content the write would produce; it is called on every write to a
-// guarded handle, must be cheap and must record nothing: Check at close
-// still decides. An error wrapping EFBIG or EPERM fails the write with that
-// errno and leaves the staged content as it was; nil lets it through.
+// unacceptable, as RLIMIT_FSIZE refuses a write past a size, so that a
+// writer that ignores close(2)'s error (a shell redirection) sees the write
+// itself fail. CheckWrite gets rel, the committed content (nil if the file
+// did not exist before the handle) and the whole content the write would
+// produce; it is called on every write to a guarded handle, must be cheap
+// and must record nothing. An error wrapping EFBIG or EPERM fails the write
+// with that errno and poisons the handle: nothing it staged is committed,
+// and its close(2) fails too, after Check has judged (and recorded) the
+// refused content. nil lets the write through; Check at close still decides.
 type GuardWriteChecker interface {
-	CheckWrite(rel string, content []byte) error
+	CheckWrite(rel string, old, content []byte) error
 }
 
 // Options configures Mount. Zero values take the defaults documented on

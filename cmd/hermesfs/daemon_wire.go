@@ -192,7 +192,7 @@ func (realParts) mount(ctx context.Context, d *daemon, lowerPath string) (overla
 	opts := fs.Options{
 		Upper:  upper,
 		Guard:  guard,
-		Logger: d.root, // the overlay names its component and mountpoint
+		Logger: d.root.With("component", "fs"),
 		Debug:  d.cfg.Debug,
 	}
 	if reader != nil {

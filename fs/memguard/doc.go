@@ -29,6 +29,14 @@
 // then learn the real reason. EPERM for content that is both is the more useful
 // answer, and the audit log records what was found.
 //
+// Writes are refused early on the limit alone ([Guard.CheckWrite], the overlay's
+// optional fs.GuardWriteChecker): the write(2) that takes the staged content past
+// the limit fails with EFBIG, as a write past RLIMIT_FSIZE does, so a shell
+// redirection (which ignores close's error) still fails. The overlay then commits
+// nothing from that handle and has Check judge and record the refused content at
+// close. The content scan is never run mid-write: a partial write can end
+// mid-character or mid-word.
+//
 // Closing a guarded file without changing its bytes is not a change: it is
 // accepted and not recorded, whatever the content, so a file that predates the
 // guard can still be opened and closed; it is judged when it is changed.

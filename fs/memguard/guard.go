@@ -130,7 +130,6 @@ func New(opts Options) (*Guard, error) {
 	if g.log == nil {
 		g.log = slog.New(slog.DiscardHandler)
 	}
-	g.log = g.log.With("component", "memguard")
 	if g.now == nil {
 		g.now = time.Now
 	}
@@ -255,10 +254,7 @@ func (g *Guard) Check(ctx context.Context, rel string, old, new []byte, pid uint
 		// predates the guard is judged when it is changed, not when touched.
 		return nil
 	}
-	limit := g.flags[kind]
-	if c, ok := g.config.limits()[kind]; ok {
-		limit = c
-	}
+	limit := g.limit(kind)
 	ev := Event{
 		File:         rel,
 		Limit:        limit,
@@ -287,6 +283,54 @@ func (g *Guard) Check(ctx context.Context, rel string, old, new []byte, pid uint
 	}
 	g.log.Info("memory change accepted", attrs...)
 	return nil
+}
+
+// CheckWrite refuses a write that takes a guarded file's staged content
+// past its limit, the way RLIMIT_FSIZE refuses a write past a size, so that
+// a writer that ignores close(2)'s error (`echo ... >> MEMORY.md`) sees the
+// write itself fail. It judges only the limit, with the same shrink rule as
+// Check: content caught mid-write may end mid-character or mid-sentence, so
+// the content scan waits for Check at close. It records nothing; the
+// overlay then has Check judge and record the refused content at close.
+// old is the committed content (nil for a file the handle created).
+func (g *Guard) CheckWrite(rel string, old, content []byte) error {
+	kind, ok := g.files[rel]
+	if !ok {
+		return nil
+	}
+	limit := g.limit(kind)
+	n := partialRuneCount(content)
+	if n <= limit {
+		return nil
+	}
+	if before := utf8.RuneCount(old); old != nil && before > limit && n < before {
+		return nil
+	}
+	return &RejectError{File: rel, Reason: ReasonLimit, Errno: syscall.EFBIG,
+		Detail: fmt.Sprintf("%d characters exceeds the limit of %d", n, limit)}
+}
+
+// limit is the character limit of kind: config.yaml's, else the flags'.
+func (g *Guard) limit(kind Kind) int {
+	if c, ok := g.config.limits()[kind]; ok {
+		return c
+	}
+	return g.flags[kind]
+}
+
+// partialRuneCount counts the characters of content that a writer may
+// still be writing: an incomplete UTF-8 sequence at the end counts as the
+// one character it will become, not as one per byte.
+func partialRuneCount(b []byte) int {
+	for i := len(b) - 1; i >= 0 && i >= len(b)-utf8.UTFMax; i-- {
+		if utf8.RuneStart(b[i]) {
+			if !utf8.FullRune(b[i:]) {
+				return utf8.RuneCount(b[:i]) + 1
+			}
+			break
+		}
+	}
+	return utf8.RuneCount(b)
 }
 
 // decide runs the checks in the order doc.go gives. It fills ev.Reason and

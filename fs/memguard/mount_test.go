@@ -23,8 +23,9 @@ import (
 
 // The overlay's hook and this package's policy meet here.
 var (
-	_ fs.Guard          = (*memguard.Guard)(nil)
-	_ fs.GuardedBelower = (*memguard.Guard)(nil)
+	_ fs.Guard             = (*memguard.Guard)(nil)
+	_ fs.GuardedBelower    = (*memguard.Guard)(nil)
+	_ fs.GuardWriteChecker = (*memguard.Guard)(nil)
 )
 
 // strict is set by `make test`: a missing tool fails instead of skipping.
@@ -508,11 +509,11 @@ func TestMountOffsetWritesAndTruncate(t *testing.T) {
 	copy(patched[100:], "XYZ")
 	h.expect(t, memRel, patched)
 
-	// pwrite past the end, over the limit.
+	// pwrite past the end, over the limit: the write itself is refused,
+	// and so is the close.
 	f = h.open(t, memRel, os.O_RDWR, 0)
-	if _, err := f.WriteAt(chars("z", 300), 2000); err != nil {
-		t.Fatal(err)
-	}
+	_, err := f.WriteAt(chars("z", 300), 2000)
+	wantErrno(t, "pwrite past the limit", err, syscall.EFBIG)
 	wantErrno(t, "close after pwrite past the limit", f.Close(), syscall.EFBIG)
 	h.expect(t, memRel, patched)
 
@@ -522,8 +523,10 @@ func TestMountOffsetWritesAndTruncate(t *testing.T) {
 		errno syscall.Errno
 	}{{2200, 0}, {2201, syscall.EFBIG}} {
 		f := h.open(t, memRel, os.O_WRONLY|os.O_TRUNC, 0)
-		if _, err := f.Write(chars("t", tc.n)); err != nil {
+		if _, err := f.Write(chars("t", tc.n)); tc.errno == 0 && err != nil {
 			t.Fatal(err)
+		} else if tc.errno != 0 {
+			wantErrno(t, fmt.Sprintf("O_TRUNC write of %d", tc.n), err, tc.errno)
 		}
 		err := f.Close()
 		if tc.errno == 0 && err != nil {
@@ -546,9 +549,7 @@ func TestMountOffsetWritesAndTruncate(t *testing.T) {
 	h.expect(t, memRel, chars("t", 1000))
 
 	f = h.open(t, memRel, os.O_RDWR, 0)
-	if err := f.Truncate(5000); err != nil {
-		t.Fatal(err)
-	}
+	wantErrno(t, "ftruncate up past the limit", f.Truncate(5000), syscall.EFBIG)
 	wantErrno(t, "close after ftruncate up past the limit", f.Close(), syscall.EFBIG)
 	h.expect(t, memRel, chars("t", 1000))
 
@@ -793,5 +794,27 @@ func TestMountLowerMemory(t *testing.T) {
 	h.expect(t, memRel, []byte("Fresh start."))
 	if ev := h.lastEvent(t); ev.SHA256Before != "" || ev.CharsBefore != 0 {
 		t.Errorf("recreation after delete audited as a change of the deleted file: %+v", ev)
+	}
+}
+
+// An append past the limit with a plain shell redirection makes the shell
+// fail: the write(2) itself is refused, since sh ignores close(2)'s error.
+func TestShellAppendPastLimitFails(t *testing.T) {
+	h := mountHome(t, memguard.Options{}, true, nil)
+	base := chars("Likes jazz. ", 2150)
+	h.mustWrite(t, memRel, base)
+	out, err := h.shell(t, `echo "`+strings.Repeat("x", 100)+`" >> memories/MEMORY.md`)
+	h.expect(t, memRel, base)
+	if err == nil {
+		t.Fatalf("sh -c 'echo ... >> memories/MEMORY.md' past the limit exited 0 (output %q); the file is intact but the writer was not told", out)
+	}
+}
+
+// A refused creation does not leave the guarded name behind.
+func TestRefusedCreateLeavesNoFile(t *testing.T) {
+	h := mountHome(t, memguard.Options{}, true, nil)
+	wantErrno(t, "create over the limit", h.write(memRel, chars("n", 2300)), syscall.EFBIG)
+	if _, err := os.Stat(h.path(memRel)); !errors.Is(err, iofs.ErrNotExist) {
+		t.Fatalf("refused creation left %s behind: stat: %v", memRel, err)
 	}
 }
