@@ -97,7 +97,7 @@ var envFlags = map[string]string{
 func (c *mountConfig) addFlags(fs *flag.FlagSet) {
 	c.flags = fs
 	addStoreFlags(fs)
-	fs.StringVar(&c.StateDir, "state-dir", c.StateDir, "state directory for this mountpoint (env HERMESFS_STATE_DIR; default /var/lib/hermesfs/<mountpoint> for root, ~/.local/state/hermesfs/<mountpoint> otherwise)")
+	fs.StringVar(&c.StateDir, "state-dir", c.StateDir, "state directory for this mountpoint (env HERMESFS_STATE_DIR; default /var/lib/hermesfs/mounts/<mountpoint> for root, ~/.local/state/hermesfs/<mountpoint> otherwise)")
 	fs.DurationVar(&c.Interval, "interval", c.Interval, "time between periodic snapshots; 0 disables them (env HERMESFS_INTERVAL)")
 	fs.IntVar(&c.Keep, "keep", c.Keep, "snapshots to keep in the store (env HERMESFS_KEEP)")
 	fs.BoolVar(&c.ReadOnly, "read-only", c.ReadOnly, "mount the newest snapshot read-only and never publish (allowed while another host holds the store)")
@@ -204,12 +204,14 @@ func newLogger(w *os.File, format, level string) *slog.Logger {
 }
 
 // defaultStateDir is the state directory for mountpoint when none is given:
-// /var/lib/hermesfs/<escaped> for root, $XDG_STATE_HOME/hermesfs/<escaped>
-// (else ~/.local/state/hermesfs/<escaped>) for others.
+// /var/lib/hermesfs/mounts/<escaped> for root (a level below the default
+// store, /var/lib/hermesfs/store, so that a mountpoint named /store cannot
+// meet it), $XDG_STATE_HOME/hermesfs/<escaped> (else
+// ~/.local/state/hermesfs/<escaped>) for others.
 func defaultStateDir(mountpoint string, uid int, getenv func(string) string) (string, error) {
 	name := escapePath(mountpoint)
 	if uid == 0 {
-		return filepath.Join("/var/lib/hermesfs", name), nil
+		return filepath.Join("/var/lib/hermesfs", "mounts", name), nil
 	}
 	if x := getenv("XDG_STATE_HOME"); x != "" && filepath.IsAbs(x) {
 		return filepath.Join(x, "hermesfs", name), nil

@@ -40,7 +40,7 @@ func TestEscapePath(t *testing.T) {
 func TestDefaultStateDir(t *testing.T) {
 	env := map[string]string{"HOME": "/home/u"}
 	get := func(k string) string { return env[k] }
-	if d, _ := defaultStateDir("/home/u/.hermes", 0, get); d != "/var/lib/hermesfs/home-u-%2Ehermes" {
+	if d, _ := defaultStateDir("/home/u/.hermes", 0, get); d != "/var/lib/hermesfs/mounts/home-u-%2Ehermes" {
 		t.Errorf("root: %s", d)
 	}
 	if d, _ := defaultStateDir("/home/u/.hermes", 1000, get); d != "/home/u/.local/state/hermesfs/home-u-%2Ehermes" {

@@ -1188,3 +1188,33 @@ func TestE2EMemoryLimitsFromConfig(t *testing.T) {
 		t.Errorf("audit log:\n%s", audit)
 	}
 }
+
+// A first mount from a store that already holds snapshots, over a directory
+// that is not empty, warns that the directory's own files are hidden; they
+// are back, untouched, after unmount.
+func TestE2EWarnsWhenHidingExistingFiles(t *testing.T) {
+	need(t, "/dev/fuse")
+	storeDir := e2eDir(t, "store")
+	store := "file://" + storeDir
+	mpA, mpB := e2eDir(t, "homeA"), e2eDir(t, "homeB")
+	da := newHost(t, store).mount(mpA, "--interval", "0")
+	writeFile(t, filepath.Join(mpA, "from-store"), "published", 0o644)
+	if c := da.stop(syscall.SIGTERM); c != 0 {
+		t.Fatalf("stop A: %d\n%s", c, da.stderr)
+	}
+	writeFile(t, filepath.Join(mpB, "local-only"), "mine", 0o600)
+	db := newHost(t, store).mount(mpB, "--interval", "0")
+	if !strings.Contains(db.stderr.String(), "the mountpoint directory is not empty") ||
+		!strings.Contains(db.stderr.String(), "local-only") {
+		t.Errorf("no warning naming the hidden files:\n%s", db.stderr)
+	}
+	if got := mustRead(t, filepath.Join(mpB, "from-store")); got != "published" {
+		t.Errorf("mount shows %q", got)
+	}
+	if c := db.stop(syscall.SIGTERM); c != 0 {
+		t.Fatalf("stop B: %d\n%s", c, db.stderr)
+	}
+	if got := mustRead(t, filepath.Join(mpB, "local-only")); got != "mine" {
+		t.Errorf("after unmount the hidden file reads %q", got)
+	}
+}

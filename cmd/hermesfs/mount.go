@@ -39,7 +39,7 @@ One host writes a store prefix at a time (a lease in the store, renewed every
 
 Defaults: store = local directory under the data dir
 (/var/lib/hermesfs/store for root, ~/.local/share/hermesfs/store otherwise);
-state dir = /var/lib/hermesfs/<mountpoint> for root,
+state dir = /var/lib/hermesfs/mounts/<mountpoint> for root,
 $XDG_STATE_HOME/hermesfs/<mountpoint> (~/.local/state/...) otherwise;
 interval 15m; keep 10 snapshots.
 
