@@ -14,6 +14,7 @@ if [ "$want" = test ]; then
 	need unsquashfs squashfs-tools
 	need sqlite3 sqlite3
 	need strace strace
+	need gcc gcc # the race detector needs cgo
 fi
 if [ -n "$missing" ]; then
 	pkgs=$(echo "$missing" | tr ' ' '\n' | sort -u | tr '\n' ' ')
