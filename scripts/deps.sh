@@ -1,7 +1,8 @@
 #!/bin/sh
 # Installs what building and testing hermesfs need, skipping what is present.
-# Usage: scripts/deps.sh [run|test]
+# Usage: scripts/deps.sh [run|demo|test]
 #   run   fuse3 (fusermount3), for mounting
+#   demo  also sqlite3, to generate the demo's sample home
 #   test  also squashfs-tools, sqlite3, strace, versitygw and staticcheck
 set -eu
 want=${1:-test}
@@ -9,6 +10,9 @@ want=${1:-test}
 missing=""
 need() { command -v "$1" >/dev/null 2>&1 || missing="$missing $2"; }
 need fusermount3 fuse3
+if [ "$want" = demo ]; then
+	need sqlite3 sqlite3
+fi
 if [ "$want" = test ]; then
 	need mksquashfs squashfs-tools
 	need unsquashfs squashfs-tools
