@@ -22,6 +22,9 @@ func (ov *overlay) copyUpDir(ctx context.Context, n *node) error {
 	if n.upper.Load() {
 		return nil
 	}
+	if ov.opts.ReadOnly {
+		return syscall.EROFS
+	}
 	p, name, ok := n.parent()
 	if !ok {
 		return syscall.ENOENT
@@ -89,6 +92,9 @@ func (ov *overlay) mkdirLike(pfd int, name string, la *archive.Attr) error {
 func (ov *overlay) copyUp(ctx context.Context, n *node, content bool) error {
 	if n.upper.Load() {
 		return nil
+	}
+	if ov.opts.ReadOnly {
+		return syscall.EROFS
 	}
 	// The FUSE request's context ends with any signal to the caller
 	// (SIGURG included); a copy-up, once started, is finished.

@@ -31,6 +31,9 @@ func (n *node) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, uint3
 	ov := n.ov
 	writable := flags&syscall.O_ACCMODE != syscall.O_RDONLY
 	trunc := flags&syscall.O_TRUNC != 0
+	if (writable || trunc) && ov.opts.ReadOnly {
+		return nil, 0, syscall.EROFS
+	}
 	guardedPath := false
 	if ov.guard != nil {
 		if rel, ok := n.rel(); ok && ov.guard.Guarded(rel) {
@@ -207,6 +210,9 @@ func (h *upperFile) Read(ctx context.Context, dest []byte, off int64) (fuse.Read
 
 func (h *upperFile) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
 	ov := h.n.ov
+	if ov.opts.ReadOnly {
+		return 0, syscall.EROFS
+	}
 	ov.gate.enter()
 	defer ov.gate.leave()
 	if ov.views.active() {
@@ -227,6 +233,9 @@ func (h *upperFile) Write(ctx context.Context, data []byte, off int64) (uint32, 
 
 func (h *upperFile) Allocate(ctx context.Context, off, size uint64, mode uint32) syscall.Errno {
 	ov := h.n.ov
+	if ov.opts.ReadOnly {
+		return syscall.EROFS
+	}
 	ov.gate.enter()
 	defer ov.gate.leave()
 	if ov.views.active() && mode&^unix.FALLOC_FL_KEEP_SIZE != 0 {
@@ -383,6 +392,9 @@ func (h *lowerFile) Release(ctx context.Context) syscall.Errno {
 
 // Create makes a new file in the upper layer and opens it.
 func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fusefs.Inode, fusefs.FileHandle, uint32, syscall.Errno) {
+	if n.ov.opts.ReadOnly {
+		return nil, nil, 0, syscall.EROFS
+	}
 	if errno := checkNewName(name); errno != 0 {
 		return nil, nil, 0, errno
 	}

@@ -60,16 +60,22 @@ func (ov *overlay) capture() (*View, error) {
 		inos:  ov.inos.snapshot(),
 		files: map[uint64]*capFile{},
 	}
-	v.dirName = "view-" + strconv.FormatUint(viewSeq.Add(1), 10) + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	if err := unix.Mkdirat(ov.u.work, v.dirName, 0o700); err != nil {
-		return v, err
+	v.dirfd = -1
+	if !ov.opts.ReadOnly {
+		// Sidecars and pins go here; a read-only mount changes nothing
+		// and needs none.
+		v.dirName = "view-" + strconv.FormatUint(viewSeq.Add(1), 10) + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+		if err := unix.Mkdirat(ov.u.work, v.dirName, 0o700); err != nil {
+			return v, err
+		}
+		fd, err := unix.Openat(ov.u.work, v.dirName, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			removeAllAt(ov.u.work, v.dirName)
+			v.dirName = ""
+			return v, err
+		}
+		v.dirfd = fd
 	}
-	fd, err := unix.Openat(ov.u.work, v.dirName, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		removeAllAt(ov.u.work, v.dirName)
-		return v, err
-	}
-	v.dirfd = fd
 	rootSt, err := statFd(ov.u.root)
 	if err == nil {
 		var rfd int

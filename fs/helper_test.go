@@ -26,7 +26,7 @@ const helperEnv = "HERMESFS_FS_HELPER"
 // runHelper runs helper mode h and returns the exit code.
 func runHelper(h string) int {
 	mnt, upper, img := os.Getenv("HELPER_MNT"), os.Getenv("HELPER_UPPER"), os.Getenv("HELPER_LOWER")
-	opts := Options{Upper: upper}
+	opts := Options{Upper: upper, ReadOnly: os.Getenv("HELPER_RO") == "1"}
 	if img != "" {
 		f, err := os.Open(img)
 		if err != nil {
@@ -55,9 +55,13 @@ func runHelper(h string) int {
 		sig := make(chan os.Signal, 1)
 		signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 		<-sig
-	case "unpriv":
+	case "unpriv", "unpriv-ro":
+		checks := unprivChecks
+		if h == "unpriv-ro" {
+			checks = roChecks
+		}
 		code := 0
-		if err := unprivChecks(m, mnt); err != nil {
+		if err := checks(m, mnt); err != nil {
 			fmt.Println("error:", err)
 			code = 1
 		} else {
@@ -153,6 +157,9 @@ func startHelper(t *testing.T, h, mnt, upper, img string, cred *syscall.Credenti
 	}
 	cmd := exec.Command(bin, "-test.run=^$")
 	cmd.Env = append(os.Environ(), helperEnv+"="+h, "HELPER_MNT="+mnt, "HELPER_UPPER="+upper, "HELPER_LOWER="+img)
+	if strings.HasSuffix(h, "-ro") {
+		cmd.Env = append(cmd.Env, "HELPER_RO=1")
+	}
 	cmd.Stderr = testWriter{t}
 	cmd.Dir = "/"
 	if cred != nil {

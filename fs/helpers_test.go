@@ -90,6 +90,14 @@ func need(t testing.TB, cond bool, what string) {
 	t.Skipf("missing: %s", what)
 }
 
+// must fails the test on an error that the test does not examine.
+func must(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 func needFuse(t testing.TB) {
 	t.Helper()
 	_, err := os.Stat("/dev/fuse")

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"sync"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -42,14 +43,48 @@ func openInoMap(dirfd int) (*inoMap, error) {
 		return nil, fmt.Errorf("fs: open inode map: %w", err)
 	}
 	f := os.NewFile(uintptr(fd), inoMapName)
-	data, err := io.ReadAll(f)
+	m, whole, size, err := loadInoMap(f)
 	if err != nil {
 		f.Close()
-		return nil, fmt.Errorf("fs: read inode map: %w", err)
+		return nil, err
 	}
-	m := &inoMap{f: f, m: make(map[uint64]inoRec, len(data)/inoRecSize)}
-	whole := len(data) / inoRecSize * inoRecSize
-	for off := 0; off < whole; off += inoRecSize {
+	if whole != size {
+		// A record torn by a crash was never acknowledged: drop it.
+		if err := f.Truncate(whole); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("fs: repair inode map: %w", err)
+		}
+	}
+	m.f = f
+	return m, nil
+}
+
+// readInoMap loads the inode map of a read-only mount: the records as they
+// are (none if there is no map), and no file to append to.
+func readInoMap(dirfd int) (*inoMap, error) {
+	fd, err := unix.Openat(dirfd, inoMapName, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err == unix.ENOENT {
+		return &inoMap{m: map[uint64]inoRec{}}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("fs: open inode map: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), inoMapName)
+	defer f.Close()
+	m, _, _, err := loadInoMap(f)
+	return m, err
+}
+
+// loadInoMap reads the records of f; whole is where the last complete one
+// ends, size the file's length.
+func loadInoMap(f *os.File) (m *inoMap, whole, size int64, err error) {
+	data, err := io.ReadAll(f)
+	if err != nil {
+		return nil, 0, 0, fmt.Errorf("fs: read inode map: %w", err)
+	}
+	m = &inoMap{m: make(map[uint64]inoRec, len(data)/inoRecSize)}
+	n := len(data) / inoRecSize * inoRecSize
+	for off := 0; off < n; off += inoRecSize {
 		r := data[off : off+inoRecSize]
 		m.m[binary.LittleEndian.Uint64(r)] = inoRec{
 			btime: binary.LittleEndian.Uint64(r[8:]),
@@ -57,14 +92,7 @@ func openInoMap(dirfd int) (*inoMap, error) {
 			gen:   binary.LittleEndian.Uint64(r[24:]),
 		}
 	}
-	if whole != len(data) {
-		// A record torn by a crash was never acknowledged: drop it.
-		if err := f.Truncate(int64(whole)); err != nil {
-			f.Close()
-			return nil, fmt.Errorf("fs: repair inode map: %w", err)
-		}
-	}
-	return m, nil
+	return m, int64(n), int64(len(data)), nil
 }
 
 // get returns the record for upper inode uino born at btime.
@@ -102,6 +130,9 @@ func (m *inoMap) put(uino uint64, r inoRec) error {
 	if old, ok := m.m[uino]; ok && old == r {
 		return nil
 	}
+	if m.f == nil {
+		return fmt.Errorf("fs: append inode map: %w", syscall.EROFS)
+	}
 	if _, err := m.f.Write(b[:]); err != nil {
 		return fmt.Errorf("fs: append inode map: %w", err)
 	}
@@ -123,4 +154,9 @@ func (m *inoMap) snapshot() map[uint64]inoRec {
 	return c
 }
 
-func (m *inoMap) close() error { return m.f.Close() }
+func (m *inoMap) close() error {
+	if m.f == nil {
+		return nil
+	}
+	return m.f.Close()
+}

@@ -64,6 +64,14 @@ func Mount(ctx context.Context, mountpoint string, opts Options) (*Mounted, erro
 	ov.root = root
 
 	logger := slog.NewLogLogger(opts.Logger.Handler(), slog.LevelDebug)
+	mountOpts := []string{"default_permissions"}
+	var directFlags uintptr
+	if opts.ReadOnly {
+		// fusermount3 turns "ro" into MS_RDONLY; a direct mount takes the
+		// flag itself.
+		mountOpts = append(mountOpts, "ro")
+		directFlags = syscall.MS_NOSUID | syscall.MS_NODEV | syscall.MS_RDONLY
+	}
 	fopts := &fusefs.Options{
 		EntryTimeout:    &opts.EntryTimeout,
 		AttrTimeout:     &opts.AttrTimeout,
@@ -76,7 +84,7 @@ func Mount(ctx context.Context, mountpoint string, opts Options) (*Mounted, erro
 		MountOptions: fuse.MountOptions{
 			FsName:        FsName,
 			Name:          FsName,
-			Options:       []string{"default_permissions"},
+			Options:       mountOpts,
 			DisableXAttrs: true,
 			MaxWrite:      opts.MaxWrite,
 			MaxBackground: 64,
@@ -87,7 +95,8 @@ func Mount(ctx context.Context, mountpoint string, opts Options) (*Mounted, erro
 			Debug:             opts.Debug,
 			Logger:            logger,
 			// Direct mount(2) when privileged; fusermount3 otherwise.
-			DirectMount: ov.u.privileged,
+			DirectMount:      ov.u.privileged,
+			DirectMountFlags: directFlags,
 		},
 	}
 	raw := &rawFS{RawFileSystem: fusefs.NewNodeFS(root, fopts), ov: ov}
@@ -117,7 +126,7 @@ func Mount(ctx context.Context, mountpoint string, opts Options) (*Mounted, erro
 	if !opts.NoPassthrough && ov.u.privileged && server.KernelSettings().Flags64()&fuse.CAP_PASSTHROUGH != 0 {
 		ov.passthrough.Store(true)
 	}
-	ov.log.Info("mounted", "mountpoint", mountpoint, "upper", opts.Upper, "lower", ov.lower != nil, "passthrough", ov.passthrough.Load())
+	ov.log.Info("mounted", "mountpoint", mountpoint, "upper", opts.Upper, "lower", ov.lower != nil, "passthrough", ov.passthrough.Load(), "read_only", opts.ReadOnly)
 	return m, nil
 }
 
@@ -146,6 +155,14 @@ func newOverlay(opts Options) (*overlay, error) {
 	fail := func(what string, err error) (*overlay, error) {
 		ov.close()
 		return nil, fmt.Errorf("fs: %s in %s: %w", what, opts.Upper, err)
+	}
+	if opts.ReadOnly {
+		// Shown, never written: no work directory, the inode map read
+		// as it is.
+		if ov.inos, err = readInoMap(rootFd); err != nil {
+			return fail("inode map", err)
+		}
+		return ov, nil
 	}
 	if err := unix.Mkdirat(rootFd, workDirName, 0o700); err != nil && err != unix.EEXIST {
 		return fail("create work directory", err)

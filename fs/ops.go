@@ -89,6 +89,9 @@ func (n *node) newUpperChild(ctx context.Context, dfd int, name string, bytes in
 }
 
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
+	if n.ov.opts.ReadOnly {
+		return nil, syscall.EROFS
+	}
 	if errno := checkNewName(name); errno != 0 {
 		return nil, errno
 	}
@@ -183,6 +186,9 @@ func (ov *overlay) mkdirOpaque(ctx context.Context, dfd int, name string, mode u
 }
 
 func (n *node) Mknod(ctx context.Context, name string, mode uint32, rdev uint32, out *fuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
+	if n.ov.opts.ReadOnly {
+		return nil, syscall.EROFS
+	}
 	if errno := checkNewName(name); errno != 0 {
 		return nil, errno
 	}
@@ -217,6 +223,9 @@ func (n *node) Mknod(ctx context.Context, name string, mode uint32, rdev uint32,
 }
 
 func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
+	if n.ov.opts.ReadOnly {
+		return nil, syscall.EROFS
+	}
 	if errno := checkNewName(name); errno != 0 {
 		return nil, errno
 	}
@@ -250,6 +259,9 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 }
 
 func (n *node) Link(ctx context.Context, target fusefs.InodeEmbedder, name string, out *fuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
+	if n.ov.opts.ReadOnly {
+		return nil, syscall.EROFS
+	}
 	if errno := checkNewName(name); errno != 0 {
 		return nil, errno
 	}
@@ -313,6 +325,9 @@ func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 // remove deletes name (a directory when dir): a whiteout first when the
 // lower layer has that name, then the upper entry.
 func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno {
+	if n.ov.opts.ReadOnly {
+		return syscall.EROFS
+	}
 	if isReserved(name) {
 		return syscall.EINVAL
 	}

@@ -85,6 +85,13 @@ type Options struct {
 	// Guard is the memory write hook; nil guards nothing.
 	Guard Guard
 
+	// ReadOnly mounts the merged tree read-only, with or without root: the
+	// kernel refuses every change with EROFS (the "ro" mount option), and
+	// the overlay refuses any that reaches it anyway. The upper layer is
+	// shown but never written: it is created empty if missing, and
+	// neither its work directory nor its inode map is touched.
+	ReadOnly bool
+
 	// Logger receives the overlay's diagnostics; nil discards them.
 	Logger *slog.Logger
 

@@ -9,7 +9,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -87,9 +86,11 @@ func TestKill9(t *testing.T) {
 	}
 }
 
-// TestUnprivileged mounts as uid/gid 65534 through fusermount3 and does
-// basic I/O in that process; passthrough must be off.
-func TestUnprivileged(t *testing.T) {
+// unprivSetup prepares an unprivileged mount as uid/gid 65534 through
+// fusermount3: /dev/fuse usable by that user, and the image of sampleTree,
+// a mountpoint and an upper directory owned by it. It returns the image,
+// the mountpoint and the upper directory.
+func unprivSetup(t *testing.T) (img, mnt, upper string) {
 	needFuse(t)
 	_, err := exec.LookPath("fusermount3")
 	need(t, err == nil, "fusermount3")
@@ -108,14 +109,14 @@ func TestUnprivileged(t *testing.T) {
 		t.Cleanup(func() { os.Chmod("/dev/fuse", os.FileMode(dev.Mode&0o777)) })
 	}
 	// The user's home: its files belong to the user.
-	_, img := packLower(t, func(dir string) {
+	_, img = packLower(t, func(dir string) {
 		sampleTree(dir)
 		filepath.Walk(dir, func(p string, _ os.FileInfo, _ error) error { return os.Lchown(p, 65534, 65534) })
 	})
 	os.Chmod(img, 0o644)
 	os.Chmod(filepath.Dir(img), 0o755)
 	base := tempDir(t)
-	mnt, upper := filepath.Join(base, "mnt"), filepath.Join(base, "upper")
+	mnt, upper = filepath.Join(base, "mnt"), filepath.Join(base, "upper")
 	for _, d := range []string{mnt, upper} {
 		if err := os.Mkdir(d, 0o755); err != nil {
 			t.Fatal(err)
@@ -124,9 +125,21 @@ func TestUnprivileged(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	t.Cleanup(func() {
+		if left := mountsUnder(base); len(left) > 0 {
+			t.Errorf("helper left %v mounted", left)
+			unix.Unmount(mnt, unix.MNT_DETACH)
+		}
+	})
+	return img, mnt, upper
+}
+
+// TestUnprivileged mounts as uid/gid 65534 through fusermount3 and does
+// basic I/O in that process; passthrough must be off.
+func TestUnprivileged(t *testing.T) {
+	img, mnt, upper := unprivSetup(t)
 	p, line := startHelper(t, "unpriv", mnt, upper, img, &syscall.Credential{Uid: 65534, Gid: 65534})
 	rest, err := p.wait()
-	t.Cleanup(func() { unix.Unmount(mnt, unix.MNT_DETACH) })
 	if line != "ok" || err != nil {
 		t.Fatalf("unprivileged helper: %s %s (%v)", line, strings.TrimSpace(rest), err)
 	}
@@ -141,8 +154,27 @@ func TestUnprivileged(t *testing.T) {
 	if _, err := os.Lstat(filepath.Join(upper, ".wh.top.txt")); err != nil {
 		t.Errorf("whiteout made without privileges: %v", err)
 	}
-	if left := mountsUnder(base); len(left) > 0 {
-		t.Errorf("helper left %v mounted", left)
+}
+
+// TestUnprivilegedReadOnly mounts an upper layer with changes read-only as
+// uid/gid 65534: without root, every change fails with EROFS, and the upper
+// layer is left as it was.
+func TestUnprivilegedReadOnly(t *testing.T) {
+	img, mnt, upper := unprivSetup(t)
+	// Changes made by an ordinary mount first, as the user.
+	e := mountEnv(t, openLower(t, img), Options{})
+	e.write("upper.txt", "changed before")
+	must(t, os.Remove(e.path("secret.txt")))
+	e.unmount()
+	must(t, os.RemoveAll(upper))
+	must(t, os.Rename(e.upper, upper))
+	filepath.Walk(upper, func(p string, _ os.FileInfo, _ error) error { return os.Lchown(p, 65534, 65534) })
+	before := stateOfDir(t, upper)
+
+	p, line := startHelper(t, "unpriv-ro", mnt, upper, img, &syscall.Credential{Uid: 65534, Gid: 65534})
+	rest, err := p.wait()
+	if line != "ok" || err != nil {
+		t.Fatalf("unprivileged read-only helper: %s %s (%v)", line, strings.TrimSpace(rest), err)
 	}
-	_ = time.Second
+	diffStates(t, "upper layer after an unprivileged read-only mount", stateOfDir(t, upper), before)
 }

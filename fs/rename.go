@@ -3,6 +3,7 @@ package fs
 import (
 	"context"
 	"syscall"
+	"time"
 
 	fusefs "github.com/hanwen/go-fuse/v2/fs"
 	"golang.org/x/sys/unix"
@@ -21,6 +22,9 @@ import (
 // before the rename; until the rename, the upper entry hides the whiteout.
 func (n *node) Rename(ctx context.Context, name string, newParent fusefs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
 	ov := n.ov
+	if ov.opts.ReadOnly {
+		return syscall.EROFS
+	}
 	np, ok := newParent.(*node)
 	if !ok {
 		return syscall.EXDEV
@@ -81,13 +85,8 @@ func (n *node) Rename(ctx context.Context, name string, newParent fusefs.InodeEm
 
 	// A guarded destination must not receive a file someone can still
 	// write through an open descriptor.
-	if ov.guard != nil && ov.guard.Guarded(joinRel(drel, newName)) {
-		src.mu.Lock()
-		busy := src.writers > 0 || src.ptOpens > 0
-		src.mu.Unlock()
-		if busy {
-			return syscall.EBUSY
-		}
+	if ov.guard != nil && ov.guard.Guarded(joinRel(drel, newName)) && !src.settleOpens() {
+		return syscall.EBUSY
 	}
 
 	ov.gate.enter()
@@ -192,6 +191,25 @@ func (n *node) Rename(ctx context.Context, name string, newParent fusefs.InodeEm
 	}
 	ov.changed(src.ino, 0)
 	return 0
+}
+
+// settleOpens reports whether n has no handle open for writing or in
+// passthrough. close(2) returns before the kernel's RELEASE reaches the
+// daemon (it is sent in the background), so a writer that has just closed
+// the file may still be counted: give such releases a moment to arrive.
+func (n *node) settleOpens() bool {
+	for wait := 100 * time.Microsecond; ; wait *= 2 {
+		n.mu.Lock()
+		busy := n.writers > 0 || n.ptOpens > 0
+		n.mu.Unlock()
+		if !busy {
+			return true
+		}
+		if wait > 200*time.Millisecond {
+			return false
+		}
+		time.Sleep(wait)
+	}
 }
 
 // logRename tells open views about a rename, with the directories' paths

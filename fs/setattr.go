@@ -15,6 +15,9 @@ import (
 // content instead.
 func (n *node) Setattr(ctx context.Context, f fusefs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	ov := n.ov
+	if ov.opts.ReadOnly && in.Valid&(fuse.FATTR_MODE|fuse.FATTR_UID|fuse.FATTR_GID|fuse.FATTR_SIZE|fuse.FATTR_ATIME|fuse.FATTR_MTIME) != 0 {
+		return syscall.EROFS
+	}
 	size, hasSize := in.GetSize()
 	if g, ok := f.(*guardFile); ok && hasSize {
 		if errno := g.truncate(int64(size)); errno != 0 {
