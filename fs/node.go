@@ -305,19 +305,7 @@ func (ov *overlay) resolve(d *node, dfd int, name string) (entry, error) {
 
 // lowerWalk resolves a lower path from the lower root.
 func (ov *overlay) lowerWalk(p string) (archive.Attr, error) {
-	if ov.lower == nil {
-		return archive.Attr{}, iofs.ErrNotExist
-	}
-	a, err := ov.lower.Stat(ov.lower.Root())
-	if err != nil || p == "" {
-		return a, err
-	}
-	for _, el := range splitPath(p) {
-		if a, err = ov.lower.Lookup(a.Ino, el); err != nil {
-			return a, err
-		}
-	}
-	return a, nil
+	return lowerWalk(ov.lower, p)
 }
 
 func splitPath(p string) []string {

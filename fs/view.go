@@ -190,17 +190,7 @@ func (v *View) child(d *vobj, name string) (vobj, error) {
 }
 
 func (v *View) lowerWalk(p string) (archive.Attr, error) {
-	if v.lower == nil {
-		return archive.Attr{}, iofs.ErrNotExist
-	}
-	a, err := v.lower.Stat(v.lower.Root())
-	for _, el := range splitPath(p) {
-		if err != nil {
-			return a, err
-		}
-		a, err = v.lower.Lookup(a.Ino, el)
-	}
-	return a, err
+	return lowerWalk(v.lower, p)
 }
 
 // resolve walks name (an io/fs path) without following symlinks.
