@@ -1,16 +1,12 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
-	iofs "io/fs"
 	"os"
 	"path/filepath"
-	"syscall"
 
 	"github.com/hermesfs/hermesfs/archive"
 	"github.com/hermesfs/hermesfs/fs"
@@ -174,29 +170,34 @@ func (realParts) mount(ctx context.Context, d *daemon, lowerPath string) (overla
 	}
 	if d.cfg.ReadOnly {
 		// A read-only mount never shows or keeps local changes: an empty
-		// throwaway upper layer, and the kernel refuses writes (EROFS).
+		// throwaway upper layer, and the overlay mounts read-only (EROFS).
 		upper = filepath.Join(d.sd.path, "ro-upper")
 		os.RemoveAll(upper)
+	}
+	var lower fs.Lower
+	if reader != nil {
+		lower = reader
 	}
 	guard, err := memguard.New(memguard.Options{
 		MemoryLimit: d.cfg.MemoryLimit,
 		UserLimit:   d.cfg.UserLimit,
 		AuditLog:    d.sd.auditLog(),
-		ConfigYAML:  func() ([]byte, error) { return readMerged(upper, reader, "config.yaml") },
-		Logger:      log.With("component", "memguard"),
+		// Read from the layers, not through the mount: the guard is
+		// asked while the overlay waits for its verdict.
+		ConfigYAML: func() ([]byte, error) { return fs.ReadFile(upper, lower, "config.yaml") },
+		Logger:     log.With("component", "memguard"),
 	})
 	if err != nil {
 		closeLower()
 		return nil, err
 	}
 	opts := fs.Options{
-		Upper:  upper,
-		Guard:  guard,
-		Logger: d.root.With("component", "fs"),
-		Debug:  d.cfg.Debug,
-	}
-	if reader != nil {
-		opts.Lower = reader
+		Upper:    upper,
+		Lower:    lower,
+		Guard:    guard,
+		ReadOnly: d.cfg.ReadOnly,
+		Logger:   d.root.With("component", "fs"),
+		Debug:    d.cfg.Debug,
 	}
 	m, err := fs.Mount(ctx, d.cfg.Mountpoint, opts)
 	if err != nil {
@@ -206,45 +207,5 @@ func (realParts) mount(ctx context.Context, d *daemon, lowerPath string) (overla
 	}
 	ma := &mountAdapter{Mounted: m, done: make(chan struct{}), lower: lowerFile, guard: guard}
 	go func() { m.Wait(); close(ma.done) }()
-	if d.cfg.ReadOnly {
-		if err := remountReadOnly(d.cfg.Mountpoint); err != nil {
-			ma.Unmount(context.WithoutCancel(ctx))
-			return nil, fmt.Errorf("--read-only: %w", err)
-		}
-	}
 	return ma, nil
-}
-
-// remountReadOnly makes the mount read-only at the VFS: every write fails
-// with EROFS before it reaches the overlay.
-func remountReadOnly(mp string) error {
-	err := syscall.Mount(mp, mp, "", syscall.MS_REMOUNT|syscall.MS_BIND|syscall.MS_RDONLY, "")
-	if err != nil {
-		return fmt.Errorf("remount %s read-only: %w (needs root)", mp, err)
-	}
-	return nil
-}
-
-// readMerged reads rel from the merged tree without going through the
-// mount (the memory guard calls it while the overlay waits for its
-// verdict): the upper layer's file when there is one, nothing when the
-// upper layer deletes it, else the lower archive's.
-func readMerged(upper string, lower *archive.Reader, rel string) ([]byte, error) {
-	b, err := os.ReadFile(filepath.Join(upper, filepath.FromSlash(rel)))
-	if err == nil || !errors.Is(err, iofs.ErrNotExist) {
-		return b, err
-	}
-	dir, name := filepath.Split(filepath.FromSlash(rel))
-	if _, err := os.Lstat(filepath.Join(upper, dir, ".wh."+name)); err == nil {
-		return nil, iofs.ErrNotExist
-	}
-	if lower == nil {
-		return nil, iofs.ErrNotExist
-	}
-	f, err := lower.Open(rel)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	return io.ReadAll(bufio.NewReader(io.LimitReader(f, 1<<20)))
 }

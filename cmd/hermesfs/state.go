@@ -12,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/hermesfs/hermesfs/fs"
 )
 
 // persistedState is state.json: what a restart on this host needs to know to
@@ -191,29 +193,9 @@ func dirEmpty(dir string) (bool, error) {
 }
 
 // upperHasChanges reports whether the upper layer at dir holds any change
-// to the tree. The overlay keeps bookkeeping of its own at the root (see
-// package fs: the inode map and a work directory emptied at every mount),
-// which alone changes nothing; anything else (an entry, a whiteout, an
-// opaque or redirect marker) does.
+// to the tree, as package fs defines it (its own bookkeeping is none).
 func upperHasChanges(dir string) (bool, error) {
-	f, err := os.Open(dir)
-	if errors.Is(err, iofs.ErrNotExist) {
-		return false, nil
-	}
-	if err != nil {
-		return false, err
-	}
-	defer f.Close()
-	names, err := f.Readdirnames(-1)
-	if err != nil {
-		return false, err
-	}
-	for _, n := range names {
-		if n != ".wh..wh..ino" && n != ".wh..wh..work" {
-			return true, nil
-		}
-	}
-	return false, nil
+	return fs.UpperHasChanges(dir)
 }
 
 // setAside renames dir to dir.<what>-<time> so nothing is ever deleted that
