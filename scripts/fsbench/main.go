@@ -25,6 +25,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -45,12 +46,34 @@ func main() {
 	work := flag.String("work", "", "scratch directory on the same disk")
 	runs := flag.Int("runs", 3, "runs of each warm workload (best kept)")
 	bigMiB := flag.Int("big", 1024, "size of the lower file for the copy-up stall, MiB")
+	only := flag.String("only", "", "comma-separated workload groups to run (default all): "+strings.Join(allGroups, ","))
+	entries := flag.Int("entries", 50000, "upper entries for the last freeze-stall measurement (group entries)")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run (workloads and overlay) to this file")
 	flag.Parse()
 	if *home == "" || *work == "" {
 		flag.Usage()
 		os.Exit(2)
 	}
-	b := &bench{home: *home, work: *work, runs: *runs, bigMiB: *bigMiB}
+	b := &bench{home: *home, work: *work, runs: *runs, bigMiB: *bigMiB, entries: *entries, groups: map[string]bool{}}
+	for _, g := range strings.Split(*only, ",") {
+		if g = strings.TrimSpace(g); g == "" {
+			continue
+		}
+		if !slices.Contains(allGroups, g) {
+			fmt.Fprintf(os.Stderr, "fsbench: unknown group %q (have %s)\n", g, strings.Join(allGroups, ","))
+			os.Exit(2)
+		}
+		b.groups[g] = true
+	}
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "fsbench:", err)
+			os.Exit(1)
+		}
+		pprof.StartCPUProfile(f)
+		b.cleanups = append(b.cleanups, func() { pprof.StopCPUProfile(); f.Close() })
+	}
 	if err := b.run(); err != nil {
 		fmt.Fprintln(os.Stderr, "fsbench:", err)
 		b.cleanup()
@@ -59,10 +82,18 @@ func main() {
 	b.cleanup()
 }
 
+// allGroups are the workload groups, in the order they run.
+var allGroups = []string{"meta", "read", "freeze", "create", "sqlite", "writes", "copyup", "upper", "entries", "loopback"}
+
+// want reports whether group g runs.
+func (b *bench) want(g string) bool { return len(b.groups) == 0 || b.groups[g] }
+
 type bench struct {
 	home, work string
 	runs       int
 	bigMiB     int
+	entries    int
+	groups     map[string]bool
 	lowerFile  *os.File
 	m          *fs.Mounted
 	mnt, upper string
@@ -118,79 +149,143 @@ func (b *bench) run() error {
 	// (everything in the lower layer).
 	files, bytes := countTree(b.home)
 	fmt.Printf("# home: %d files, %.1f MiB\n", files, float64(bytes)/(1<<20))
-	b.cold("stat every file (cold)", "<= 2.5", func(root string) error { return statAll(root) }, b.home, rootLower)
-	b.warm("stat every file (warm)", "<= 2.5", func(root string) error { return statAll(root) }, b.home, rootLower)
-	b.cold("read every file (cold)", "<= 1.3", func(root string) error { return readAll(root) }, b.home, rootLower)
-	b.warm("read every file (warm)", "<= 1.3", func(root string) error { return readAll(root) }, b.home, rootLower)
+	if b.want("meta") {
+		b.cold("stat every file (cold)", "<= 2.5", func(root string) error { return statAll(root) }, b.home, rootLower)
+		b.warm("stat every file (warm)", "<= 2.5", func(root string) error { return statAll(root) }, b.home, rootLower)
+	}
+	if b.want("read") {
+		for i := 0; i < b.runs; i++ {
+			b.cold("read every file (cold)", "<= 1.3", func(root string) error { return readAll(root) }, b.home, rootLower)
+		}
+		b.warm("read every file (warm)", "<= 1.3", func(root string) error { return readAll(root) }, b.home, rootLower)
+	}
 
 	// The freeze stall with 10 and 100 MiB freshly dirty in a young upper
 	// layer (tens of files).
-	for _, mib := range []int{10, 100} {
-		if err := b.freezeStall(mib); err != nil {
-			return err
+	if b.want("freeze") {
+		for _, mib := range []int{10, 100} {
+			if err := b.freezeStall(mib); err != nil {
+				return err
+			}
 		}
 	}
 
 	// Hermes-style writes into fresh directories of both.
 	runsOn := map[string]int{}
-	b.warm("create 5k files (temp+fsync+rename)", "<= 2.5", func(root string) error {
-		runsOn[root]++
-		return createFiles(filepath.Join(root, fmt.Sprintf("sessions-bench-%d", runsOn[root])), 5000)
-	}, b.native, b.mnt)
-	b.warm("3000 SQLite inserts, WAL, autocommit", "<= 1.3", func(root string) error {
-		runsOn[root]++
-		return sqliteInserts(filepath.Join(root, fmt.Sprintf("bench-%d.db", runsOn[root])), 3000)
-	}, b.native, b.mnt)
+	if b.want("create") || b.want("upper") {
+		b.warm("create 5k files (temp+fsync+rename)", "<= 2.5", func(root string) error {
+			runsOn[root]++
+			return createFiles(filepath.Join(root, fmt.Sprintf("sessions-bench-%d", runsOn[root])), 5000)
+		}, b.native, b.mnt)
+	}
+	if b.want("sqlite") {
+		b.warm("3000 SQLite inserts, WAL, autocommit", "<= 1.3", func(root string) error {
+			runsOn[root]++
+			return sqliteInserts(filepath.Join(root, fmt.Sprintf("bench-%d.db", runsOn[root])), 3000)
+		}, b.native, b.mnt)
+	}
 
 	// Random 4 KiB writes to a file copied up from the lower layer, and to
 	// a copy of it on native disk.
 	dbRel := "state.db"
-	if _, err := os.Stat(filepath.Join(b.home, dbRel)); err != nil {
-		return fmt.Errorf("home has no %s: %w", dbRel, err)
-	}
-	if err := copyFile(filepath.Join(b.home, dbRel), filepath.Join(b.native, dbRel)); err != nil {
-		return err
-	}
-	t0 := time.Now()
-	if err := touchWrite(filepath.Join(b.mnt, dbRel)); err != nil {
-		return err
-	}
-	st, _ := os.Stat(filepath.Join(b.mnt, dbRel))
-	fmt.Printf("# copy-up of %s (%.0f MiB) took %s\n", dbRel, float64(st.Size())/(1<<20), time.Since(t0).Round(time.Millisecond))
-	b.warm("4 KiB random writes (20k) to a copied-up file", "<= 1.3", func(root string) error {
-		return randomWrites(filepath.Join(root, dbRel), 20000, false)
-	}, b.native, b.mnt)
-	b.warm("4 KiB random writes+fdatasync (2k)", "<= 1.3", func(root string) error {
-		return randomWrites(filepath.Join(root, dbRel), 2000, true)
-	}, b.native, b.mnt)
-
-	// The stall of the first write into the big lower file.
-	if err := dropCaches(); err == nil {
-		t0 = time.Now()
-		if err := touchWrite(filepath.Join(b.mnt, "big.bin")); err != nil {
+	if b.want("writes") || b.want("upper") {
+		if _, err := os.Stat(filepath.Join(b.home, dbRel)); err != nil {
+			return fmt.Errorf("home has no %s: %w", dbRel, err)
+		}
+		if err := copyFile(filepath.Join(b.home, dbRel), filepath.Join(b.native, dbRel)); err != nil {
 			return err
 		}
-		fmt.Printf("%-44s %12s %12s %7s  %s\n", fmt.Sprintf("first 4 KiB write into a %d MiB lower file", b.bigMiB), "-", dur(time.Since(t0)), "-", "info (cold; copy-up of the whole file)")
+		t0 := time.Now()
+		if err := touchWrite(filepath.Join(b.mnt, dbRel)); err != nil {
+			return err
+		}
+		st, _ := os.Stat(filepath.Join(b.mnt, dbRel))
+		fmt.Printf("# copy-up of %s (%.0f MiB) took %s\n", dbRel, float64(st.Size())/(1<<20), time.Since(t0).Round(time.Millisecond))
+	}
+	if b.want("writes") {
+		b.warm("4 KiB random writes (20k) to a copied-up file", "<= 1.3", func(root string) error {
+			return randomWrites(filepath.Join(root, dbRel), 20000, false)
+		}, b.native, b.mnt)
+		b.warm("4 KiB random writes+fdatasync (2k)", "<= 1.3", func(root string) error {
+			return randomWrites(filepath.Join(root, dbRel), 2000, true)
+		}, b.native, b.mnt)
+	}
+
+	// The stall of the first write into the big lower file.
+	if b.want("copyup") {
+		if err := dropCaches(); err == nil {
+			t0 := time.Now()
+			if err := touchWrite(filepath.Join(b.mnt, "big.bin")); err != nil {
+				return err
+			}
+			fmt.Printf("%-44s %12s %12s %7s  %s\n", fmt.Sprintf("first 4 KiB write into a %d MiB lower file", b.bigMiB), "-", dur(time.Since(t0)), "-", "info (cold; copy-up of the whole file)")
+		}
 	}
 
 	// Reads of upper files: passthrough against daemon-served.
-	if err := b.passthroughCost(); err != nil {
-		return err
+	if b.want("upper") {
+		if err := b.passthroughCost(); err != nil {
+			return err
+		}
 	}
 
 	// The freeze stall grows with the entries of the upper layer (now
-	// holding the sessions created above), then with 20k more.
-	if err := b.freezeStall(0); err != nil {
-		return err
+	// holding the sessions created above), then with 20k more, then up to
+	// -entries.
+	if b.want("entries") {
+		if err := b.freezeStall(0); err != nil {
+			return err
+		}
+		if err := createFiles(filepath.Join(b.mnt, "many"), 20000); err != nil {
+			return err
+		}
+		if err := b.freezeStall(0); err != nil {
+			return err
+		}
+		if n := b.entries - upperEntries(b.upper); n > 0 {
+			if err := createPlain(filepath.Join(b.mnt, "more"), n); err != nil {
+				return err
+			}
+			if err := b.freezeStall(0); err != nil {
+				return err
+			}
+		}
 	}
-	if err := createFiles(filepath.Join(b.mnt, "many"), 20000); err != nil {
-		return err
+	if b.want("loopback") {
+		if err := b.writeModes(); err != nil {
+			return err
+		}
 	}
-	if err := b.freezeStall(0); err != nil {
-		return err
-	}
-	if err := b.writeModes(); err != nil {
-		return err
+	return nil
+}
+
+// upperEntries counts the entries of the upper layer (the overlay's own
+// bookkeeping included).
+func upperEntries(upper string) int {
+	n := 0
+	filepath.WalkDir(upper, func(p string, d iofs.DirEntry, err error) error {
+		if err == nil && p != upper {
+			n++
+		}
+		return nil
+	})
+	return n
+}
+
+// createPlain creates n small files without syncing, 500 to a directory:
+// upper entries for the freeze stall.
+func createPlain(dir string, n int) error {
+	body := bytes.Repeat([]byte("x"), 512)
+	for i := 0; i < n; i++ {
+		sub := filepath.Join(dir, fmt.Sprintf("d%03d", i/500))
+		if i%500 == 0 {
+			if err := os.MkdirAll(sub, 0o755); err != nil {
+				return err
+			}
+		}
+		if err := os.WriteFile(filepath.Join(sub, fmt.Sprintf("f%04d", i%500)), body, 0o644); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -652,8 +747,11 @@ func (b *bench) freezeStall(mib int) error {
 	}
 	stall := v.Stall()
 	v.Close()
-	files, dirtyBytes := 0, int64(0)
+	files, entries, dirtyBytes := 0, 0, int64(0)
 	filepath.WalkDir(b.upper, func(p string, d iofs.DirEntry, err error) error {
+		if err == nil && p != b.upper {
+			entries++
+		}
 		if err == nil && d.Type().IsRegular() {
 			files++
 			if fi, err := d.Info(); err == nil {
@@ -664,7 +762,7 @@ func (b *bench) freezeStall(mib int) error {
 	})
 	name := fmt.Sprintf("freeze, %d MiB freshly dirty", mib)
 	if mib == 0 {
-		name = "freeze, nothing freshly dirty"
+		name = fmt.Sprintf("freeze, %d upper entries", entries)
 	}
 	fmt.Printf("%-44s %12s %12s %7s  %s\n", name, "-", dur(took),
 		"-", fmt.Sprintf("< 100ms (gate closed %s; worst write %s, %s before; upper: %d files, %.0f MiB)",
