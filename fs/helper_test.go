@@ -25,6 +25,9 @@ const helperEnv = "HERMESFS_FS_HELPER"
 
 // runHelper runs helper mode h and returns the exit code.
 func runHelper(h string) int {
+	if h == "hold" {
+		return holdFile(os.Getenv("HELPER_FILE"))
+	}
 	mnt, upper, img := os.Getenv("HELPER_MNT"), os.Getenv("HELPER_UPPER"), os.Getenv("HELPER_LOWER")
 	opts := Options{Upper: upper, ReadOnly: os.Getenv("HELPER_RO") == "1"}
 	if img != "" {
@@ -55,6 +58,17 @@ func runHelper(h string) int {
 		sig := make(chan os.Signal, 1)
 		signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 		<-sig
+	case "mount-exit":
+		// Serve until SIGTERM, then unmount with a short deadline and
+		// exit whatever happened.
+		fmt.Println("ready")
+		sig := make(chan os.Signal, 1)
+		signal.Notify(sig, syscall.SIGTERM)
+		<-sig
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		defer cancel()
+		fmt.Println("unmount:", m.Unmount(ctx))
+		return 0
 	case "unpriv", "unpriv-ro":
 		checks := unprivChecks
 		if h == "unpriv-ro" {
@@ -80,6 +94,28 @@ func runHelper(h string) int {
 	if err := m.Unmount(ctx); err != nil {
 		fmt.Println("error: unmount:", err)
 		return 1
+	}
+	return 0
+}
+
+// holdFile opens path, says so, and on SIGUSR1 reads it and prints what
+// the read gave.
+func holdFile(path string) int {
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGUSR1)
+	f, err := os.Open(path)
+	if err != nil {
+		fmt.Println("error:", err)
+		return 1
+	}
+	defer f.Close()
+	fmt.Println("open")
+	<-sig
+	_, err = f.ReadAt(make([]byte, 1), 0)
+	if errors.Is(err, syscall.ENOTCONN) {
+		fmt.Println("read: ENOTCONN")
+	} else {
+		fmt.Println("read:", err)
 	}
 	return 0
 }
@@ -135,7 +171,7 @@ type helperProc struct {
 
 // startHelper starts the test binary in helper mode h and waits for it to
 // print its first line ("ready", "ok" or "error: ...").
-func startHelper(t *testing.T, h, mnt, upper, img string, cred *syscall.Credential) (*helperProc, string) {
+func startHelper(t *testing.T, h, mnt, upper, img string, cred *syscall.Credential, env ...string) (*helperProc, string) {
 	t.Helper()
 	bin, err := os.Executable()
 	if err != nil {
@@ -157,6 +193,7 @@ func startHelper(t *testing.T, h, mnt, upper, img string, cred *syscall.Credenti
 	}
 	cmd := exec.Command(bin, "-test.run=^$")
 	cmd.Env = append(os.Environ(), helperEnv+"="+h, "HELPER_MNT="+mnt, "HELPER_UPPER="+upper, "HELPER_LOWER="+img)
+	cmd.Env = append(cmd.Env, env...)
 	if strings.HasSuffix(h, "-ro") {
 		cmd.Env = append(cmd.Env, "HELPER_RO=1")
 	}

@@ -229,9 +229,19 @@ func (ov *overlay) close() {
 
 // Unmount detaches the mount lazily (it disappears from the namespace at
 // once, even with files open) and waits, until ctx ends, for the kernel to
-// let go of it, which happens when the last open file is closed. If ctx
-// ends first and the daemon may, it aborts the FUSE connection (open files
-// then fail with ENOTCONN) and returns ctx's error.
+// let go of it, which happens when the last open file is closed.
+//
+// If ctx ends first, Unmount returns an error wrapping ctx's error, after
+// trying to abort the FUSE connection through the fusectl file system
+// (/sys/fs/fuse/connections, mounted there first if the daemon is root and
+// it is not): the files still open then fail every operation with
+// ENOTCONN, the mount is gone and Wait returns. Without root (or where /sys
+// cannot be mounted on, as in many containers) the connection cannot be
+// aborted: the mount keeps serving its open files, invisible in the
+// namespace, until they are closed or the process ends; when the process
+// ends, the kernel aborts the connection itself and the open files get
+// ENOTCONN just the same. Either way, nothing the overlay acknowledged is
+// lost: the upper layer is on disk.
 func (m *Mounted) Unmount(ctx context.Context) error {
 	var err error
 	select {
@@ -285,10 +295,35 @@ func isNotMounted(mountpoint string) bool {
 	return !mountedAt(string(b), mountpoint)
 }
 
-// abort aborts the FUSE connection through fusectl, if mounted and allowed.
+// fusectlDir is where the fusectl file system is mounted, with a directory
+// per FUSE connection named by the minor device number of its mounts.
+const fusectlDir = "/sys/fs/fuse/connections"
+
+// abort aborts the FUSE connection through fusectl, mounting fusectl first
+// if it is not and the daemon is root. It reports whether it could.
 func (m *Mounted) abort() bool {
-	p := "/sys/fs/fuse/connections/" + strconv.FormatUint(uint64(unix.Minor(m.dev)), 10) + "/abort"
-	return os.WriteFile(p, []byte("1"), 0) == nil
+	p := fusectlDir + "/" + strconv.FormatUint(uint64(unix.Minor(m.dev)), 10) + "/abort"
+	err := os.WriteFile(p, []byte("1"), 0)
+	if errors.Is(err, os.ErrNotExist) && m.ov.u.privileged && !fusectlMounted() {
+		if merr := unix.Mount("fusectl", fusectlDir, "fusectl", 0, ""); merr != nil {
+			m.ov.log.Warn("cannot mount fusectl to abort the connection", "dir", fusectlDir, "err", merr)
+			return false
+		}
+		m.ov.log.Info("mounted fusectl to abort the connection", "dir", fusectlDir)
+		err = os.WriteFile(p, []byte("1"), 0)
+	}
+	if err != nil {
+		m.ov.log.Warn("cannot abort the FUSE connection; open files keep it until closed or until the daemon exits", "err", err)
+		return false
+	}
+	m.ov.log.Warn("aborted the FUSE connection: files still open get ENOTCONN", "mountpoint", m.mountpoint)
+	return true
+}
+
+// fusectlMounted reports whether fusectl is mounted at fusectlDir.
+func fusectlMounted() bool {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	return err == nil && mountedAt(string(b), fusectlDir)
 }
 
 // Wait blocks until the mount is gone (unmounted by Unmount or externally).
