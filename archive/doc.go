@@ -15,10 +15,12 @@
 // After the padding comes our trailer (see trailer.go): a CRC-32C for every
 // byte range of the image (superblock, each data, fragment and metadata
 // block, each table index), the nanoseconds of every mtime (squashfs keeps
-// seconds), and a fixed-size footer at the very end that locates and
-// checksums the trailer. squashfs has no checksums of its own: with the
-// trailer, a flipped bit anywhere in the image is reported instead of being
-// served.
+// seconds), a content sum (SHA-256 based, see sums.go) of every data block
+// and every regular file, and a fixed-size footer at the very end that
+// locates and checksums the trailer. squashfs has no checksums of its own:
+// with the trailer, a flipped bit anywhere in the image is reported instead
+// of being served. The content sums let a later pack recognise content it
+// already has without reading it.
 //
 // # Packing
 //
@@ -27,12 +29,53 @@
 // compress them in parallel, and the caller's goroutine writes them in
 // order. Metadata tables are built in memory (they are small) and written
 // after the data, then the superblock at offset 0, as mksquashfs does. The
-// same tree and options always give the same bytes. A file that says it is
-// unchanged content of an earlier archive (BlockSource) has its compressed
-// blocks copied from that archive instead of being recompressed, so a
-// snapshot costs what changed; a fragment block of that archive is copied
-// whole when at least 3/4 of it is still in use (below that, its live tails
-// are repacked, so stale bytes do not accumulate over snapshots).
+// same tree, options and base always give the same bytes. A file that says
+// it is unchanged content of an earlier archive (BlockSource) has its
+// compressed blocks copied from that archive instead of being recompressed;
+// a fragment block of that archive is copied whole when at least 3/4 of it
+// is still in use (below that, its live tails are repacked, so stale bytes
+// do not accumulate over snapshots).
+//
+// # Snapshots that cost what changed
+//
+// PackOptions.Base names the previous archive B of the same tree. Pack then
+// lays the new archive N out so that it shares as many bytes with B as it
+// can, at the same offsets where possible, and reports which (the copy
+// map, PackResult.Copies) so that an object store can copy those ranges
+// from B server-side and receive only the rest:
+//
+//	B: [sb][opts][B's data and fragment blocks ........][B's tables][pad][trailer]
+//	N: [sb][opts][B's data and fragment blocks ........][new blocks][N's tables][pad][trailer]
+//	              \____ the same bytes at the same offsets __/
+//
+// That is "appending". Before writing anything Pack learns, for every file,
+// whether B holds its content: the file is B's content (its BlockSource
+// names B), or another archive's content whose recorded sum B also records
+// (the layer a view sits on, when B is the last snapshot made of it), or,
+// read ahead and summed, a file whose size and sum match one of B (a copy
+// of state.db, a file written back unchanged). Such a file points at B's
+// blocks where they are, fragment tail included: nothing of it is read,
+// copied or written. Everything else goes after the copied region: new
+// files, and changed files as a new contiguous run (squashfs wants a file's
+// blocks contiguous), whose blocks B already holds (same block sum: the
+// unchanged pages of a database) are copied from B compressed rather than
+// compressed again, and appear in the copy map at their new offsets.
+//
+// B's blocks that no file of N uses any more stay in the region as
+// garbage: unreferenced bytes that standard readers never look at. When
+// they would exceed PackOptions.MaxGarbage (default 1/4) of N's data,
+// weighed before packing with the new data estimated at B's compression
+// ratio, Pack "compacts" instead: a fresh layout without the region, the
+// files B holds still copied from it block by block (and listed in the
+// copy map at their new offsets, in runs as long as B's order allows).
+// Appending needs B to carry our trailer and to have been written with the
+// same compression, compressor options and block size; copying blocks
+// needs the same compression and block size. Every block taken from B is
+// checked against B's checksums first: a damaged B fails the pack.
+//
+// N is a complete, standard squashfs image on its own: it holds every byte
+// it references, so deleting B never breaks N, and unsquashfs, the kernel
+// and other readers read it like any other.
 //
 // squashfs puts its superblock first but can only fill it in last. Pack
 // therefore writes into an *os.File (anything with WriteAt and ReadAt)

@@ -144,7 +144,7 @@ func TestWriteFuzzSeeds(t *testing.T) {
 		for i := range ex {
 			ex[i] = extent{length: r.tr.ext.len[i], kind: r.tr.ext.kind[i], crc: r.tr.ext.crc[i]}
 		}
-		tr := marshalTrailer(ex, r.tr.mtimeNs, uint64(len(img)), uint64(len(img)))
+		tr := marshalTrailer(ex, r.tr.mtimeNs, nil, uint64(len(img)), uint64(len(img)))
 		writeSeed(t, dir, "pack-"+string(c), append(append([]byte(nil), img...), tr...))
 		if c == None || c == Zstd {
 			writeSeed(t, dir, "bare-"+string(c), img)

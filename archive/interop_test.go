@@ -52,26 +52,13 @@ func TestCompressions(t *testing.T) {
 
 // The kernel mounts what we write (where the machine lets the test mount).
 func TestKernelMount(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("kernel squashfs mount needs root")
-	}
 	src := makeTree(t)
 	want := scanTree(t, src)
 	for _, o := range []PackOptions{{Compression: Zstd}, {Compression: Gzip}, {Compression: LZ4}, {Compression: None},
 		{Compression: Zstd, BlockSize: 4 << 10}, {Compression: Zstd, Level: 19, BlockSize: 1 << 20}} {
 		t.Run(fmt.Sprintf("%s-%d", o.Compression, o.BlockSize), func(t *testing.T) {
 			p, _ := packToFile(t, src, o)
-			mnt := filepath.Join(t.TempDir(), "mnt")
-			os.Mkdir(mnt, 0o755)
-			out, err := exec.Command("mount", "-t", "squashfs", "-o", "loop,ro", p, mnt).CombinedOutput()
-			if err != nil {
-				t.Skipf("kernel squashfs mount not available here: %v: %s", err, out)
-			}
-			t.Cleanup(func() {
-				if out, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
-					t.Errorf("umount: %v: %s", err, out)
-				}
-			})
+			mnt := kernelMount(t, p)
 			compareTrees(t, want, scanTree(t, mnt), compareOpts{owners: true, dirMtime: true, devices: true})
 		})
 	}
@@ -80,8 +67,14 @@ func TestKernelMount(t *testing.T) {
 // go-diskfs, an independent reader, agrees on names, types and content.
 func TestGoDiskfsReads(t *testing.T) {
 	src := makeTree(t)
-	want := scanTree(t, src)
 	p, _ := packToFile(t, src, PackOptions{})
+	checkGoDiskfs(t, p, scanTree(t, src))
+}
+
+// checkGoDiskfs reads the archive at p with go-diskfs and compares names,
+// types and content with want.
+func checkGoDiskfs(t *testing.T, p string, want map[string]entryInfo) {
+	t.Helper()
 	f, err := os.Open(p)
 	if err != nil {
 		t.Fatal(err)
@@ -133,6 +126,27 @@ func TestGoDiskfsReads(t *testing.T) {
 	if seen != len(want)-1 {
 		t.Errorf("go-diskfs saw %d entries, want %d", seen, len(want)-1)
 	}
+}
+
+// kernelMount mounts the archive at p with the kernel's squashfs until the
+// test ends, or skips the test where the machine does not allow it.
+func kernelMount(t *testing.T, p string) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("kernel squashfs mount needs root")
+	}
+	mnt := filepath.Join(t.TempDir(), "mnt")
+	os.Mkdir(mnt, 0o755)
+	out, err := exec.Command("mount", "-t", "squashfs", "-o", "loop,ro", p, mnt).CombinedOutput()
+	if err != nil {
+		t.Skipf("kernel squashfs mount not available here: %v: %s", err, out)
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
+			t.Errorf("umount: %v: %s", err, out)
+		}
+	})
+	return mnt
 }
 
 // Our reader reads mksquashfs images identically to the tree they came from.

@@ -37,6 +37,28 @@ type PackOptions struct {
 	// mtime in the tree, so the same tree always packs to the same bytes.
 	ModTime time.Time
 	Logger  *slog.Logger
+
+	// Base is an earlier archive of the same tree, usually the previous
+	// snapshot, that the new archive builds on (see "Snapshots that cost
+	// what changed" in the package documentation). Files whose content it
+	// holds — files that are its content (BlockSource), files whose
+	// content sum it records (copies, files written back unchanged) —
+	// are not read again, and a changed file's unchanged blocks are
+	// copied from it. When Base was written by Pack with the same
+	// compression, options and block size, the new archive starts with
+	// Base's data region byte for byte and unchanged files point into it,
+	// unless more than MaxGarbage of that region is garbage; then the
+	// archive is laid out afresh (compacted). PackResult.Copies lists the
+	// byte ranges the new archive shares with Base. nil: no base.
+	Base *Reader
+	// MaxGarbage is the share of the new archive's data that may be
+	// garbage (Base's blocks of deleted or changed files) for Pack to
+	// still append to Base; it is weighed before packing, estimating the
+	// new data at Base's compression ratio. 0 means DefaultMaxGarbage; a
+	// negative value never appends.
+	MaxGarbage float64
+
+	noSums bool // tests: record no content sums, as archives did before them
 }
 
 // PackResult describes a packed archive.
@@ -46,8 +68,24 @@ type PackResult struct {
 	Inodes      int64    // inodes in the archive (hard links share one)
 	Files       int64    // regular files (inodes)
 	Dirs        int64    // directories, the root included
-	DataBytes   int64    // bytes of regular file content read from the tree
-	ReusedBytes int64    // of DataBytes, bytes whose compressed blocks were copied from an earlier archive (see BlockSource)
+	DataBytes   int64    // bytes of regular file content in the tree
+	ReusedBytes int64    // of DataBytes, bytes of files whose content was taken from an earlier archive (BlockSource, Base) instead of being read and compressed
+
+	// How PackOptions.Base was used, and what the archive shares with it.
+	Base BaseUse
+	// Copies are the byte ranges of the archive that are verbatim copies
+	// of ranges of Base, in increasing Offset, adjacent ones merged: the
+	// shared prefix when appending, then blocks copied from Base.
+	Copies []CopyRange
+	// CopiedBytes is the total length of Copies: the bytes a store that
+	// can copy from Base need not receive again.
+	CopiedBytes int64
+	// SharedBytes is the length of the prefix (from the end of the
+	// superblock) that sits at the same offsets as in Base.
+	SharedBytes int64
+	// GarbageBytes are the bytes of the shared prefix that no file uses
+	// any more; GarbageBytes/Size is what compaction bounds.
+	GarbageBytes int64
 }
 
 // BlockSource is an optional interface of the files Pack opens from its
@@ -149,6 +187,11 @@ type node struct {
 	ino  uint32 // squashfs inode number (owner only)
 	ref  uint64 // inode reference, once written (owner only)
 	file *fileData
+
+	// Regular files: where the content already is, learnt before packing.
+	src     *fileSource // the file said it is an earlier archive's content
+	checked bool        // src was asked for
+	inBase  Inode       // the inode of the base holding the same content
 }
 
 func (n *node) inode() *node {
@@ -167,6 +210,29 @@ type fileData struct {
 	fragOff uint32
 	sparse  uint64 // bytes in holes
 	started bool
+
+	// Content sum (sums.go): given (sumSet), or computed from the sums of
+	// the stored chunks or of the fragment tail.
+	chunks      []sum // per entry of words
+	tailSum     sum
+	sum         sum
+	sumSet      bool
+	reusedBytes int64 // of size, bytes taken from an earlier archive
+}
+
+// contentSum is the file's content sum, or zero if unknown.
+func (fd *fileData) contentSum() sum {
+	switch {
+	case fd.sumSet:
+		return fd.sum
+	case fd.size == 0:
+		return fileSum(0, nil)
+	case fd.frag == noFragment:
+		return fileSum(fd.size, fd.chunks)
+	case len(fd.words) == 0:
+		return fileSum(fd.size, []sum{fd.tailSum})
+	}
+	return sum{}
 }
 
 type linkKey struct{ dev, ino uint64 }
@@ -179,11 +245,15 @@ type packer struct {
 	bs    int
 	root  *node
 
-	inodes  uint32
-	order   []*node // regular-file inode owners in data order
-	mtimeNs []uint32
-	newest  time.Time
-	res     PackResult
+	inodes   uint32
+	order    []*node // regular-file inode owners in data order
+	mtimeNs  []uint32
+	fileSums []sum
+	newest   time.Time
+	res      PackResult
+
+	base     *baseState
+	liveFrag map[oldFragment]int64 // bytes of this tree's files in each earlier fragment block
 }
 
 func newPacker(src iofs.FS, opts PackOptions) (*packer, error) {
@@ -340,12 +410,14 @@ func (p *packer) number(d *node) {
 // output counts and buffers what goes to the destination, and records the
 // extents for the trailer.
 type output struct {
-	f    packFile
-	bw   *bufio.Writer
-	base int64  // offset of the image in f
-	pos  uint64 // bytes of image written
-	ext  []extent
-	err  error
+	f      packFile
+	bw     *bufio.Writer
+	base   int64  // offset of the image in f
+	pos    uint64 // bytes of image written
+	ext    []extent
+	sums   []sum // per data extent
+	copies []CopyRange
+	err    error
 }
 
 func (o *output) write(b []byte, kind extentKind, crc uint32) {
@@ -365,6 +437,38 @@ func (o *output) write(b []byte, kind extentKind, crc uint32) {
 		o.ext = append(o.ext, extent{length: uint32(n), kind: kind, crc: c})
 		b = b[n:]
 	}
+}
+
+// writeData writes one data block with its content sum.
+func (o *output) writeData(b []byte, crc uint32, s sum) {
+	o.write(b, kindData, crc)
+	o.sums = append(o.sums, s)
+}
+
+// appendExtent writes one block copied from another archive, whose
+// checksum (and sum, for a data block) that archive recorded.
+func (o *output) appendExtent(b []byte, kind extentKind, crc uint32, s sum) {
+	if o.err != nil {
+		return
+	}
+	_, o.err = o.bw.Write(b)
+	o.pos += uint64(len(b))
+	o.ext = append(o.ext, extent{length: uint32(len(b)), kind: kind, crc: crc})
+	if kind == kindData {
+		o.sums = append(o.sums, s)
+	}
+}
+
+// copied records that n bytes at dst are the base's bytes at src.
+func (o *output) copied(dst, src, n uint64) {
+	if k := len(o.copies) - 1; k >= 0 {
+		last := &o.copies[k]
+		if uint64(last.Offset+last.Length) == dst && uint64(last.BaseOffset+last.Length) == src {
+			last.Length += int64(n)
+			return
+		}
+	}
+	o.copies = append(o.copies, CopyRange{Offset: int64(dst), BaseOffset: int64(src), Length: int64(n)})
 }
 
 // skip writes n zero bytes that the trailer accounts for elsewhere.
@@ -387,6 +491,10 @@ func (p *packer) packTo(ctx context.Context, f packFile) (res PackResult, err er
 		return res, err
 	}
 	p.number(p.root)
+	p.base = p.newBase(p.opts.Base)
+	if err := p.plan(ctx); err != nil {
+		return res, err
+	}
 	p.log.Debug("pack: tree scanned", "inodes", p.inodes, "elapsed", time.Since(start))
 	var base int64
 	if s, ok := f.(io.Seeker); ok {
@@ -402,6 +510,12 @@ func (p *packer) packTo(ctx context.Context, f packFile) (res PackResult, err er
 	if opts != nil {
 		blk := append([]byte{byte(len(opts)), byte(len(opts)>>8 | metaUncompBit>>8)}, opts...)
 		out.write(blk, kindCompOpts, 0)
+	}
+	if b := p.base; b != nil && b.appending {
+		if err := b.copyPrefix(out); err != nil {
+			return res, err
+		}
+		p.log.Debug("pack: base copied", "bytes", b.end-b.start, "elapsed", time.Since(start))
 	}
 
 	frags, err := p.writeData(ctx, out)
@@ -422,7 +536,11 @@ func (p *packer) packTo(ctx context.Context, f packFile) (res PackResult, err er
 	}
 	sbBytes := sb.marshal()
 	exts := append([]extent{{length: superblockSize, kind: kindSuperblock, crc: crc32c(sbBytes)}}, out.ext...)
-	tr := marshalTrailer(exts, p.mtimeNs, padded, imageBytes)
+	sums := &trailerSums{blocks: out.sums, files: p.fileSums}
+	if p.opts.noSums {
+		sums = nil
+	}
+	tr := marshalTrailer(exts, p.mtimeNs, sums, padded, imageBytes)
 	if _, err := out.bw.Write(tr); err != nil {
 		return res, err
 	}
@@ -444,8 +562,21 @@ func (p *packer) packTo(ctx context.Context, f packFile) (res PackResult, err er
 	p.res.Size = total
 	copy(p.res.SHA256[:], h.Sum(nil))
 	p.res.Inodes = int64(p.inodes)
+	if b := p.base; b != nil {
+		p.res.Base = BaseCompacted
+		if b.appending {
+			p.res.Base = BaseAppended
+			p.res.SharedBytes = int64(b.end - superblockSize)
+			p.res.GarbageBytes = int64(b.end - b.start - b.prefixLive)
+		}
+		p.res.Copies = out.copies
+		for _, c := range out.copies {
+			p.res.CopiedBytes += c.Length
+		}
+	}
 	p.log.Info("packed archive", "bytes", total, "inodes", p.inodes, "files", p.res.Files,
-		"data_bytes", p.res.DataBytes, "reused_bytes", p.res.ReusedBytes, "elapsed", time.Since(start))
+		"data_bytes", p.res.DataBytes, "reused_bytes", p.res.ReusedBytes, "base", p.res.Base,
+		"copied_bytes", p.res.CopiedBytes, "garbage_bytes", p.res.GarbageBytes, "elapsed", time.Since(start))
 	return p.res, nil
 }
 

@@ -3,7 +3,6 @@ package archive
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -17,10 +16,10 @@ import (
 
 // The data phase is a pipeline: one producer goroutine reads files in
 // order and cuts them into blocks (packing small files into fragment
-// blocks), Workers goroutines compress blocks in parallel, and the calling
-// goroutine writes the results in the producer's order. The order channel's
-// capacity bounds the blocks in flight, so memory does not grow with the
-// tree.
+// blocks), Workers goroutines sum and compress blocks in parallel, and the
+// calling goroutine writes the results in the producer's order. The order
+// channel's capacity bounds the blocks in flight, so memory does not grow
+// with the tree.
 
 type jobKind uint8
 
@@ -37,14 +36,28 @@ type job struct {
 	in    []byte // the block (pooled)
 	file  *fileData
 	frag  uint32
+	tails []tail // jobFragment: the file tails it holds, to sum
 	ready chan struct{}
 
-	// Set by the worker (or the producer for jobRaw) before ready closes.
-	out  []byte // bytes to store; aliases in, or a pooled compressed buffer
-	comp []byte // pooled buffer to return, if any
-	word uint32 // on-disk size word; 0 for a hole
-	crc  uint32
-	err  error
+	// jobRaw whose source records no sum: the worker decompresses the
+	// block from src to sum it.
+	src     *Reader
+	wantLen int
+
+	// Set by the worker (or the producer for raw jobs) before ready closes.
+	out     []byte // bytes to store; aliases in, or a pooled compressed buffer
+	comp    []byte // pooled buffer to return, if any
+	word    uint32 // on-disk size word; 0 for a hole
+	crc     uint32
+	sum     sum   // content sum of a data block (chunk); zero if unknown
+	baseOff int64 // >= 0: out is the base archive's bytes at baseOff, verbatim
+	err     error
+}
+
+// tail is a small file's bytes in a fragment block being filled.
+type tail struct {
+	file   *fileData
+	off, n int
 }
 
 type fragEntry struct {
@@ -95,21 +108,24 @@ type dataWriter struct {
 	comp    *bufPool
 	frag    []byte // fragment block being filled (pooled), nil if none
 	fragIdx uint32 // its index
+	tails   []tail // the tails in it
 	nfrags  uint32 // fragment indexes handed out
 
-	// Dedup: files whose size another file shares are hashed; a later file
-	// with the same size and SHA-256 shares the first one's blocks.
+	// Dedup: files whose size another file shares (or a file of the base
+	// has) are summed; a later file with the same size and sum shares the
+	// first one's blocks.
 	sizeCount map[int64]int
-	byHash    map[[32]byte]*fileData
-	hashed    map[int64]bool // sizes of which some written file has a hash
+	byHash    map[sum]*fileData
+	hashed    map[int64]bool // sizes of which some written file has a sum
 
-	prehash map[*node]*prehash // hashes of later same-size files, computed ahead
+	prehash map[*node]*prehash // sums of later candidates, computed ahead
 
 	reused map[reuseKey]*fileData // content copied from earlier archives
 	// Fragment blocks of earlier archives copied whole (see reuseFragment).
-	adopted  map[oldFragment]uint32
-	liveFrag map[oldFragment]int64 // bytes of this tree's files in each
-	scanned  bool
+	adopted map[oldFragment]uint32
+
+	// Fragment table entries that point into the shared prefix, by index.
+	fixedFrags map[uint32]fragEntry
 }
 
 func (p *packer) writeData(ctx context.Context, out *output) ([]fragEntry, error) {
@@ -117,15 +133,18 @@ func (p *packer) writeData(ctx context.Context, out *output) ([]fragEntry, error
 	defer cancel()
 	workers := p.opts.Workers
 	d := &dataWriter{
-		p:         p,
-		ctx:       ctx,
-		jobs:      make(chan *job, workers),
-		order:     make(chan *job, 16*workers+16),
-		in:        newBufPool(p.bs, 20*workers+20),
-		comp:      newBufPool(p.bs, 20*workers+20),
-		sizeCount: map[int64]int{},
-		byHash:    map[[32]byte]*fileData{},
-		hashed:    map[int64]bool{},
+		p:          p,
+		ctx:        ctx,
+		jobs:       make(chan *job, workers),
+		order:      make(chan *job, 16*workers+16),
+		in:         newBufPool(p.bs, 20*workers+20),
+		comp:       newBufPool(p.bs, 20*workers+20),
+		sizeCount:  map[int64]int{},
+		byHash:     map[sum]*fileData{},
+		hashed:     map[int64]bool{},
+		reused:     map[reuseKey]*fileData{},
+		adopted:    map[oldFragment]uint32{},
+		fixedFrags: map[uint32]fragEntry{},
 	}
 	for _, n := range p.order {
 		if n.size > 0 {
@@ -177,6 +196,12 @@ func (p *packer) writeData(ctx context.Context, out *output) ([]fragEntry, error
 	if prodErr != nil {
 		return nil, prodErr
 	}
+	for idx, f := range d.fixedFrags {
+		for uint32(len(frags)) <= idx {
+			frags = append(frags, fragEntry{})
+		}
+		frags[idx] = f
+	}
 	for i, f := range frags {
 		if f.word == 0 {
 			return nil, fmt.Errorf("internal error: fragment %d never written", i)
@@ -187,6 +212,7 @@ func (p *packer) writeData(ctx context.Context, out *output) ([]fragEntry, error
 
 // store writes one finished block and records where it went.
 func (d *dataWriter) store(out *output, j *job, frags *[]fragEntry) error {
+	at := out.pos
 	switch j.kind {
 	case jobData, jobRaw:
 		fd := j.file
@@ -199,9 +225,10 @@ func (d *dataWriter) store(out *output, j *job, frags *[]fragEntry) error {
 		} else if j.word == 0 {
 			fd.sparse += uint64(len(j.in))
 		} else {
-			out.write(j.out, kindData, j.crc)
+			out.writeData(j.out, j.crc, j.sum)
 		}
 		fd.words = append(fd.words, j.word)
+		fd.chunks = append(fd.chunks, j.sum)
 	case jobFragment, jobRawFragment:
 		// Indexes are handed out when a fragment is started, so blocks
 		// copied from another archive can land before the one being
@@ -211,6 +238,9 @@ func (d *dataWriter) store(out *output, j *job, frags *[]fragEntry) error {
 		}
 		(*frags)[j.frag] = fragEntry{start: out.pos, word: j.word}
 		out.write(j.out, kindFragment, j.crc)
+	}
+	if j.baseOff >= 0 && j.word != 0 {
+		out.copied(at, uint64(j.baseOff), uint64(len(j.out)))
 	}
 	return out.err
 }
@@ -222,13 +252,51 @@ func (d *dataWriter) release(j *job) {
 	if j.comp != nil {
 		d.comp.put(j.comp)
 	}
-	j.in, j.out, j.comp = nil, nil, nil
+	j.in, j.out, j.comp, j.tails = nil, nil, nil, nil
 }
 
 func (d *dataWriter) process(bc blockCompressor, j *job) {
-	if j.hole > 0 || (j.kind == jobData && allZero(j.in)) {
+	switch j.kind {
+	case jobRaw:
+		if !j.sum.known() && j.src != nil {
+			// The source archive records no sums: learn this block's
+			// from its content, so the new archive does.
+			b, err := j.src.dec.decompress(d.comp.get()[:0], j.out, j.src.bs)
+			if err == nil && len(b) != j.wantLen {
+				err = fmt.Errorf("block decompressed to %d bytes, want %d", len(b), j.wantLen)
+			}
+			if err != nil {
+				j.err = fmt.Errorf("reuse block of %s: %w", j.src.name, err)
+				return
+			}
+			j.sum = chunkSum(b)
+			d.comp.put(b)
+		}
+		return
+	case jobRawFragment:
+		return
+	case jobFragment:
+		for _, t := range j.tails {
+			t.file.tailSum = chunkSum(j.in[t.off : t.off+t.n])
+		}
+	}
+	if j.hole > 0 {
+		j.sum = zeroChunkSum(j.hole)
 		j.word = 0
 		return
+	}
+	if j.kind == jobData {
+		if !j.sum.known() {
+			j.sum = chunkSum(j.in)
+		}
+		if allZero(j.in) {
+			j.word = 0
+			return
+		}
+		if ok, err := d.fromBase(j); ok || err != nil {
+			j.err = err
+			return
+		}
 	}
 	buf := d.comp.get()
 	c, ok, err := bc.compress(buf, j.in)
@@ -248,9 +316,36 @@ func (d *dataWriter) process(bc blockCompressor, j *job) {
 	j.crc = crc32c(j.out)
 }
 
+// fromBase stores a data block whose content the base archive already
+// holds as that block, copied verbatim (checked) instead of compressed: an
+// unchanged block of a changed file.
+func (d *dataWriter) fromBase(j *job) (bool, error) {
+	b := d.p.base
+	if b == nil || b.ix == nil {
+		return false, nil
+	}
+	loc, ok := b.ix.byBlock[j.sum]
+	if !ok {
+		return false, nil
+	}
+	r := b.r
+	raw, err := r.readAt(loc.off, uint64(loc.word&^dataUncompBit), kindData.String())
+	if err == nil {
+		err = r.check(loc.off, raw, kindData.String())
+	}
+	if err != nil {
+		return true, fmt.Errorf("copy block from base: %w", err)
+	}
+	j.out, j.word, j.crc, j.baseOff = raw, loc.word, crc32c(raw), int64(loc.off)
+	return true, nil
+}
+
 func (d *dataWriter) submit(j *job) error {
+	if j.kind != jobRaw && j.kind != jobRawFragment {
+		j.baseOff = -1
+	}
 	j.ready = make(chan struct{})
-	if j.kind == jobRaw || j.kind == jobRawFragment {
+	if (j.kind == jobRaw && (j.sum.known() || j.src == nil)) || j.kind == jobRawFragment {
 		close(j.ready)
 	} else {
 		select {
@@ -284,14 +379,14 @@ func (d *dataWriter) flushFragment() error {
 	if len(d.frag) == 0 {
 		return nil
 	}
-	j := &job{kind: jobFragment, in: d.frag, frag: d.fragIdx}
-	d.frag = nil
+	j := &job{kind: jobFragment, in: d.frag, frag: d.fragIdx, tails: d.tails}
+	d.frag, d.tails = nil, nil
 	return d.submit(j)
 }
 
-// fragmentSpace returns room for n bytes in the current fragment block,
-// starting a new one when they do not fit, and where they go.
-func (d *dataWriter) fragmentSpace(n int) ([]byte, uint32, uint32, error) {
+// fragmentSpace returns room for n bytes of fd in the current fragment
+// block, starting a new one when they do not fit, and where they go.
+func (d *dataWriter) fragmentSpace(fd *fileData, n int) ([]byte, uint32, uint32, error) {
 	if d.frag != nil && len(d.frag)+n > d.p.bs {
 		if err := d.flushFragment(); err != nil {
 			return nil, 0, 0, err
@@ -304,6 +399,7 @@ func (d *dataWriter) fragmentSpace(n int) ([]byte, uint32, uint32, error) {
 	}
 	off := len(d.frag)
 	d.frag = d.frag[:off+n]
+	d.tails = append(d.tails, tail{file: fd, off: off, n: n})
 	return d.frag[off : off+n], d.fragIdx, uint32(off), nil
 }
 
@@ -316,8 +412,10 @@ func (d *dataWriter) produceFile(n *node) error {
 		return nil
 	}
 	p.res.DataBytes += n.size
-	dupCandidate := d.sizeCount[n.size] > 1
-	if ph := d.prehash[n]; ph != nil && d.hashed[n.size] {
+	if p.base != nil && p.base.appending && n.inBase != 0 {
+		return d.inPlace(n, fd)
+	}
+	if ph := d.prehash[n]; ph != nil && (d.hashed[n.size] || ph.inBase) {
 		select {
 		case <-ph.done:
 		case <-d.ctx.Done():
@@ -326,71 +424,93 @@ func (d *dataWriter) produceFile(n *node) error {
 		if ph.err != nil {
 			return ph.err
 		}
-		if prior := d.byHash[ph.sum]; !ph.skipped && prior != nil && prior.size == n.size {
+		if ph.skipped {
+			// Reuse decides below.
+		} else if y := p.base.lookup(ph.sum, n.size); y != 0 {
+			// A copy, or a file written back unchanged: the base holds
+			// the content already.
+			n.inBase = y
+			if p.base.appending {
+				return d.inPlace(n, fd)
+			}
+		} else if prior := d.byHash[ph.sum]; prior != nil && prior.size == n.size {
 			n.file = prior
+			p.res.ReusedBytes += prior.reusedBytes
 			return nil
 		}
 	}
-
-	f, err := p.src.Open(n.path)
-	if err != nil {
-		return fmt.Errorf("open %s: %w", n.path, err)
+	if n.inBase != 0 {
+		return d.reuse(n, fd, p.base.r, n.inBase)
 	}
-	defer f.Close()
-	if bsrc, ok := f.(BlockSource); ok {
-		done, err := d.reuse(n, fd, bsrc)
-		if err != nil || done {
-			return err
+	var f iofs.File
+	if !n.checked {
+		var err error
+		if f, err = p.src.Open(n.path); err != nil {
+			return fmt.Errorf("open %s: %w", n.path, err)
 		}
+		defer f.Close()
+		p.sourceOf(n, f)
 	}
-	var h hashWriter
-	if dupCandidate {
-		h = sha256.New()
+	if n.src != nil {
+		return d.reuse(n, fd, n.src.r, n.src.ino)
+	}
+	if f == nil {
+		var err error
+		if f, err = p.src.Open(n.path); err != nil {
+			return fmt.Errorf("open %s: %w", n.path, err)
+		}
+		defer f.Close()
 	}
 	var rd io.Reader = f
 	if u, ok := f.(interface{ unwrap() iofs.File }); ok {
 		rd = u.unwrap()
 	}
-	if err := d.readBlocks(n, fd, rd, h); err != nil {
+	summed := d.sizeCount[n.size] > 1
+	s, err := d.readBlocks(n, fd, rd, summed)
+	if err != nil {
 		return err
 	}
-	if h != nil {
-		var sum [32]byte
-		copy(sum[:], h.Sum(nil))
-		if d.byHash[sum] == nil {
-			d.byHash[sum] = fd
-		}
-		d.hashed[n.size] = true
+	if summed {
+		d.remember(fd, s)
 	}
 	return nil
 }
 
-type hashWriter interface {
-	io.Writer
-	Sum([]byte) []byte
+// remember makes fd's content, of sum s, a target for later duplicates.
+func (d *dataWriter) remember(fd *fileData, s sum) {
+	if !s.known() {
+		return
+	}
+	if d.byHash[s] == nil {
+		d.byHash[s] = fd
+	}
+	d.hashed[fd.size] = true
 }
 
 // readBlocks reads the file's content and queues its blocks: files smaller
 // than a block go into a fragment, larger ones into blocks of their own
-// (the last one short), as mksquashfs does by default.
-func (d *dataWriter) readBlocks(n *node, fd *fileData, r io.Reader, h hashWriter) error {
+// (the last one short), as mksquashfs does by default. With summed set it
+// returns the content's sum, computed as it reads.
+func (d *dataWriter) readBlocks(n *node, fd *fileData, r io.Reader, summed bool) (sum, error) {
 	bs := int64(d.p.bs)
 	if n.size < bs {
-		buf, idx, off, err := d.fragmentSpace(int(n.size))
+		buf, idx, off, err := d.fragmentSpace(fd, int(n.size))
 		if err != nil {
-			return err
+			return sum{}, err
 		}
 		if err := readFull(r, buf, n.path); err != nil {
-			return err
-		}
-		if h != nil {
-			h.Write(buf)
+			return sum{}, err
 		}
 		fd.frag, fd.fragOff = idx, off
-		return nil
+		if summed {
+			return fileSum(n.size, []sum{chunkSum(buf)}), nil
+		}
+		return sum{}, nil
 	}
 	nblocks := (n.size + bs - 1) / bs
 	fd.words = make([]uint32, 0, nblocks)
+	fd.chunks = make([]sum, 0, nblocks)
+	var chunks []sum
 	// Local files are read with pread, skipping the holes the filesystem
 	// reports (sparse database files) without reading their zeros.
 	osf, _ := r.(*os.File)
@@ -399,11 +519,11 @@ func (d *dataWriter) readBlocks(n *node, fd *fileData, r io.Reader, h hashWriter
 		off := i * bs
 		k := min(bs, n.size-off)
 		if holes.hole(off, k) {
-			if h != nil {
-				h.Write(zeroBlock[:k])
+			if summed {
+				chunks = append(chunks, zeroChunkSum(int(k)))
 			}
 			if err := d.submit(&job{kind: jobData, hole: int(k), file: fd}); err != nil {
-				return err
+				return sum{}, err
 			}
 			continue
 		}
@@ -416,16 +536,21 @@ func (d *dataWriter) readBlocks(n *node, fd *fileData, r io.Reader, h hashWriter
 		}
 		if err != nil {
 			d.in.put(buf)
-			return err
+			return sum{}, err
 		}
-		if h != nil {
-			h.Write(buf)
+		j := &job{kind: jobData, in: buf, file: fd}
+		if summed {
+			j.sum = chunkSum(buf)
+			chunks = append(chunks, j.sum)
 		}
-		if err := d.submit(&job{kind: jobData, in: buf, file: fd}); err != nil {
-			return err
+		if err := d.submit(j); err != nil {
+			return sum{}, err
 		}
 	}
-	return nil
+	if summed {
+		return fileSum(n.size, chunks), nil
+	}
+	return sum{}, nil
 }
 
 // holeFinder asks the filesystem where a file's data is (SEEK_DATA), so
@@ -467,40 +592,52 @@ func readFull(r io.Reader, buf []byte, name string) error {
 	return nil
 }
 
-// prehash is the content hash of a file that may duplicate an earlier one,
-// computed by hashAhead while earlier files are being compressed.
+// prehash is the content sum of a file that may duplicate an earlier one
+// or a file of the base, computed by hashAhead while earlier files are
+// being compressed.
 type prehash struct {
 	done    chan struct{}
-	sum     [32]byte
-	skipped bool // the file comes from an earlier archive: reuse decides
+	sum     sum
+	inBase  bool // a file of the base has this size
+	skipped bool // the file is an earlier archive's content: reuse decides
 	err     error
 }
 
-// laterCandidates lists, in data order, the files whose size an earlier
-// file has: only they may turn out to be duplicates of what is already
-// written.
+// laterCandidates lists, in data order, the files to sum ahead: those whose
+// size an earlier file has (they may duplicate what is already written)
+// and those whose size a file of the base has (they may be its content
+// again). Files known to come from an archive are left to reuse.
 func (d *dataWriter) laterCandidates() []*node {
 	var later []*node
 	seen := map[int64]bool{}
 	d.prehash = map[*node]*prehash{}
+	var baseSizes map[int64]bool
+	if b := d.p.base; b != nil && b.ix != nil {
+		baseSizes = b.ix.sizes
+	}
 	for _, n := range d.p.order {
-		if n.size == 0 || d.sizeCount[n.size] < 2 {
+		if n.size == 0 {
 			continue
 		}
-		if seen[n.size] {
-			later = append(later, n)
-			d.prehash[n] = &prehash{done: make(chan struct{})}
-		}
+		earlier := seen[n.size]
 		seen[n.size] = true
+		if n.src != nil || n.inBase != 0 {
+			continue
+		}
+		inBase := baseSizes[n.size]
+		if earlier || inBase {
+			later = append(later, n)
+			d.prehash[n] = &prehash{done: make(chan struct{}), inBase: inBase}
+		}
 	}
 	return later
 }
 
-// hashAhead hashes the later candidates in order, off the producer's path,
+// hashAhead sums the later candidates in order, off the producer's path,
 // so that deciding whether a big file (a copy of state.db) is a duplicate
 // does not stall the pipeline.
 func (d *dataWriter) hashAhead(later []*node) {
-	buf := make([]byte, 1<<20)
+	buf := make([]byte, d.p.bs)
 	for _, n := range later {
 		ph := d.prehash[n]
 		if d.ctx.Err() != nil {
@@ -512,30 +649,28 @@ func (d *dataWriter) hashAhead(later []*node) {
 	}
 }
 
-// hashFile reads a whole file to learn whether it duplicates one already
-// written; files that come from an earlier archive are left to reuse.
-func (d *dataWriter) hashFile(n *node, buf []byte) (sum [32]byte, skipped bool, err error) {
+// hashFile reads a whole file for its content sum. Files that come from
+// an earlier archive are left to reuse (when no plan asked them before).
+func (d *dataWriter) hashFile(n *node, buf []byte) (sum, bool, error) {
 	f, err := d.p.src.Open(n.path)
 	if err != nil {
-		return sum, false, fmt.Errorf("open %s: %w", n.path, err)
+		return sum{}, false, fmt.Errorf("open %s: %w", n.path, err)
 	}
 	defer f.Close()
 	if bsrc, ok := f.(BlockSource); ok {
 		if _, _, ok := bsrc.ArchiveSource(); ok {
-			return sum, true, nil
+			return sum{}, true, nil
 		}
 	}
-	h := sha256.New()
-	m, err := io.CopyBuffer(h, io.LimitReader(onlyReader{f}, n.size), buf)
+	s, m, err := sumStream(onlyReader{f}, n.size, d.p.bs, buf)
+	if m != n.size && (err == nil || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)) {
+		return sum{}, false, fmt.Errorf("read %s: file shrank while being packed", n.path)
+	}
 	if err != nil {
-		return sum, false, fmt.Errorf("read %s: %w", n.path, err)
+		return sum{}, false, fmt.Errorf("read %s: %w", n.path, err)
 	}
-	if m != n.size {
-		return sum, false, fmt.Errorf("read %s: file shrank while being packed", n.path)
-	}
-	copy(sum[:], h.Sum(nil))
-	return sum, false, nil
+	return s, false, nil
 }
 
-// onlyReader hides WriterTo/ReaderFrom so CopyBuffer uses our buffer.
+// onlyReader hides WriterTo/ReaderFrom so reads use our buffer.
 type onlyReader struct{ io.Reader }

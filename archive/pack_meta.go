@@ -129,6 +129,7 @@ func (p *packer) writeTables(out *output, frags []fragEntry) (*superblock, error
 		written: make([]bool, p.inodes+1),
 	}
 	p.mtimeNs = make([]uint32, p.inodes)
+	p.fileSums = make([]sum, p.inodes)
 	if err := p.writeDir(t, p.root, p.inodes+1); err != nil {
 		return nil, err
 	}
@@ -241,6 +242,7 @@ func (p *packer) writeLeaf(t *tables, n *node) error {
 		if fd == nil {
 			return fmt.Errorf("internal error: %s has no data", n.path)
 		}
+		p.fileSums[n.ino-1] = fd.contentSum()
 		if n.nlink == 1 && fd.size <= math.MaxUint32 && fd.start <= math.MaxUint32 && fd.sparse == 0 {
 			if b, err = p.header(t, b, typeFile, n); err != nil {
 				return err

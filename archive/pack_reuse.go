@@ -6,6 +6,53 @@ import (
 	iofs "io/fs"
 )
 
+// fileSource is where a file's content already lives: inode ino of the
+// archive r, as the file's BlockSource said.
+type fileSource struct {
+	r   *Reader
+	ino Inode
+	l   *fileLayout
+}
+
+// source asks the file at n.path whether it is an earlier archive's
+// content (see sourceOf), once.
+func (p *packer) source(n *node) {
+	if n.checked {
+		return
+	}
+	f, err := p.src.Open(n.path)
+	if err != nil {
+		return // reported when the file itself is packed
+	}
+	defer f.Close()
+	p.sourceOf(n, f)
+}
+
+// sourceOf asks f, opened from n.path, whether it is an earlier archive's
+// content, and keeps the answer when that archive qualifies: checksummed,
+// written with the new archive's compression and block size, and holding
+// an inode of the file's size.
+func (p *packer) sourceOf(n *node, f iofs.File) {
+	n.checked = true
+	bsrc, ok := f.(BlockSource)
+	if !ok {
+		return
+	}
+	r, ino, ok := bsrc.ArchiveSource()
+	if !ok || r == nil || !r.Checksummed() || r.bs != p.bs || r.Compression() != p.opts.Compression {
+		return
+	}
+	a, err := r.Stat(ino)
+	if err != nil || !a.Mode.IsRegular() || a.Size != n.size {
+		return
+	}
+	l, err := r.layout(ino)
+	if err != nil {
+		return
+	}
+	n.src = &fileSource{r: r, ino: ino, l: l}
+}
+
 // reuseKey identifies content in an earlier archive by where it lives: two
 // inodes with the same blocks (deduplicated copies) have the same content.
 type reuseKey struct {
@@ -15,22 +62,13 @@ type reuseKey struct {
 	nblocks, first uint64
 }
 
-// reuse copies the compressed blocks of a file that an earlier archive
-// holds, checking each against that archive's checksums. It reports false
-// when the archive does not qualify, and the file is then read as usual.
-func (d *dataWriter) reuse(n *node, fd *fileData, src BlockSource) (bool, error) {
+// reuse copies the compressed blocks of inode ino of the earlier archive r,
+// which holds n's content, checking each against r's checksums.
+func (d *dataWriter) reuse(n *node, fd *fileData, r *Reader, ino Inode) error {
 	p := d.p
-	r, ino, ok := src.ArchiveSource()
-	if !ok || r == nil || !r.Checksummed() || r.bs != p.bs || r.Compression() != p.opts.Compression {
-		return false, nil
-	}
-	a, err := r.Stat(ino)
-	if err != nil || !a.Mode.IsRegular() || a.Size != n.size {
-		return false, nil
-	}
 	l, err := r.layout(ino)
 	if err != nil {
-		return false, nil
+		return fmt.Errorf("reuse %s: %w", n.path, err)
 	}
 	key := reuseKey{r: r, size: l.size, frag: noFragment, nblocks: uint64(len(l.offs))}
 	if len(l.offs) > 0 {
@@ -39,41 +77,51 @@ func (d *dataWriter) reuse(n *node, fd *fileData, src BlockSource) (bool, error)
 	if l.frag >= 0 {
 		key.frag, key.fragOff = uint32(l.frag), l.fragOff
 	}
-	if d.reused == nil {
-		d.reused = map[reuseKey]*fileData{}
-	}
 	if prior := d.reused[key]; prior != nil {
+		// Stored once in r (a duplicate there): once here too, and not
+		// read either.
 		n.file = prior
-		return true, nil
+		p.res.ReusedBytes += prior.reusedBytes
+		return nil
 	}
 	d.reused[key] = fd
+	fromBase := p.base != nil && r == p.base.r
+	s := r.fileSumOf(ino)
+	if s.known() {
+		fd.sum, fd.sumSet = s, true
+		d.remember(fd, s)
+	}
 
 	bs := int64(p.bs)
 	if n.size < bs {
 		if l.frag >= 0 {
 			if ok, err := d.reuseFragment(n, fd, r, l); ok || err != nil {
-				return true, err
+				return err
 			}
 		}
 		// Take the bytes (checked and decompressed by the reader) into the
 		// new fragments.
-		buf, idx, off, err := d.fragmentSpace(int(n.size))
+		buf, idx, off, err := d.fragmentSpace(fd, int(n.size))
 		if err != nil {
-			return true, err
+			return err
 		}
 		if _, err := r.readLayout(l, buf, 0); err != nil && err != io.EOF {
-			return true, fmt.Errorf("reuse %s: %w", n.path, err)
+			return fmt.Errorf("reuse %s: %w", n.path, err)
 		}
 		fd.frag, fd.fragOff = idx, off
-		return true, nil
+		return nil
 	}
 	nblocks := (n.size + bs - 1) / bs
 	fd.words = make([]uint32, 0, nblocks)
+	fd.chunks = make([]sum, 0, nblocks)
+	// Holes and tails are not read from the tree either.
+	fd.reusedBytes = n.size
+	p.res.ReusedBytes += n.size
 	for i, w := range l.words {
 		blen := min(bs, n.size-int64(i)*bs)
 		if w == 0 {
 			if err := d.submit(&job{kind: jobData, hole: int(blen), file: fd}); err != nil {
-				return true, err
+				return err
 			}
 			continue
 		}
@@ -82,13 +130,19 @@ func (d *dataWriter) reuse(n *node, fd *fileData, src BlockSource) (bool, error)
 			err = r.check(l.offs[i], raw, kindData.String())
 		}
 		if err != nil {
-			return true, fmt.Errorf("reuse %s: %w", n.path, err)
+			return fmt.Errorf("reuse %s: %w", n.path, err)
 		}
-		j := &job{kind: jobRaw, in: raw, out: raw, file: fd, word: w, crc: crc32c(raw)}
+		j := &job{kind: jobRaw, in: raw, out: raw, file: fd, word: w, crc: crc32c(raw), baseOff: -1,
+			sum: r.blockSumAt(l.offs[i])}
+		if !j.sum.known() {
+			j.src, j.wantLen = r, int(blen)
+		}
+		if fromBase {
+			j.baseOff = int64(l.offs[i])
+		}
 		if err := d.submit(j); err != nil {
-			return true, err
+			return err
 		}
-		p.res.ReusedBytes += blen
 	}
 	if l.frag >= 0 {
 		// The earlier archive packed this file's tail into a fragment
@@ -97,13 +151,13 @@ func (d *dataWriter) reuse(n *node, fd *fileData, src BlockSource) (bool, error)
 		buf := d.in.get()[:n.size-off]
 		if _, err := r.readLayout(l, buf, off); err != nil && err != io.EOF {
 			d.in.put(buf)
-			return true, fmt.Errorf("reuse %s: %w", n.path, err)
+			return fmt.Errorf("reuse %s: %w", n.path, err)
 		}
 		if err := d.submit(&job{kind: jobData, in: buf, file: fd}); err != nil {
-			return true, err
+			return err
 		}
 	}
-	return true, nil
+	return nil
 }
 
 // WithBase returns src with each regular file that base holds unchanged
@@ -179,17 +233,13 @@ const fragmentLive = 0.75
 func (d *dataWriter) reuseFragment(n *node, fd *fileData, r *Reader, l *fileLayout) (bool, error) {
 	key := oldFragment{r, l.frag}
 	if idx, ok := d.adopted[key]; ok {
-		fd.frag, fd.fragOff = idx, l.fragOff
-		d.p.res.ReusedBytes += n.size
-		return true, nil
+		return true, d.adoptTail(n, fd, r, l, idx)
 	}
-	if !d.scanned {
-		if err := d.scanFragments(); err != nil {
-			return false, err
-		}
+	if d.p.liveFrag == nil {
+		d.p.scanFragments()
 	}
 	used := r.fragmentUse()
-	if l.frag >= len(used) || float64(d.liveFrag[key]) < fragmentLive*float64(used[l.frag]) {
+	if l.frag >= len(used) || float64(d.p.liveFrag[key]) < fragmentLive*float64(used[l.frag]) {
 		return false, nil
 	}
 	f := r.frags[l.frag]
@@ -202,46 +252,33 @@ func (d *dataWriter) reuseFragment(n *node, fd *fileData, r *Reader, l *fileLayo
 	}
 	idx := d.nfrags
 	d.nfrags++
-	if d.adopted == nil {
-		d.adopted = map[oldFragment]uint32{}
-	}
 	d.adopted[key] = idx
-	j := &job{kind: jobRawFragment, in: raw, out: raw, frag: idx, word: f.word, crc: crc32c(raw)}
+	j := &job{kind: jobRawFragment, in: raw, out: raw, frag: idx, word: f.word, crc: crc32c(raw), baseOff: -1}
+	if d.p.base != nil && r == d.p.base.r {
+		j.baseOff = int64(f.start)
+	}
 	if err := d.submit(j); err != nil {
 		return true, err
 	}
-	fd.frag, fd.fragOff = idx, l.fragOff
-	d.p.res.ReusedBytes += n.size
-	return true, nil
+	return true, d.adoptTail(n, fd, r, l, idx)
 }
 
-// scanFragments learns, once per pack and only when some file turns out to
-// come from an earlier archive, how many bytes of each earlier fragment
-// block the files still to be packed use. It opens each small file once.
-func (d *dataWriter) scanFragments() error {
-	d.scanned = true
-	d.liveFrag = map[oldFragment]int64{}
-	bs := int64(d.p.bs)
-	for _, n := range d.p.order {
-		if n.size == 0 || n.size >= bs {
-			continue
-		}
-		if err := d.ctx.Err(); err != nil {
-			return err
-		}
-		f, err := d.p.src.Open(n.path)
-		if err != nil {
-			continue // reported when the file itself is packed
-		}
-		if bsrc, ok := f.(BlockSource); ok {
-			if r, ino, ok := bsrc.ArchiveSource(); ok && r != nil {
-				if l, err := r.layout(ino); err == nil && l.frag >= 0 && l.size == n.size {
-					d.liveFrag[oldFragment{r, l.frag}] += n.size
-				}
-			}
-		}
-		f.Close()
+// adoptTail points a small file at its tail in a fragment block taken
+// over from r (as fragment idx of the new archive).
+func (d *dataWriter) adoptTail(n *node, fd *fileData, r *Reader, l *fileLayout, idx uint32) error {
+	fd.frag, fd.fragOff = idx, l.fragOff
+	fd.reusedBytes += n.size
+	d.p.res.ReusedBytes += n.size
+	if fd.sumSet {
+		return nil
 	}
+	// r records no sum for it: learn it from the bytes (the block is
+	// decompressed once and cached), so the new archive does.
+	buf := make([]byte, n.size)
+	if _, err := r.readLayout(l, buf, 0); err != nil && err != io.EOF {
+		return fmt.Errorf("reuse %s: %w", n.path, err)
+	}
+	fd.sum, fd.sumSet = fileSum(n.size, []sum{chunkSum(buf)}), true
 	return nil
 }
 

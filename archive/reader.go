@@ -78,6 +78,10 @@ type Reader struct {
 
 	fragUseOnce sync.Once
 	fragUse     []int64 // see fragmentUse
+
+	indexOnce sync.Once
+	idx       *contentIndex // see index
+	sums      sync.Map      // Inode -> sum, computed by contentSum
 }
 
 const refSet = 1 << 63

@@ -28,6 +28,10 @@ import (
 //	    using the bytes.
 //	mtime-ns: count u32, then the nanoseconds of each inode's mtime
 //	    (inode n at index n-1); squashfs itself stores whole seconds.
+//	block-sums: count u64, then a 32-byte content sum (sums.go) for each
+//	    data block extent, in extent order; zeros where unknown.
+//	file-sums: count u32, then the 32-byte content sum of each inode
+//	    (inode n at index n-1); zeros for other types and where unknown.
 //
 // Unknown sections are skipped, so later versions can add some.
 const (
@@ -36,8 +40,10 @@ const (
 	footerSize    = 48
 	formatVersion = 1
 
-	sectionExtents = 1
-	sectionMtimeNs = 2
+	sectionExtents   = 1
+	sectionMtimeNs   = 2
+	sectionBlockSums = 3
+	sectionFileSums  = 4
 
 	maxExtentLen = 1<<24 - 1
 )
@@ -120,6 +126,17 @@ type trailer struct {
 	ext     extents
 	mtimeNs []uint32
 	offset  int64 // where the trailer starts in the file
+
+	// Content sums, nil when the archive has none: blockSums is parallel
+	// to the extents (zero for other kinds), fileSums indexed by inode-1.
+	blockSums []sum
+	fileSums  []sum
+}
+
+// trailerSums are the content sums a pack records.
+type trailerSums struct {
+	blocks []sum // per data extent, in order
+	files  []sum // per inode
 }
 
 func appendSection(b []byte, tag uint32, payload []byte) []byte {
@@ -131,7 +148,7 @@ func appendSection(b []byte, tag uint32, payload []byte) []byte {
 
 // marshalTrailer encodes the trailer and footer for an image of imageBytes
 // bytes whose padded end (where the trailer starts) is at offset.
-func marshalTrailer(ex []extent, mtimeNs []uint32, offset, imageBytes uint64) []byte {
+func marshalTrailer(ex []extent, mtimeNs []uint32, sums *trailerSums, offset, imageBytes uint64) []byte {
 	le := binary.LittleEndian
 	var b []byte
 	b = append(b, trailerMagic...)
@@ -139,6 +156,9 @@ func marshalTrailer(ex []extent, mtimeNs []uint32, offset, imageBytes uint64) []
 	nsec := uint32(1)
 	if mtimeNs != nil {
 		nsec++
+	}
+	if sums != nil {
+		nsec += 2
 	}
 	b = le.AppendUint32(b, nsec)
 
@@ -156,6 +176,20 @@ func marshalTrailer(ex []extent, mtimeNs []uint32, offset, imageBytes uint64) []
 			p = le.AppendUint32(p, ns)
 		}
 		b = appendSection(b, sectionMtimeNs, p)
+	}
+	if sums != nil {
+		p = make([]byte, 0, 8+32*len(sums.blocks))
+		p = le.AppendUint64(p, uint64(len(sums.blocks)))
+		for _, s := range sums.blocks {
+			p = append(p, s[:]...)
+		}
+		b = appendSection(b, sectionBlockSums, p)
+		p = make([]byte, 0, 4+32*len(sums.files))
+		p = le.AppendUint32(p, uint32(len(sums.files)))
+		for _, s := range sums.files {
+			p = append(p, s[:]...)
+		}
+		b = appendSection(b, sectionFileSums, p)
 	}
 
 	tlen := uint64(len(b))
@@ -221,6 +255,7 @@ func parseTrailer(b []byte, f footer) (*trailer, error) {
 	b = b[16:]
 	t := &trailer{offset: int64(f.trailerOff)}
 	haveExtents := false
+	var blockSums []sum
 	for range nsec {
 		if len(b) < 16 {
 			return nil, errors.New("truncated trailer section")
@@ -280,10 +315,54 @@ func parseTrailer(b []byte, f footer) (*trailer, error) {
 			for i := range t.mtimeNs {
 				t.mtimeNs[i] = le.Uint32(p[4*i:]) % 1e9
 			}
+		case sectionBlockSums:
+			if len(p) < 8 {
+				return nil, errors.New("short block sums section")
+			}
+			cnt := le.Uint64(p)
+			p = p[8:]
+			if cnt != uint64(len(p))/32 || uint64(len(p))%32 != 0 {
+				return nil, errors.New("block sum count does not match the section length")
+			}
+			blockSums = make([]sum, cnt)
+			for i := range blockSums {
+				copy(blockSums[i][:], p[32*i:])
+			}
+		case sectionFileSums:
+			if len(p) < 4 {
+				return nil, errors.New("short file sums section")
+			}
+			cnt := le.Uint32(p)
+			p = p[4:]
+			if uint64(cnt)*32 != uint64(len(p)) {
+				return nil, errors.New("file sum count does not match the section length")
+			}
+			t.fileSums = make([]sum, cnt)
+			for i := range t.fileSums {
+				copy(t.fileSums[i][:], p[32*i:])
+			}
 		}
 	}
 	if !haveExtents {
 		return nil, errors.New("trailer has no extents section")
+	}
+	if blockSums != nil {
+		// Spread over the extents, so a block's sum is found by its offset.
+		t.blockSums = make([]sum, len(t.ext.len))
+		k := 0
+		for i, kind := range t.ext.kind {
+			if kind != kindData {
+				continue
+			}
+			if k == len(blockSums) {
+				return nil, errors.New("fewer block sums than data blocks")
+			}
+			t.blockSums[i] = blockSums[k]
+			k++
+		}
+		if k != len(blockSums) {
+			return nil, errors.New("more block sums than data blocks")
+		}
 	}
 	return t, nil
 }

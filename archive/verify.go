@@ -3,6 +3,7 @@ package archive
 import (
 	"context"
 	"fmt"
+	"io"
 	"runtime"
 	"slices"
 	"sync"
@@ -14,10 +15,11 @@ const verifyChunk = 8 << 20
 // Verify reads the whole archive and checks every block: against the
 // trailer's checksums when the archive has them (superblock, data and
 // fragment blocks, metadata blocks, table indexes, padding), and by
-// decompressing every data and fragment block in any case. It returns nil
-// or the damage at the lowest offset, as an error matching ErrCorrupt that
-// names the block's kind and offset. Reads are sequential and large, so
-// Verify suits a ranged reader too.
+// decompressing every data and fragment block in any case. Content sums
+// the trailer records are checked against the content: each data block's,
+// then each file's. It returns nil or the damage at the lowest offset, as
+// an error matching ErrCorrupt that names the block's kind and offset.
+// Reads are sequential and large, so Verify suits a ranged reader too.
 func (r *Reader) Verify(ctx context.Context) error {
 	blocks, err := r.dataBlocks()
 	if err != nil {
@@ -56,6 +58,9 @@ func (r *Reader) Verify(ctx context.Context) error {
 		}
 		i = j
 	}
+	if err := r.verifyFileSums(ctx); err != nil {
+		return err
+	}
 	// Padding between the image and the trailer must be zeros.
 	end := r.sb.BytesUsed
 	if pad := uint64(r.tr.offset) - end; pad > 0 {
@@ -88,14 +93,26 @@ func (r *Reader) verifyExtents(buf []byte, i, j int, words map[uint64]uint32) er
 			continue
 		}
 		w, ok := words[ex.off[k]]
-		if !ok || w&dataUncompBit != 0 {
+		var want sum
+		if r.tr.blockSums != nil {
+			want = r.tr.blockSums[k]
+		}
+		if !ok || (w&dataUncompBit != 0 && !want.known()) {
 			continue
 		}
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			if _, err := r.dec.decompress(nil, b, r.bs); err != nil {
-				errs[k-i] = r.corruptf(ex.off[k], what, "decompress: %v", err)
+			c := b
+			if w&dataUncompBit == 0 {
+				var err error
+				if c, err = r.dec.decompress(nil, b, r.bs); err != nil {
+					errs[k-i] = r.corruptf(ex.off[k], what, "decompress: %v", err)
+					return
+				}
+			}
+			if want.known() && chunkSum(c) != want {
+				errs[k-i] = r.corruptf(ex.off[k], what, "content does not match its recorded sum")
 			}
 		})
 	}
@@ -103,6 +120,64 @@ func (r *Reader) verifyExtents(buf []byte, i, j int, words map[uint64]uint32) er
 	for _, err := range errs {
 		if err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// verifyFileSums checks every recorded file sum against the file's
+// content: the (already checked) sums of its blocks, and its fragment
+// tail's bytes.
+func (r *Reader) verifyFileSums(ctx context.Context) error {
+	if !r.hasSums() {
+		return nil
+	}
+	seen := map[Inode]bool{}
+	bs := int64(r.bs)
+	buf := make([]byte, r.bs)
+	for _, e := range r.entries {
+		if !e.Mode.IsRegular() || seen[e.Ino] {
+			continue
+		}
+		seen[e.Ino] = true
+		want := r.fileSumOf(e.Ino)
+		if !want.known() {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		in, err := r.lookupInode(e.Ino)
+		if err != nil {
+			return err
+		}
+		l, err := r.decodeLayout(in)
+		if err != nil {
+			return err
+		}
+		var chunks []sum
+		for k, w := range l.words {
+			blen := min(bs, l.size-int64(k)*bs)
+			s := zeroChunkSum(int(blen))
+			if w != 0 {
+				if s = r.blockSumAt(l.offs[k]); !s.known() {
+					if _, err := r.readLayout(l, buf[:blen], int64(k)*bs); err != nil && err != io.EOF {
+						return err
+					}
+					s = chunkSum(buf[:blen])
+				}
+			}
+			chunks = append(chunks, s)
+		}
+		if l.frag >= 0 {
+			off := int64(len(l.words)) * bs
+			if _, err := r.readLayout(l, buf[:l.size-off], off); err != nil && err != io.EOF {
+				return err
+			}
+			chunks = append(chunks, chunkSum(buf[:l.size-off]))
+		}
+		if fileSum(l.size, chunks) != want {
+			return r.corruptf(r.sb.InodeTable, "inode table", "inode %d: content does not match its recorded sum", e.Ino)
 		}
 	}
 	return nil

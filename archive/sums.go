@@ -1,0 +1,156 @@
+package archive
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"io"
+	"sync"
+)
+
+// Content sums identify file content across archives, so a pack can tell,
+// without reading a file, that an earlier archive already holds it: a file
+// that is unchanged content of one archive, or a copy of a file, is found in
+// another archive by its sum and points at the blocks there.
+//
+// A file is cut into chunks of the block size (the last one short); each
+// chunk's sum is the SHA-256 of its bytes, and the file's sum is the SHA-256
+// of a domain tag, the size and the chunk sums in order. A data block's sum
+// is the sum of the chunk it stores, so a changed file's unchanged blocks
+// are found too. Sums depend on the block size: archives with different
+// block sizes never share blocks anyway. The zero sum means unknown.
+type sum [32]byte
+
+func (s sum) known() bool { return s != sum{} }
+
+const fileSumTag = "hermesfs file sum v1\x00"
+
+func chunkSum(b []byte) sum { return sha256.Sum256(b) }
+
+// fileSum combines the chunk sums of a file of size bytes; it is unknown
+// if any chunk sum is.
+func fileSum(size int64, chunks []sum) sum {
+	h := sha256.New()
+	h.Write([]byte(fileSumTag))
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], uint64(size))
+	h.Write(b[:])
+	for _, c := range chunks {
+		if !c.known() {
+			return sum{}
+		}
+		h.Write(c[:])
+	}
+	var s sum
+	h.Sum(s[:0])
+	return s
+}
+
+// zeroSums caches the sums of all-zero chunks (holes) by length.
+var zeroSums sync.Map // int -> sum
+
+func zeroChunkSum(n int) sum {
+	if v, ok := zeroSums.Load(n); ok {
+		return v.(sum)
+	}
+	s := chunkSum(zeroBlock[:n])
+	zeroSums.Store(n, s)
+	return s
+}
+
+// sumStream reads size bytes from r and returns their file sum; n is what
+// it read (less than size if r ended early).
+func sumStream(r io.Reader, size int64, bs int, buf []byte) (s sum, n int64, err error) {
+	var chunks []sum
+	for n < size {
+		k := int(min(int64(bs), size-n))
+		m, err := io.ReadFull(r, buf[:k])
+		n += int64(m)
+		if err != nil {
+			return sum{}, n, err
+		}
+		chunks = append(chunks, chunkSum(buf[:k]))
+	}
+	return fileSum(size, chunks), n, nil
+}
+
+// blockLoc is a stored data block of an archive.
+type blockLoc struct {
+	off  uint64
+	word uint32
+}
+
+// contentIndex is what a pack needs to find content in an archive: file
+// and block sums and the reverse maps, built once per Reader.
+type contentIndex struct {
+	byFile  map[sum]Inode    // a regular inode with that content
+	byBlock map[sum]blockLoc // a stored data block with that content
+	sizes   map[int64]bool   // sizes of regular files with a known sum
+}
+
+// fileSumOf returns the recorded content sum of regular inode ino, or the
+// zero sum.
+func (r *Reader) fileSumOf(ino Inode) sum {
+	if r.tr == nil || ino == 0 || int(ino) > len(r.tr.fileSums) {
+		return sum{}
+	}
+	return r.tr.fileSums[ino-1]
+}
+
+// blockSumAt returns the recorded sum of the data block at off, or the
+// zero sum.
+func (r *Reader) blockSumAt(off uint64) sum {
+	if r.tr == nil || r.tr.blockSums == nil {
+		return sum{}
+	}
+	i := r.tr.ext.find(off)
+	if i < 0 {
+		return sum{}
+	}
+	return r.tr.blockSums[i]
+}
+
+// hasSums reports whether the archive records content sums.
+func (r *Reader) hasSums() bool { return r.tr != nil && r.tr.fileSums != nil }
+
+// index returns the archive's content index (empty without sums).
+func (r *Reader) index() *contentIndex {
+	r.indexOnce.Do(func() {
+		ix := &contentIndex{byFile: map[sum]Inode{}, byBlock: map[sum]blockLoc{}, sizes: map[int64]bool{}}
+		r.idx = ix
+		if !r.hasSums() {
+			return
+		}
+		seen := map[Inode]bool{}
+		for _, e := range r.entries {
+			if !e.Mode.IsRegular() || seen[e.Ino] {
+				continue
+			}
+			seen[e.Ino] = true
+			in, err := r.lookupInode(e.Ino)
+			if err != nil {
+				continue
+			}
+			if s := r.fileSumOf(e.Ino); s.known() {
+				if _, dup := ix.byFile[s]; !dup {
+					ix.byFile[s] = e.Ino
+				}
+				ix.sizes[int64(in.size)] = true
+			}
+			l, err := r.decodeLayout(in)
+			if err != nil {
+				continue
+			}
+			for k, w := range l.words {
+				if w == 0 {
+					continue
+				}
+				if s := r.blockSumAt(l.offs[k]); s.known() {
+					if _, dup := ix.byBlock[s]; !dup {
+						ix.byBlock[s] = blockLoc{off: l.offs[k], word: w}
+					}
+				}
+			}
+		}
+	})
+	return r.idx
+}
