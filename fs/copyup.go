@@ -48,6 +48,9 @@ func (ov *overlay) copyUpDir(ctx context.Context, n *node) error {
 	defer ov.u.put(pfd)
 	ov.gate.enter()
 	defer ov.gate.leave()
+	if err := ov.keepAt(pfd, ""); err != nil {
+		return fmt.Errorf("fs: copy up %s/%s: %w", prel, name, err)
+	}
 	if err := ov.mkdirLike(pfd, name, &la); err != nil {
 		return fmt.Errorf("fs: copy up %s/%s: %w", prel, name, err)
 	}
@@ -139,7 +142,10 @@ func (ov *overlay) copyUp(ctx context.Context, n *node, content bool) error {
 		return fmt.Errorf("fs: copy up %s: %w", rel, err)
 	}
 	ov.gate.enter()
-	err = unix.Renameat2(ov.u.work, tmp, pfd, name, unix.RENAME_NOREPLACE)
+	err = ov.keepAt(pfd, "")
+	if err == nil {
+		err = unix.Renameat2(ov.u.work, tmp, pfd, name, unix.RENAME_NOREPLACE)
+	}
 	if err == nil {
 		err = fsyncDir(pfd)
 	}
@@ -375,7 +381,10 @@ func (ov *overlay) linkAlias(ctx context.Context, n *node, rel, q string) error 
 			return nil
 		}
 		ov.gate.enter()
-		err = ov.mkdirLike(dfd, el, &e.lowerAttr)
+		err = ov.keepAt(dfd, "")
+		if err == nil {
+			err = ov.mkdirLike(dfd, el, &e.lowerAttr)
+		}
 		ov.gate.leave()
 		ov.u.put(dfd)
 		if err != nil {
@@ -399,6 +408,12 @@ func (ov *overlay) linkAlias(ctx context.Context, n *node, rel, q string) error 
 	defer ov.u.put(dfd)
 	ov.gate.enter()
 	defer ov.gate.leave()
+	if err := ov.keepAt(dfd, ""); err != nil {
+		return err
+	}
+	if err := ov.keepAt(sfd, srcName); err != nil {
+		return err
+	}
 	if err := unix.Linkat(sfd, srcName, dfd, dstName, 0); err != nil && !errors.Is(err, unix.EEXIST) {
 		return err
 	}

@@ -238,10 +238,14 @@ func (h *upperFile) Allocate(ctx context.Context, off, size uint64, mode uint32)
 	}
 	ov.gate.enter()
 	defer ov.gate.leave()
-	if ov.views.active() && mode&^unix.FALLOC_FL_KEEP_SIZE != 0 {
+	if ov.views.active() {
 		// Punching, zeroing, collapsing or inserting changes bytes:
-		// save what the view may still read.
-		end := int64(off + size)
+		// save what the view may still read. Any mode may change the
+		// size or times: keep them.
+		end := int64(off)
+		if mode&^unix.FALLOC_FL_KEEP_SIZE != 0 {
+			end = int64(off + size)
+		}
 		if mode&(unix.FALLOC_FL_COLLAPSE_RANGE|unix.FALLOC_FL_INSERT_RANGE) != 0 {
 			end = 1 << 62
 		}
@@ -415,6 +419,10 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	if e.exists() {
 		ov.gate.leave()
 		return nil, nil, 0, syscall.EEXIST
+	}
+	if err := ov.keepAt(dfd, ""); err != nil {
+		ov.gate.leave()
+		return nil, nil, 0, errnoOf(err)
 	}
 	fd, err := unix.Openat(dfd, name, unix.O_CREAT|unix.O_EXCL|unix.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW, mode&07777)
 	if err == nil {

@@ -15,18 +15,21 @@ import (
 
 // Freeze captures the merged tree at one instant and returns it as a View.
 //
-// It closes the gate (new mutations wait, those in flight finish), walks the
-// upper layer's metadata (entries, modes, owners, times, sizes, symlink
-// targets, whiteouts, opaque and redirect markers), and reopens the gate.
-// Mutations are blocked only for that walk: O(entries in the upper layer),
-// independent of how much data changed. No file content is copied.
+// It closes the gate (new mutations wait, those in flight finish), records
+// the upper layer's names (one getdents per directory: entries with their
+// inode numbers and types, symlink targets, whiteouts, opaque and redirect
+// markers), and reopens the gate. Mutations are blocked only for that
+// listing: no content is copied, no entry is stat'ed, no descriptor is kept.
 //
-// From then on, until View.Close, the overlay keeps the frozen content of
-// every captured upper file reachable: the first write, truncate or
-// fallocate into a captured file's frozen bytes first saves the blocks it
-// changes into a sidecar, and a captured file about to lose its name
-// (unlink, rename over it) is pinned first. The lower layer is immutable and
-// needs nothing.
+// From then on, until View.Close, the overlay keeps what the view needs of
+// every captured upper inode: before the first change to an inode's
+// attributes (a write, truncate, chmod, a new entry in a directory, a link
+// or unlink) its status as it still is is kept for the view; the first
+// write, truncate or fallocate into a captured file's frozen bytes first
+// saves the blocks it changes into a sidecar; and a captured file about to
+// lose its name (unlink, rename over it) is pinned first. Attributes of
+// inodes nothing changed are read when the view asks for them. The lower
+// layer is immutable and needs nothing.
 //
 // Freeze honours ctx while it waits for mutations in flight.
 func (m *Mounted) Freeze(ctx context.Context) (*View, error) {
@@ -45,20 +48,20 @@ func (m *Mounted) Freeze(ctx context.Context) (*View, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fs: freeze: %w", err)
 	}
-	ov.log.Info("frozen", "generation", v.gen, "stall", v.stall, "upper_files", len(v.files))
+	ov.log.Info("frozen", "generation", v.gen, "stall", v.stall, "upper_inodes", len(v.inodes))
 	return v, nil
 }
 
 var viewSeq atomic.Uint64
 
-// capture walks the upper layer into a new View. The gate is closed.
+// capture lists the upper layer into a new View. The gate is closed.
 func (ov *overlay) capture() (*View, error) {
 	v := &View{
-		ov:    ov,
-		gen:   ov.gen.Load(),
-		lower: ov.lower,
-		inos:  ov.inos.snapshot(),
-		files: map[uint64]*capFile{},
+		ov:     ov,
+		gen:    ov.gen.Load(),
+		lower:  ov.lower,
+		inos:   ov.inos.snapshot(),
+		inodes: map[uint64]*capInode{},
 	}
 	v.dirfd = -1
 	if !ov.opts.ReadOnly {
@@ -76,12 +79,18 @@ func (ov *overlay) capture() (*View, error) {
 		}
 		v.dirfd = fd
 	}
+	if n := ov.lastInodes.Load(); n > 0 {
+		v.inodes = make(map[uint64]*capInode, n+n/8)
+	}
 	rootSt, err := statFd(ov.u.root)
 	if err == nil {
 		var rfd int
 		if rfd, err = ov.u.dirRead(""); err == nil {
-			v.root = &ventry{name: ".", st: rootSt}
-			v.root.dir, err = v.walk(rfd, "", true)
+			root := &capInode{uino: rootSt.ino, kind: syscall.S_IFDIR, pinFd: -1, sidecar: -1}
+			root.keep(&rootSt)
+			v.inodes[root.uino] = root
+			v.root = &ventry{name: ".", kind: syscall.S_IFDIR, node: root}
+			v.root.dir, err = v.walk(rfd, "")
 			unix.Close(rfd)
 		}
 	}
@@ -89,85 +98,108 @@ func (ov *overlay) capture() (*View, error) {
 		v.release()
 		return v, err
 	}
+	ov.lastInodes.Store(int64(len(v.inodes)))
 	return v, nil
 }
 
-// walk captures the upper directory open at fd (path rel). The stall of a
-// freeze is this walk: one getdents per directory and one statx per entry.
-func (v *View) walk(fd int, rel string, root bool) (*vdir, error) {
+// walk lists the upper directory open at fd (path rel). The stall of a
+// freeze is this walk: one getdents per directory, one open per
+// subdirectory, one readlink per symlink, and the overlay's markers.
+// Entries are known by the inode number and type getdents gives; their
+// status is taken later (capInode). Where getdents cannot be trusted for
+// that (an unknown type, or inode numbers that differ from stat's, as on
+// some stacked file systems), entries are stat'ed here instead. It
+// allocates per directory, not per entry, where it can: the stall is
+// short only if the garbage collector has little to do.
+func (v *View) walk(fd int, rel string) (*vdir, error) {
 	ents, err := readDirents(fd)
 	if err != nil {
 		return nil, fmt.Errorf("list %q: %w", rel, err)
 	}
-	d := &vdir{entries: make(map[string]*ventry, len(ents))}
-	names := make([]string, 0, len(ents))
+	if rel == "" && len(ents) > 0 {
+		// One comparison tells whether getdents' inode numbers are
+		// stat's on this file system.
+		st, err := statxAt(fd, ents[0].name)
+		if err != nil {
+			return nil, fmt.Errorf("stat %q: %w", ents[0].name, err)
+		}
+		v.statAll = st.ino != ents[0].ino
+	}
+	n := 0
+	for i := range ents {
+		if !isReserved(ents[i].name) {
+			n++
+		}
+	}
+	d := &vdir{path: rel, ents: make([]ventry, 0, n)}
+	inodes := make([]capInode, n) // a slab: hard links leave some unused
 	for _, de := range ents {
 		name := de.name
-		if !isReserved(name) {
-			names = append(names, name)
-			continue
-		}
-		switch {
-		case name == opaqueMarker:
-			d.opaque = true
-		case name == redirectMarker:
-			s, err := readSmall(fd, name)
-			if err != nil {
-				return nil, err
-			}
-			d.redirect, d.hasRedirect = s, true
-		default:
-			if s, ok := whiteoutTarget(fd, name); ok {
-				if d.hidden == nil {
-					d.hidden = map[string]bool{}
+		if isReserved(name) {
+			switch {
+			case name == opaqueMarker:
+				d.opaque = true
+			case name == redirectMarker:
+				s, err := readSmall(fd, name)
+				if err != nil {
+					return nil, err
 				}
-				d.hidden[s] = true
+				d.redirect, d.hasRedirect = s, true
+			default:
+				if s, ok := whiteoutTarget(fd, name); ok {
+					if d.hidden == nil {
+						d.hidden = map[string]bool{}
+					}
+					d.hidden[s] = true
+				}
 			}
-		}
-	}
-	es := make([]ventry, len(names))
-	errs := make([]error, len(names))
-	for i, name := range names {
-		es[i].name = name
-		es[i].st, errs[i] = statxAt(fd, name)
-	}
-	for i := range es {
-		e := &es[i]
-		if errs[i] == unix.ENOENT {
 			continue
 		}
-		p := joinRel(rel, e.name)
-		if errs[i] != nil {
-			return nil, fmt.Errorf("stat %q: %w", p, errs[i])
-		}
-		switch e.st.mode & syscall.S_IFMT {
-		case syscall.S_IFDIR:
-			sub, err := unix.Openat(fd, e.name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		var st *ustat
+		ino, kind := de.ino, dtToMode(de.typ)
+		if v.statAll || de.typ == unix.DT_UNKNOWN {
+			s, err := statxAt(fd, name)
 			if err != nil {
-				return nil, fmt.Errorf("open %q: %w", p, err)
+				return nil, fmt.Errorf("stat %q: %w", joinRel(rel, name), err)
 			}
-			e.dir, err = v.walk(sub, p, false)
+			st, ino, kind = &s, s.ino, s.mode&syscall.S_IFMT
+		}
+		d.ents = append(d.ents, ventry{name: name, kind: kind, parent: d})
+		e := &d.ents[len(d.ents)-1]
+		ci := v.inodes[ino]
+		if ci == nil {
+			ci = &inodes[0]
+			inodes = inodes[1:]
+			ci.uino, ci.kind, ci.pinFd, ci.sidecar, ci.name0 = ino, kind, -1, -1, e
+			v.inodes[ino] = ci
+		} else {
+			ci.more = append(ci.more, e)
+		}
+		e.node = ci
+		if st != nil {
+			ci.keep(st)
+		}
+		switch kind {
+		case syscall.S_IFDIR:
+			sub, err := unix.Openat(fd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return nil, fmt.Errorf("open %q: %w", joinRel(rel, name), err)
+			}
+			e.dir, err = v.walk(sub, joinRel(rel, name))
 			unix.Close(sub)
 			if err != nil {
 				return nil, err
 			}
 		case syscall.S_IFLNK:
+			// Symlinks never change; one that goes away is not pinned, so
+			// its target is read now.
 			buf := make([]byte, 4096)
-			k, err := unix.Readlinkat(fd, e.name, buf)
+			k, err := unix.Readlinkat(fd, name, buf)
 			if err != nil {
-				return nil, fmt.Errorf("readlink %q: %w", p, err)
+				return nil, fmt.Errorf("readlink %q: %w", joinRel(rel, name), err)
 			}
 			e.target = string(buf[:k])
-		case syscall.S_IFREG:
-			cf := v.files[e.st.ino]
-			if cf == nil {
-				cf = &capFile{uino: e.st.ino, size: e.st.size, pinFd: -1, sidecar: -1}
-				v.files[e.st.ino] = cf
-			}
-			cf.paths = append(cf.paths, p)
-			e.file = cf
 		}
-		d.entries[e.name] = e
 	}
 	return d, nil
 }
@@ -176,11 +208,21 @@ func (v *View) walk(fd int, rel string, root bool) (*vdir, error) {
 // first write into a captured block copies the whole block to the sidecar.
 const preserveBlock = 16 << 10
 
-// capFile is one captured upper regular file (all its names).
-type capFile struct {
-	uino  uint64
-	size  int64    // size at the freeze
-	paths []string // its upper paths at the freeze
+// capInode is one captured upper inode (all its names). Its status at the
+// freeze is kept by the first change to it after the freeze, or read by the
+// view when it first needs it if nothing changed it before; a regular
+// file's frozen bytes are kept by the first change to each block.
+type capInode struct {
+	uino uint64
+	kind uint32 // S_IFMT bits
+	// name0 and more are its names at the freeze (none for the root).
+	name0 *ventry
+	more  []*ventry
+
+	// attrMu serialises the keeping of st between mutations and the view.
+	attrMu    sync.Mutex
+	attrsKept atomic.Bool
+	st        ustat // the status at the freeze, once attrsKept
 
 	mu       sync.Mutex
 	saved    []uint64 // bitmap of preserveBlock blocks saved in the sidecar
@@ -190,33 +232,90 @@ type capFile struct {
 	nsavedBl int
 }
 
-func (cf *capFile) isSaved(b int64) bool {
-	i := b / 64
-	return int(i) < len(cf.saved) && cf.saved[i]&(1<<(b%64)) != 0
-}
-
-func (cf *capFile) markSaved(b int64) {
-	i := int(b / 64)
-	for len(cf.saved) <= i {
-		cf.saved = append(cf.saved, 0)
+// keep records st as ci's frozen status unless one is recorded already.
+// st must describe ci as it was at the freeze: taken before any change to
+// it (every mutation keeps first).
+func (ci *capInode) keep(st *ustat) {
+	if ci.attrsKept.Load() {
+		return
 	}
-	cf.saved[i] |= 1 << (b % 64)
-	cf.nsavedBl++
+	ci.attrMu.Lock()
+	if !ci.attrsKept.Load() {
+		ci.st = *st
+		ci.attrsKept.Store(true)
+	}
+	ci.attrMu.Unlock()
 }
 
-// preserve saves the frozen bytes of [off, end) of the file that are not
-// saved yet, reading them from fd (the file, about to be changed).
-func (v *View) preserve(uino uint64, fd int, off, end int64) error {
-	cf := v.files[uino]
-	if cf == nil {
+// keepWith is keep with the status taken by stat, only if none is kept yet.
+func (ci *capInode) keepWith(stat func() (ustat, error)) error {
+	if ci.attrsKept.Load() {
 		return nil
 	}
-	end = min(end, cf.size)
+	ci.attrMu.Lock()
+	defer ci.attrMu.Unlock()
+	if ci.attrsKept.Load() {
+		return nil
+	}
+	st, err := stat()
+	if err != nil {
+		return err
+	}
+	if st.ino != ci.uino {
+		return fmt.Errorf("keep status of upper inode %d: found inode %d", ci.uino, st.ino)
+	}
+	ci.st = st
+	ci.attrsKept.Store(true)
+	return nil
+}
+
+// paths returns ci's upper paths at the freeze.
+func (ci *capInode) paths() []string {
+	if ci.name0 == nil {
+		return []string{""}
+	}
+	out := make([]string, 0, 1+len(ci.more))
+	out = append(out, ci.name0.path())
+	for _, e := range ci.more {
+		out = append(out, e.path())
+	}
+	return out
+}
+
+func (ci *capInode) isSaved(b int64) bool {
+	i := b / 64
+	return int(i) < len(ci.saved) && ci.saved[i]&(1<<(b%64)) != 0
+}
+
+func (ci *capInode) markSaved(b int64) {
+	i := int(b / 64)
+	for len(ci.saved) <= i {
+		ci.saved = append(ci.saved, 0)
+	}
+	ci.saved[i] |= 1 << (b % 64)
+	ci.nsavedBl++
+}
+
+// preserve keeps the status of captured file uino and saves the frozen
+// bytes of [off, end) that are not saved yet, reading them from fd (the
+// file, about to be changed).
+func (v *View) preserve(uino uint64, fd int, off, end int64) error {
+	ci := v.inodes[uino]
+	if ci == nil {
+		return nil
+	}
+	if err := ci.keepWith(func() (ustat, error) { return statFd(fd) }); err != nil {
+		return err
+	}
+	if ci.kind != syscall.S_IFREG {
+		return nil
+	}
+	end = min(end, ci.st.size)
 	if off >= end || off < 0 {
 		return nil
 	}
-	cf.mu.Lock()
-	defer cf.mu.Unlock()
+	ci.mu.Lock()
+	defer ci.mu.Unlock()
 	var buf []byte
 	rfd := -1
 	defer func() {
@@ -225,21 +324,21 @@ func (v *View) preserve(uino uint64, fd int, off, end int64) error {
 		}
 	}()
 	for b := off / preserveBlock; b*preserveBlock < end; b++ {
-		if cf.isSaved(b) {
+		if ci.isSaved(b) {
 			continue
 		}
-		if cf.sidecar < 0 {
+		if ci.sidecar < 0 {
 			sc, err := unix.Openat(v.dirfd, "data-"+strconv.FormatUint(uino, 10), unix.O_CREAT|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
 			if err != nil {
 				return fmt.Errorf("sidecar: %w", err)
 			}
-			cf.sidecar = sc
+			ci.sidecar = sc
 		}
 		if buf == nil {
 			buf = make([]byte, preserveBlock)
 		}
 		boff := b * preserveBlock
-		want := min(int64(preserveBlock), cf.size-boff)
+		want := min(int64(preserveBlock), ci.st.size-boff)
 		if rfd < 0 {
 			rfd = fd
 		}
@@ -255,24 +354,20 @@ func (v *View) preserve(uino uint64, fd int, off, end int64) error {
 			return fmt.Errorf("read frozen bytes: %w", err)
 		}
 		clear(buf[k:want])
-		if err := pwriteAll(cf.sidecar, buf[:want], boff); err != nil {
+		if err := pwriteAll(ci.sidecar, buf[:want], boff); err != nil {
 			return fmt.Errorf("sidecar: %w", err)
 		}
-		cf.markSaved(b)
+		ci.markSaved(b)
 	}
 	return nil
 }
 
-// pin keeps captured file uino, named name in dfd, reachable before that
+// pin keeps captured file ci, named name in dfd, reachable before that
 // name goes away.
-func (v *View) pin(dfd int, name string, uino uint64) {
-	cf := v.files[uino]
-	if cf == nil {
-		return
-	}
+func (v *View) pin(dfd int, name string, ci *capInode) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if cf.pinned != "" || cf.pinFd >= 0 {
+	if ci.pinned != "" || ci.pinFd >= 0 {
 		return
 	}
 	// A descriptor costs no link count; beyond a budget, hard links do
@@ -280,14 +375,14 @@ func (v *View) pin(dfd int, name string, uino uint64) {
 	if v.pinFds < maxPinFds {
 		fd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 		if err == nil {
-			cf.pinFd = fd
+			ci.pinFd = fd
 			v.pinFds++
 			return
 		}
 	}
-	pn := "pin-" + strconv.FormatUint(uino, 10)
+	pn := "pin-" + strconv.FormatUint(ci.uino, 10)
 	if err := unix.Linkat(dfd, name, v.dirfd, pn, 0); err == nil {
-		cf.pinned = pn
+		ci.pinned = pn
 		return
 	}
 	v.ov.log.Error("freeze: cannot keep a captured file", "name", name)
@@ -399,9 +494,19 @@ func (s *viewSet) preserveTruncate(uino uint64, fd int, size int64) error {
 	return nil
 }
 
-func (s *viewSet) beforeDestroy(dfd int, name string, uino uint64) {
+// beforeDestroy is called before the upper entry name in dfd, whose status
+// st is, loses that name (unlink, rename over it, a guarded commit): views
+// keep its status and, for a regular file, pin it.
+func (s *viewSet) beforeDestroy(dfd int, name string, st *ustat) {
 	for _, v := range s.snapshot() {
-		v.pin(dfd, name, uino)
+		ci := v.inodes[st.ino]
+		if ci == nil {
+			continue
+		}
+		ci.keep(st)
+		if ci.kind == syscall.S_IFREG {
+			v.pin(dfd, name, ci)
+		}
 	}
 }
 
@@ -409,4 +514,49 @@ func (s *viewSet) renamed(from, to string, exchange bool) {
 	for _, v := range s.snapshot() {
 		v.renamed(from, to, exchange)
 	}
+}
+
+// The keep functions are called under the gate before a mutation changes
+// an upper inode (its content or attributes, or a directory's entries):
+// open views that captured the inode and have not kept its status yet take
+// it now, as it still is. They cost nothing while no view is open.
+
+// keepStat keeps st, the status of an inode taken under the gate before
+// the change.
+func (ov *overlay) keepStat(st *ustat) {
+	for _, v := range ov.views.snapshot() {
+		if ci := v.inodes[st.ino]; ci != nil {
+			ci.keep(st)
+		}
+	}
+}
+
+// keepFd keeps the status of the upper inode uino open at fd.
+func (ov *overlay) keepFd(uino uint64, fd int) error {
+	for _, v := range ov.views.snapshot() {
+		if ci := v.inodes[uino]; ci != nil {
+			if err := ci.keepWith(func() (ustat, error) { return statFd(fd) }); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// keepAt keeps the status of entry name in directory dfd ("" for dfd
+// itself), if it exists: before its attributes change or, for a directory,
+// its entries.
+func (ov *overlay) keepAt(dfd int, name string) error {
+	if !ov.views.active() {
+		return nil
+	}
+	st, err := statxAt(dfd, name)
+	if err == unix.ENOENT {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	ov.keepStat(&st)
+	return nil
 }

@@ -569,10 +569,15 @@ func (g *guardFile) commit(ctx context.Context) syscall.Errno {
 	}
 
 	ov.gate.enter()
-	if ust, err := statxAt(pfd, name); err == nil && ust.mode&syscall.S_IFMT == syscall.S_IFREG {
-		ov.views.beforeDestroy(pfd, name, ust.ino)
+	err = ov.keepAt(pfd, "")
+	if err == nil && ov.views.active() {
+		if ust, serr := statxAt(pfd, name); serr == nil {
+			ov.views.beforeDestroy(pfd, name, &ust)
+		}
 	}
-	err = unix.Renameat(ov.u.work, g.stageName, pfd, name)
+	if err == nil {
+		err = unix.Renameat(ov.u.work, g.stageName, pfd, name)
+	}
 	if err == nil {
 		err = fsyncDir(pfd)
 	}
@@ -619,7 +624,11 @@ func (g *guardFile) removeCreated() {
 	defer ov.u.put(pfd)
 	ov.gate.enter()
 	st, err := statxAt(pfd, name)
+	if err == nil {
+		err = ov.keepAt(pfd, "")
+	}
 	if err == nil && st.ino == ino && st.size == 0 {
+		ov.views.beforeDestroy(pfd, name, &st)
 		if st.nlink <= 1 {
 			n.keepOrphan(pfd, name)
 		}

@@ -110,6 +110,9 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 	if e.exists() {
 		return nil, syscall.EEXIST
 	}
+	if err := ov.keepAt(dfd, ""); err != nil {
+		return nil, errnoOf(err)
+	}
 	mode &= 07777
 	if e.lowerIno == 0 {
 		if err := unix.Mkdirat(dfd, name, mode); err != nil {
@@ -210,6 +213,9 @@ func (n *node) Mknod(ctx context.Context, name string, mode uint32, rdev uint32,
 	if e.exists() {
 		return nil, syscall.EEXIST
 	}
+	if err := ov.keepAt(dfd, ""); err != nil {
+		return nil, errnoOf(err)
+	}
 	if err := unix.Mknodat(dfd, name, mode, int(rdev)); err != nil {
 		return nil, errnoOf(err)
 	}
@@ -248,6 +254,9 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 	}
 	if e.exists() {
 		return nil, syscall.EEXIST
+	}
+	if err := ov.keepAt(dfd, ""); err != nil {
+		return nil, errnoOf(err)
 	}
 	if err := unix.Symlinkat(target, dfd, name); err != nil {
 		return nil, errnoOf(err)
@@ -300,6 +309,12 @@ func (n *node) Link(ctx context.Context, target fusefs.InodeEmbedder, name strin
 	}
 	if e.exists() {
 		return nil, syscall.EEXIST
+	}
+	if err := ov.keepAt(dfd, ""); err != nil {
+		return nil, errnoOf(err)
+	}
+	if err := ov.keepAt(tfd, tname); err != nil {
+		return nil, errnoOf(err)
 	}
 	if err := unix.Linkat(tfd, tname, dfd, name, 0); err != nil {
 		return nil, errnoOf(err)
@@ -377,6 +392,12 @@ func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno 
 	if !e.exists() {
 		return syscall.ENOENT
 	}
+	if err := ov.keepAt(dfd, ""); err != nil {
+		return errnoOf(err)
+	}
+	if e.upper {
+		ov.keepStat(&e.ust)
+	}
 	if e.lowerIno != 0 {
 		if err := ov.u.addWhiteout(dfd, name); err != nil {
 			return errnoOf(err)
@@ -388,9 +409,7 @@ func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno 
 				return errnoOf(err)
 			}
 		} else {
-			if e.ust.mode&syscall.S_IFMT == syscall.S_IFREG {
-				ov.views.beforeDestroy(dfd, name, e.ust.ino)
-			}
+			ov.views.beforeDestroy(dfd, name, &e.ust)
 			if e.ust.nlink <= 1 {
 				if ch := n.GetChild(name); ch != nil {
 					if cn, ok := ch.Operations().(*node); ok {

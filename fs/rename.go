@@ -104,6 +104,18 @@ func (n *node) Rename(ctx context.Context, name string, newParent fusefs.InodeEm
 		return errnoOf(err)
 	}
 	srcDir := se.ust.mode&syscall.S_IFMT == syscall.S_IFDIR
+	// Both directories' entries change; the moved objects' markers and
+	// links may too.
+	if err := ov.keepAt(sfd, ""); err != nil {
+		return errnoOf(err)
+	}
+	if err := ov.keepAt(dfd, ""); err != nil {
+		return errnoOf(err)
+	}
+	ov.keepStat(&se.ust)
+	if de.upper {
+		ov.keepStat(&de.ust)
+	}
 
 	if exchange {
 		if !de.upper {
@@ -166,8 +178,8 @@ func (n *node) Rename(ctx context.Context, name string, newParent fusefs.InodeEm
 			return errnoOf(err)
 		}
 	}
-	if de.upper && !srcDir && de.ust.mode&syscall.S_IFMT == syscall.S_IFREG {
-		ov.views.beforeDestroy(dfd, newName, de.ust.ino)
+	if de.upper && !srcDir {
+		ov.views.beforeDestroy(dfd, newName, &de.ust)
 	}
 	if de.upper && !srcDir && de.ust.nlink <= 1 && dst != nil {
 		dst.keepOrphan(dfd, newName)

@@ -74,6 +74,9 @@ func (n *node) setattrUpper(ctx context.Context, f fusefs.FileHandle, in *fuse.S
 
 	ov.gate.enter()
 	defer ov.gate.leave()
+	if err := ov.keepAt(dfd, name); err != nil {
+		return errnoOf(err)
+	}
 	at := func(fn func(dirfd int, name string, flags int) error) error {
 		if name == "" {
 			return fn(dfd, ".", 0)
@@ -150,6 +153,9 @@ func (n *node) setattrFd(uf *upperFile, in *fuse.SetAttrIn, hasSize bool, size i
 	}
 	ov.gate.enter()
 	defer ov.gate.leave()
+	if err := ov.keepFd(uf.uino, uf.fd); err != nil {
+		return errnoOf(err)
+	}
 	if mode, ok := in.GetMode(); ok {
 		if err := unix.Fchmod(uf.fd, mode); err != nil {
 			return errnoOf(err)

@@ -402,7 +402,9 @@ type dirent struct {
 }
 
 // readDirents lists the directory open for reading at fd from the start,
-// without "." and "..".
+// without "." and "..". Names share one string per getdents call: a freeze
+// lists every upper directory while mutations wait, and allocating once per
+// entry would give the garbage collector work in the middle of it.
 func readDirents(fd int) ([]dirent, error) {
 	if _, err := unix.Seek(fd, 0, 0); err != nil {
 		return nil, err
@@ -420,34 +422,30 @@ func readDirents(fd int) ([]dirent, error) {
 		if n <= 0 {
 			return out, nil
 		}
-		for b := buf[:n]; len(b) > 0; {
-			reclen := int(b[16]) | int(b[17])<<8
-			if reclen == 0 || reclen > len(b) {
+		chunk := string(buf[:n])
+		if out == nil {
+			out = make([]dirent, 0, n/24)
+		}
+		for b := 0; b < n; {
+			reclen := int(chunk[b+16]) | int(chunk[b+17])<<8
+			if reclen < 19 || b+reclen > n {
 				return nil, fmt.Errorf("fs: bad dirent length %d", reclen)
 			}
-			ino := uint64(b[0]) | uint64(b[1])<<8 | uint64(b[2])<<16 | uint64(b[3])<<24 |
-				uint64(b[4])<<32 | uint64(b[5])<<40 | uint64(b[6])<<48 | uint64(b[7])<<56
-			typ := b[18]
-			nb := b[19:reclen]
-			if i := indexByte(nb, 0); i >= 0 {
-				nb = nb[:i]
+			var ino uint64
+			for i := 7; i >= 0; i-- {
+				ino = ino<<8 | uint64(chunk[b+i])
 			}
-			name := string(nb)
+			typ := chunk[b+18]
+			name := chunk[b+19 : b+reclen]
+			if i := strings.IndexByte(name, 0); i >= 0 {
+				name = name[:i]
+			}
 			if name != "." && name != ".." {
 				out = append(out, dirent{name: name, ino: ino, typ: typ})
 			}
-			b = b[reclen:]
+			b += reclen
 		}
 	}
-}
-
-func indexByte(b []byte, c byte) int {
-	for i, x := range b {
-		if x == c {
-			return i
-		}
-	}
-	return -1
 }
 
 func readNames(fd int) ([]string, error) {

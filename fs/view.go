@@ -35,7 +35,11 @@ type View struct {
 	lower Lower
 	inos  map[uint64]inoRec
 	root  *ventry
-	files map[uint64]*capFile // captured upper regular files by upper inode
+	// inodes are the captured upper inodes by upper inode number.
+	inodes map[uint64]*capInode
+	// statAll is set where getdents' inode numbers are not stat's: every
+	// entry was stat'ed during the freeze.
+	statAll bool
 
 	dirName string // in the work directory: sidecars and pins
 	dirfd   int
@@ -54,21 +58,42 @@ var (
 
 // vdir is a captured upper directory.
 type vdir struct {
-	entries     map[string]*ventry
+	path        string          // at the freeze, "" for the root
+	ents        []ventry        // in the order the upper file system lists them
 	hidden      map[string]bool // whited-out lower names
 	opaque      bool
 	redirect    string
 	hasRedirect bool
+
+	// index finds entries by name; built at the first lookup, after the
+	// freeze.
+	indexOnce sync.Once
+	index     map[string]*ventry
+}
+
+// lookup returns the entry name, or nil.
+func (d *vdir) lookup(name string) *ventry {
+	d.indexOnce.Do(func() {
+		d.index = make(map[string]*ventry, len(d.ents))
+		for i := range d.ents {
+			d.index[d.ents[i].name] = &d.ents[i]
+		}
+	})
+	return d.index[name]
 }
 
 // ventry is a captured upper entry.
 type ventry struct {
 	name   string
-	st     ustat
-	dir    *vdir    // a directory
-	target string   // a symlink
-	file   *capFile // a regular file
+	kind   uint32    // S_IFMT bits
+	parent *vdir     // the directory holding it
+	node   *capInode // the inode, with its other names
+	dir    *vdir     // a directory
+	target string    // a symlink
 }
+
+// path is the entry's upper path at the freeze.
+func (e *ventry) path() string { return joinRel(e.parent.path, e.name) }
 
 // Generation is the mount's generation at the freeze: every mutation the
 // view contains has a generation <= it, every later one a greater one.
@@ -100,17 +125,17 @@ func (v *View) release() error {
 		return nil
 	}
 	v.closed = true
-	for _, cf := range v.files {
-		cf.mu.Lock()
-		if cf.sidecar >= 0 {
-			unix.Close(cf.sidecar)
-			cf.sidecar = -1
+	for _, ci := range v.inodes {
+		ci.mu.Lock()
+		if ci.sidecar >= 0 {
+			unix.Close(ci.sidecar)
+			ci.sidecar = -1
 		}
-		if cf.pinFd >= 0 {
-			unix.Close(cf.pinFd)
-			cf.pinFd = -1
+		if ci.pinFd >= 0 {
+			unix.Close(ci.pinFd)
+			ci.pinFd = -1
 		}
-		cf.mu.Unlock()
+		ci.mu.Unlock()
 	}
 	if v.dirfd > 0 {
 		unix.Close(v.dirfd)
@@ -156,7 +181,7 @@ func (v *View) child(d *vobj, name string) (vobj, error) {
 	c := vobj{name: name}
 	var hidden bool
 	if d.up != nil && d.up.dir != nil && !isReserved(name) {
-		if e := d.up.dir.entries[name]; e != nil {
+		if e := d.up.dir.lookup(name); e != nil {
 			c.up = e
 			if e.dir != nil {
 				// Its merge source, as the live overlay works it out.
@@ -218,11 +243,14 @@ func (v *View) resolve(op, name string) (vobj, error) {
 }
 
 // info is the FileInfo of o.
-func (v *View) info(o *vobj) *vinfo {
+func (v *View) info(o *vobj) (*vinfo, error) {
 	fi := &vinfo{name: o.name}
 	st := &syscall.Stat_t{}
 	if o.up != nil {
-		u := &o.up.st
+		u, err := v.attrs(o.up.node)
+		if err != nil {
+			return nil, err
+		}
 		st.Mode = u.mode
 		st.Nlink = uint64(u.nlink)
 		st.Uid, st.Gid = u.uid, u.gid
@@ -237,9 +265,6 @@ func (v *View) info(o *vobj) *vinfo {
 		// file and a lower name of the same lower inode are different
 		// inodes now and must not pack as one.
 		st.Ino = u.ino + upperInoBase
-		if o.up.file != nil {
-			st.Size = o.up.file.size
-		}
 		if o.up.dir != nil && o.lower != 0 {
 			st.Nlink = 1
 		}
@@ -258,7 +283,55 @@ func (v *View) info(o *vobj) *vinfo {
 	}
 	fi.sys = st
 	fi.mode = unixToFileMode(st.Mode)
-	return fi
+	return fi, nil
+}
+
+// attrs returns the status of captured inode ci at the freeze: the one kept
+// by the first change after it, or, if nothing changed it yet, its status
+// now, read under ci.attrMu so that no change can slip in between (a change
+// keeps first, under the same lock).
+func (v *View) attrs(ci *capInode) (*ustat, error) {
+	if err := ci.keepWith(func() (ustat, error) { return v.statCaptured(ci) }); err != nil {
+		return nil, err
+	}
+	return &ci.st, nil
+}
+
+// statCaptured stats captured inode ci where it is now: at one of its
+// names as moved by later renames (which wait meanwhile), or its pin.
+func (v *View) statCaptured(ci *capInode) (ustat, error) {
+	unlock := v.ov.views.lockRenames()
+	defer unlock()
+	v.mu.Lock()
+	if v.closed {
+		v.mu.Unlock()
+		return ustat{}, iofs.ErrClosed
+	}
+	renames := v.renames
+	pinFd, pinned := ci.pinFd, ci.pinned
+	v.mu.Unlock()
+	for _, p := range ci.paths() {
+		if p == "" {
+			return statFd(v.ov.u.root)
+		}
+		dir, name := splitRel(translate(p, renames))
+		dfd, err := v.ov.u.dir(dir)
+		if err != nil {
+			continue
+		}
+		st, err := statxAt(dfd, name)
+		v.ov.u.put(dfd)
+		if err == nil && st.ino == ci.uino {
+			return st, nil
+		}
+	}
+	switch {
+	case pinFd >= 0:
+		return statFd(pinFd)
+	case pinned != "":
+		return statxAt(v.dirfd, pinned)
+	}
+	return ustat{}, fmt.Errorf("captured upper inode %d (%s) is gone", ci.uino, ci.paths()[0])
 }
 
 // vinfo is an io/fs.FileInfo of the view.
@@ -312,7 +385,10 @@ func (v *View) Lstat(name string) (iofs.FileInfo, error) {
 	if err != nil {
 		return nil, err
 	}
-	fi := v.info(&o)
+	fi, err := v.info(&o)
+	if err != nil {
+		return nil, &iofs.PathError{Op: "lstat", Path: name, Err: err}
+	}
 	if name == "." {
 		fi.name = "."
 	}
@@ -329,7 +405,7 @@ func (v *View) ReadLink(name string) (string, error) {
 		return "", err
 	}
 	if o.up != nil {
-		if o.up.st.mode&syscall.S_IFMT != syscall.S_IFLNK {
+		if o.up.kind != syscall.S_IFLNK {
 			return "", &iofs.PathError{Op: "readlink", Path: name, Err: iofs.ErrInvalid}
 		}
 		return o.up.target, nil
@@ -366,13 +442,18 @@ func (v *View) list(d *vobj) ([]iofs.DirEntry, error) {
 	seen := map[string]bool{}
 	if d.up != nil && d.up.dir != nil {
 		hidden = d.up.dir.hidden
-		for name := range d.up.dir.entries {
+		for i := range d.up.dir.ents {
+			name := d.up.dir.ents[i].name
 			c, err := v.child(d, name)
 			if err != nil {
 				return nil, err
 			}
 			seen[name] = true
-			out = append(out, &vdirent{fi: v.info(&c)})
+			fi, err := v.info(&c)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, &vdirent{fi: fi})
 		}
 	}
 	if d.lower != 0 && v.lower != nil {
@@ -425,7 +506,7 @@ func (e *vdirent) Info() (iofs.FileInfo, error) {
 		return nil, err
 	}
 	o := vobj{name: e.name, lower: e.ino, lattr: a}
-	return e.v.info(&o), nil
+	return e.v.info(&o)
 }
 
 func (e *vdirent) String() string { return iofs.FormatDirEntry(e) }
@@ -436,7 +517,10 @@ func (v *View) Open(name string) (iofs.File, error) {
 	if err != nil {
 		return nil, err
 	}
-	fi := v.info(&o)
+	fi, err := v.info(&o)
+	if err != nil {
+		return nil, &iofs.PathError{Op: "open", Path: name, Err: err}
+	}
 	if name == "." {
 		fi.name = "."
 	}
@@ -446,11 +530,11 @@ func (v *View) Open(name string) (iofs.File, error) {
 	case fi.mode.Type() != 0:
 		return &viewSpecial{fi: fi}, nil
 	case o.up != nil:
-		fd, err := v.openCaptured(o.up.file)
+		fd, err := v.openCaptured(o.up.node)
 		if err != nil {
 			return nil, &iofs.PathError{Op: "open", Path: name, Err: err}
 		}
-		return &viewFile{fi: fi, cf: o.up.file, fd: fd}, nil
+		return &viewFile{fi: fi, cf: o.up.node, size: fi.sys.Size, fd: fd}, nil
 	default:
 		return &lowerViewFile{v: v, fi: fi, ino: o.lower, size: o.lattr.Size}, nil
 	}
@@ -461,7 +545,7 @@ func (v *View) Open(name string) (iofs.File, error) {
 // wait meanwhile (they log themselves under the same lock), so the
 // translated names match the tree; a name being destroyed is pinned
 // before it goes.
-func (v *View) openCaptured(cf *capFile) (int, error) {
+func (v *View) openCaptured(cf *capInode) (int, error) {
 	unlock := v.ov.views.lockRenames()
 	defer unlock()
 	v.mu.Lock()
@@ -481,7 +565,7 @@ func (v *View) openCaptured(cf *capFile) (int, error) {
 	}
 	renames := v.renames
 	v.mu.Unlock()
-	for _, p := range cf.paths {
+	for _, p := range cf.paths() {
 		dir, name := splitRel(translate(p, renames))
 		dfd, err := v.ov.u.dir(dir)
 		if err != nil {
@@ -506,18 +590,19 @@ func (v *View) openCaptured(cf *capFile) (int, error) {
 	if cf.pinned != "" {
 		return unix.Openat(v.dirfd, cf.pinned, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	}
-	return -1, fmt.Errorf("captured file %s is gone", cf.paths[0])
+	return -1, fmt.Errorf("captured file %s is gone", cf.paths()[0])
 }
 
 // viewFile reads a captured upper file: its live bytes, with the blocks
 // changed since the freeze read back from the sidecar, clipped to the
 // frozen size.
 type viewFile struct {
-	fi  *vinfo
-	cf  *capFile
-	fd  int
-	off int64
-	mu  sync.Mutex
+	fi   *vinfo
+	cf   *capInode
+	size int64 // at the freeze
+	fd   int
+	off  int64
+	mu   sync.Mutex
 	// buf holds the bytes at bufOff for sequential Reads.
 	buf    []byte
 	bufOff int64
@@ -576,10 +661,10 @@ func (f *viewFile) readAt(p []byte, off int64) (int, error) {
 	if off < 0 {
 		return 0, iofs.ErrInvalid
 	}
-	if off >= cf.size {
+	if off >= f.size {
 		return 0, io.EOF
 	}
-	want := min(int64(len(p)), cf.size-off)
+	want := min(int64(len(p)), f.size-off)
 	buf := p[:want]
 	k, err := preadFull(f.fd, buf, off)
 	if err != nil {
@@ -604,7 +689,7 @@ func (f *viewFile) readAt(p []byte, off int64) (int, error) {
 			}
 		}
 	}
-	if off+want == cf.size {
+	if off+want == f.size {
 		return int(want), io.EOF
 	}
 	return int(want), nil
