@@ -246,6 +246,28 @@ type PublishInput struct {
 	Compression string
 	// Lease, if set, must still be held when LATEST is about to move.
 	Lease *Lease
+	// Delta, if set, says which byte ranges of the archive are copies of
+	// an earlier snapshot's archive; a store that can copy (Composer)
+	// then receives only the rest.
+	Delta *Delta
+}
+
+// Delta says which byte ranges of an archive to publish are copies of the
+// archive of snapshot Source (archive.PackResult.Copies, when it was packed
+// on that archive): Offset in the archive to publish, SourceOffset in
+// Source's.
+type Delta struct {
+	Source string
+	Ranges []ComposeRange
+}
+
+// Published is a published snapshot and what uploading it cost.
+type Published struct {
+	Manifest
+	// Sent is the bytes of the archive sent to the store, Copied the bytes
+	// the store copied from the Delta's source instead; Sent+Copied is the
+	// archive's size.
+	Sent, Copied int64
 }
 
 // Publish uploads the archive, then its manifest, then moves LATEST to it
@@ -255,34 +277,49 @@ type PublishInput struct {
 // snapshot's. The store should be wrapped in WithRetry: Publish itself
 // does not retry.
 func (c *Catalog) Publish(ctx context.Context, in PublishInput) (Manifest, error) {
+	p, err := c.PublishReport(ctx, in)
+	return p.Manifest, err
+}
+
+// PublishReport is Publish, reporting what the upload cost too.
+//
+// With a Delta whose source snapshot is still in the store as its
+// manifest describes it, and a store that implements Composer, the
+// archive is put together from the source's ranges (copied by the store)
+// and the rest of the local file. Whatever goes wrong on that path (a
+// store that cannot, a source gone or changed, copied bytes that do not
+// match) falls back to a plain upload: a delta only ever saves bytes. The
+// manifest's sha256 is always the local file's, which the restore path
+// checks against what it downloads.
+func (c *Catalog) PublishReport(ctx context.Context, in PublishInput) (Published, error) {
 	latest, etag, err := c.readLatest(ctx)
 	if err != nil {
-		return Manifest{}, fmt.Errorf("publish: %w", err)
+		return Published{}, fmt.Errorf("publish: %w", err)
 	}
 	if latest != in.Expect {
-		return Manifest{}, &ConflictError{Expected: in.Expect, Latest: latest}
+		return Published{}, &ConflictError{Expected: in.Expect, Latest: latest}
 	}
 	f, err := os.Open(in.Path)
 	if err != nil {
-		return Manifest{}, fmt.Errorf("publish: %w", err)
+		return Published{}, fmt.Errorf("publish: %w", err)
 	}
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
-		return Manifest{}, fmt.Errorf("publish: %w", err)
+		return Published{}, fmt.Errorf("publish: %w", err)
 	}
 	sum := in.SHA256
 	if sum == "" {
 		h := sha256.New()
 		if _, err := io.Copy(h, &ctxReader{ctx: ctx, r: f}); err != nil {
-			return Manifest{}, fmt.Errorf("publish: hash %s: %w", in.Path, err)
+			return Published{}, fmt.Errorf("publish: hash %s: %w", in.Path, err)
 		}
 		sum = hex.EncodeToString(h.Sum(nil))
 		if _, err := f.Seek(0, io.SeekStart); err != nil {
-			return Manifest{}, fmt.Errorf("publish: %w", err)
+			return Published{}, fmt.Errorf("publish: %w", err)
 		}
 	} else if in.Size != st.Size() {
-		return Manifest{}, fmt.Errorf("publish: %s has %d bytes, the packer reported %d", in.Path, st.Size(), in.Size)
+		return Published{}, fmt.Errorf("publish: %s has %d bytes, the packer reported %d", in.Path, st.Size(), in.Size)
 	}
 	id := c.newID(latest, in.Parent)
 	m := Manifest{
@@ -299,31 +336,73 @@ func (c *Catalog) Publish(ctx context.Context, in PublishInput) (Manifest, error
 		Archive:     ArchiveKey(id),
 	}
 	start := time.Now()
-	info, err := c.store.Put(ctx, m.Archive, f, m.Size, PutOptions{})
+	p := Published{Manifest: m}
+	var info ObjectInfo
+	if in.Delta != nil && len(in.Delta.Ranges) > 0 {
+		var res ComposeResult
+		res, err = c.putComposed(ctx, m, f, in.Delta)
+		info, p.Sent, p.Copied = res.ObjectInfo, res.Sent, res.Copied
+		if err != nil && ctx.Err() == nil {
+			if !errors.Is(err, errors.ErrUnsupported) {
+				c.log.Warn("publish: could not copy from the previous archive; uploading it whole", "id", id, "source", in.Delta.Source, "err", err)
+			}
+			if _, err = f.Seek(0, io.SeekStart); err != nil {
+				return Published{}, fmt.Errorf("publish: %w", err)
+			}
+			info, err = c.store.Put(ctx, m.Archive, f, m.Size, PutOptions{})
+			p.Sent, p.Copied = m.Size, 0
+		}
+	} else {
+		info, err = c.store.Put(ctx, m.Archive, f, m.Size, PutOptions{})
+		p.Sent = m.Size
+	}
 	if err != nil {
-		return Manifest{}, fmt.Errorf("publish %s: upload archive: %w", id, err)
+		return Published{}, fmt.Errorf("publish %s: upload archive: %w", id, err)
 	}
 	if info.Size != m.Size {
-		return Manifest{}, fmt.Errorf("publish %s: store holds %d bytes of the %d-byte archive", id, info.Size, m.Size)
+		return Published{}, fmt.Errorf("publish %s: store holds %d bytes of the %d-byte archive", id, info.Size, m.Size)
 	}
 	mj, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {
-		return Manifest{}, err
+		return Published{}, err
 	}
 	mj = append(mj, '\n')
 	if _, err := c.store.Put(ctx, ManifestKey(id), bytes.NewReader(mj), int64(len(mj)), PutOptions{}); err != nil {
-		return Manifest{}, fmt.Errorf("publish %s: upload manifest: %w", id, err)
+		return Published{}, fmt.Errorf("publish %s: upload manifest: %w", id, err)
 	}
 	if in.Lease != nil {
 		if err := in.Lease.Err(); err != nil {
-			return Manifest{}, fmt.Errorf("publish %s: uploaded but not published: %w", id, err)
+			return Published{}, fmt.Errorf("publish %s: uploaded but not published: %w", id, err)
 		}
 	}
 	if err := c.moveLatest(ctx, id, latest, etag); err != nil {
-		return Manifest{}, err
+		return Published{}, err
 	}
-	c.log.Info("published snapshot", "id", id, "parent", in.Parent, "size", m.Size, "files", m.Files, "took", time.Since(start).Round(time.Millisecond))
-	return m, nil
+	c.log.Info("published snapshot", "id", id, "parent", in.Parent, "size", m.Size, "sent", p.Sent, "copied", p.Copied,
+		"files", m.Files, "took", time.Since(start).Round(time.Millisecond))
+	return p, nil
+}
+
+// putComposed uploads the archive as ranges of the delta's source plus
+// the rest of f, if the store can and the source is as its manifest says.
+func (c *Catalog) putComposed(ctx context.Context, m Manifest, f *os.File, d *Delta) (ComposeResult, error) {
+	comp, ok := c.store.(Composer)
+	if !ok {
+		return ComposeResult{}, fmt.Errorf("store cannot copy: %w", errors.ErrUnsupported)
+	}
+	sm, err := c.Manifest(ctx, d.Source)
+	if err != nil {
+		return ComposeResult{}, fmt.Errorf("source snapshot: %w", err)
+	}
+	info, err := c.store.Stat(ctx, sm.Archive)
+	if err != nil {
+		return ComposeResult{}, fmt.Errorf("source archive: %w", err)
+	}
+	if info.Size != sm.Size {
+		return ComposeResult{}, fmt.Errorf("source archive %s holds %d bytes, its manifest says %d: %w", sm.Archive, info.Size, sm.Size, ErrPrecondition)
+	}
+	src := ComposeSource{Key: sm.Archive, ETag: info.ETag, Size: info.Size}
+	return comp.PutComposed(ctx, m.Archive, f, m.Size, src, d.Ranges, PutOptions{})
 }
 
 // moveLatest points LATEST at id if it still is the object read as prev

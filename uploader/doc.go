@@ -19,6 +19,26 @@
 // rewinds seekable Put bodies, and resumes broken Get bodies by range.
 // Each request is retried on its own; the S3 store disables the SDK's
 // retries so the two never multiply.
+//
+// # Composed puts
+//
+// Composer is an optional capability: put an object whose byte ranges are
+// copies of ranges of another object in the store, so that the store copies
+// them instead of receiving them. A snapshot archive packed on the previous
+// one (package archive, "Snapshots that cost what changed") shares almost
+// all its bytes with it; composed, it costs the upload of what changed.
+// The S3 store implements it as a multipart upload whose parts are either
+// UploadPartCopy of a range of the source (conditional on the source's
+// ETag, x-amz-copy-source-if-match) or bytes sent from the local file.
+// S3 wants every part but the last to be at least 5 MiB: copy ranges
+// shorter than that are sent, and a gap to send that is shorter takes
+// bytes from the next copy range (always correct: the local file holds
+// every byte), so a composed put sends at least the first 5 MiB (the new
+// superblock is at offset 0). Each copied part's ETag, the MD5 of its bytes
+// on S3 and the servers like it, is checked against the MD5 of the local
+// bytes: the object is verified as it is assembled, not trusted. The local
+// store does not compose (a local copy costs what a write costs), and
+// WithRetry reports errors.ErrUnsupported for stores that do not.
 package uploader
 
 // # The catalog
@@ -37,8 +57,17 @@ package uploader
 //
 // Publish uploads the archive, then the manifest, then moves LATEST with a
 // conditional put against the LATEST object it read (create-only if there
-// was none). A crash at any step leaves LATEST on a complete snapshot; the
-// loser of a race gets a ConflictError naming both snapshots, and its
+// was none). Given a Delta (the archive's copy map against an earlier
+// snapshot), it composes the archive from that snapshot's archive when the
+// store can (Composer) and the source is in the store with the size its
+// manifest records; anything going wrong on that path (source pruned or
+// replaced, copied bytes not matching, a store that cannot) falls back to
+// a plain upload. The manifest's sha256 is always the local archive's, and
+// Restore checks it against what it downloads, so a composed archive is
+// verified end to end like any other.
+//
+// A crash at any step of a publish leaves LATEST on a complete snapshot;
+// the loser of a race gets a ConflictError naming both snapshots, and its
 // upload stays in the store. Restore downloads the archive LATEST names
 // into a local file while hashing it, and on a size or sha256 mismatch (or
 // a failed caller-supplied Verify) reports a CorruptError naming the
@@ -56,10 +85,12 @@ package uploader
 //	                                                    // ErrLeaseHeld: another host writes here
 //	res, err := cat.Restore(ctx, stateDir+"/base.sqfs", uploader.RestoreOptions{Verify: archiveVerify})
 //	                                                    // ErrNoSnapshots: first boot; res.Skipped: warn
-//	m, err := cat.Publish(ctx, uploader.PublishInput{Path: packed, SHA256: sum, Size: n,
-//	        Parent: base, Expect: base, Files: files, Lease: lease})
+//	p, err := cat.PublishReport(ctx, uploader.PublishInput{Path: packed, SHA256: sum, Size: n,
+//	        Parent: base, Expect: base, Files: files, Lease: lease,
+//	        Delta: &uploader.Delta{Source: base, Ranges: copies}})
 //	                                                    // ErrConflict: another host published; stop
-//	base = m.ID
+//	                                                    // p.Sent, p.Copied: what the upload cost
+//	base = p.ID
 //	cat.Prune(ctx, keep)
 //	<-lease.Lost()                                      // taken over: stop publishing
 //	lease.Release(ctx)                                  // at shutdown, after the last publish

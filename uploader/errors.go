@@ -23,8 +23,8 @@ func Permanent(err error) error {
 
 // IsPermanent reports whether retrying the operation that returned err
 // cannot succeed: err was marked with Permanent, or it is a failed
-// condition, a missing key, an invalid range or key, or a canceled or
-// expired context.
+// condition, a missing key, an invalid range or key, a composed put the
+// store got wrong or does not support, or a canceled or expired context.
 func IsPermanent(err error) bool {
 	var pe *permanentError
 	switch {
@@ -35,6 +35,8 @@ func IsPermanent(err error) bool {
 		errors.Is(err, iofs.ErrNotExist),
 		errors.Is(err, ErrInvalidRange),
 		errors.Is(err, ErrInvalidKey),
+		errors.Is(err, ErrComposeMismatch),
+		errors.Is(err, errors.ErrUnsupported),
 		errors.Is(err, context.Canceled),
 		errors.Is(err, context.DeadlineExceeded):
 		return true

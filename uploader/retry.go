@@ -329,3 +329,23 @@ func (r *Retry) List(ctx context.Context, prefix string, fn func(ObjectInfo) err
 func (r *Retry) Delete(ctx context.Context, key string) error {
 	return r.do(ctx, "delete", key, func() error { return r.Store.Delete(ctx, key) })
 }
+
+var _ Composer = (*Retry)(nil)
+
+// PutComposed implements Composer when the wrapped store does, retrying
+// like Put (local is re-read from the start on each attempt); otherwise it
+// fails with errors.ErrUnsupported.
+func (r *Retry) PutComposed(ctx context.Context, key string, local io.ReaderAt, size int64, src ComposeSource, ranges []ComposeRange, opts PutOptions) (ComposeResult, error) {
+	c, ok := r.Store.(Composer)
+	if !ok {
+		return ComposeResult{}, fmt.Errorf("put %s: composing from %s: %w", key, src.Key, errors.ErrUnsupported)
+	}
+	ctx = context.WithValue(ctx, retryKey{}, r)
+	var res ComposeResult
+	err := r.do(ctx, "put composed", key, func() error {
+		var err error
+		res, err = c.PutComposed(ctx, key, local, size, src, ranges, opts)
+		return err
+	})
+	return res, err
+}

@@ -142,3 +142,75 @@ func (emptyReader) Close() error             { return nil }
 
 // EmptyBody is a ReadCloser with no bytes, for zero-length Gets.
 func EmptyBody() io.ReadCloser { return emptyReader{} }
+
+// Composer is an optional Store capability: putting an object whose bytes
+// are partly a copy of another object in the same store, which the store
+// copies itself instead of receiving them again. A new snapshot archive
+// that shares most of its bytes with the previous one (see package
+// archive, "Snapshots that cost what changed") goes up as the bytes that
+// changed.
+//
+// Stores that implement it decide how: S3 assembles a multipart upload
+// from server-side copies of the source's ranges and parts sent from
+// local. Decorators (Retry) implement it too and report errors.ErrUnsupported
+// when the store they wrap does not.
+type Composer interface {
+	// PutComposed stores under key the size bytes of local, exactly as Put
+	// would (atomically, with the same conditions), but may take the
+	// ranges of local that ranges say are copies of src from src instead
+	// of sending them. Ranges must be sorted by Offset, disjoint, and lie
+	// within local's size and src.Size.
+	//
+	// src names the object as the caller knows it: the copy happens only
+	// if key src.Key still has src.ETag and src.Size, else PutComposed
+	// fails with ErrPrecondition (a missing source: io/fs.ErrNotExist)
+	// and stores nothing; a store whose copy turns out not to hold the
+	// bytes local holds fails with ErrComposeMismatch. Either way the
+	// caller can fall back to Put. A store may put plainly when too few
+	// bytes can be copied to be worth it; ComposeResult says what it did.
+	PutComposed(ctx context.Context, key string, local io.ReaderAt, size int64, src ComposeSource, ranges []ComposeRange, opts PutOptions) (ComposeResult, error)
+}
+
+// ComposeSource is the object a composed put copies from.
+type ComposeSource struct {
+	Key  string
+	ETag string
+	Size int64
+}
+
+// ComposeRange says that local's bytes [Offset, Offset+Length) are the
+// source's bytes [SourceOffset, SourceOffset+Length).
+type ComposeRange struct {
+	Offset, SourceOffset, Length int64
+}
+
+// ComposeResult is what a composed put did.
+type ComposeResult struct {
+	ObjectInfo
+	// Sent is the bytes sent to the store, Copied the bytes it copied from
+	// the source; they add up to the object's size.
+	Sent, Copied int64
+}
+
+// ErrComposeMismatch is a composed put whose copied bytes the store
+// reported as different from the local bytes they stand for.
+var ErrComposeMismatch = errors.New("store copied bytes that differ from the local ones")
+
+// CheckComposeArgs validates a PutComposed's key, source and ranges; Store
+// implementations outside this package use it.
+func CheckComposeArgs(key string, size int64, src ComposeSource, ranges []ComposeRange, opts PutOptions) error {
+	if err := checkPutArgs(key, opts); err != nil {
+		return err
+	}
+	if err := ValidKey(src.Key); err != nil {
+		return Permanent(err)
+	}
+	var end int64
+	for _, r := range ranges {
+		if r.Length <= 0 || r.Offset < end || r.Offset+r.Length > size || r.SourceOffset < 0 || r.SourceOffset+r.Length > src.Size {
+			return Permanent(fmt.Errorf("put %s: copy range %+v out of order or out of bounds (size %d, source %d)", key, r, size, src.Size))
+		}
+		end = r.Offset + r.Length
+	}
+	return nil
+}

@@ -303,7 +303,7 @@ func (s *Store) putStream(ctx context.Context, key string, r io.Reader, size int
 		}
 		return bytes.NewReader(buf[:k]), int64(k), release, nil
 	}
-	info, err := s.multipartChecked(ctx, key, next, opts, func() error {
+	info, err := s.multipartChecked(ctx, key, s.bodies(key, next), opts, func() error {
 		if size >= 0 && total != size {
 			return uploader.Permanent(fmt.Errorf("body has %d bytes, want %d", total, size))
 		}
@@ -341,14 +341,53 @@ func setConditions(opts uploader.PutOptions, ifNoneMatch, ifMatch **string) {
 // last part. It is called from one goroutine, in order.
 type nextPart func(i int) (body io.ReadSeeker, n int64, done func(), err error)
 
+// part is one part of a multipart upload: n bytes that send puts in
+// place (sent or copied; called again on each attempt, it returns the
+// part's ETag), and done, called once the part is no longer needed.
+type part struct {
+	n    int64
+	send func(ctx context.Context, uploadID *string, num int32) (*string, error)
+	done func()
+}
+
+// nextAnyPart is nextPart for parts of any kind.
+type nextAnyPart func(i int) (part, error)
+
+// bodies turns a nextPart into parts that upload their bodies.
+func (s *Store) bodies(key string, next nextPart) nextAnyPart {
+	return func(i int) (part, error) {
+		body, n, done, err := next(i)
+		if err != nil {
+			return part{}, err
+		}
+		return part{n: n, done: done, send: func(ctx context.Context, uploadID *string, num int32) (*string, error) {
+			if _, err := body.Seek(0, io.SeekStart); err != nil {
+				return nil, uploader.Permanent(err)
+			}
+			out, err := s.client.UploadPart(ctx, &awss3.UploadPartInput{
+				Bucket:        aws.String(s.bucket),
+				Key:           s.full(key),
+				UploadId:      uploadID,
+				PartNumber:    aws.Int32(num),
+				Body:          body,
+				ContentLength: aws.Int64(n),
+			})
+			if err != nil {
+				return nil, err
+			}
+			return out.ETag, nil
+		}}, nil
+	}
+}
+
 func (s *Store) multipart(ctx context.Context, key string, next nextPart, opts uploader.PutOptions) (uploader.ObjectInfo, error) {
-	return s.multipartChecked(ctx, key, next, opts, func() error { return nil })
+	return s.multipartChecked(ctx, key, s.bodies(key, next), opts, func() error { return nil })
 }
 
 // multipartChecked uploads the parts next yields, Concurrency at a time,
 // and completes the upload if check (run after the last part was read)
 // passes. On any failure the upload is aborted.
-func (s *Store) multipartChecked(ctx context.Context, key string, next nextPart, opts uploader.PutOptions, check func() error) (_ uploader.ObjectInfo, err error) {
+func (s *Store) multipartChecked(ctx context.Context, key string, next nextAnyPart, opts uploader.PutOptions, check func() error) (_ uploader.ObjectInfo, err error) {
 	var created *awss3.CreateMultipartUploadOutput
 	err = uploader.RetryRequest(ctx, "create multipart upload", key, func(int) error {
 		var err error
@@ -401,7 +440,7 @@ func (s *Store) multipartChecked(ctx context.Context, key string, next nextPart,
 		if failed || pctx.Err() != nil {
 			break
 		}
-		body, n, done, err := next(i)
+		pt, err := next(i)
 		if err == io.EOF {
 			<-slots
 			break
@@ -411,25 +450,15 @@ func (s *Store) multipartChecked(ctx context.Context, key string, next nextPart,
 			fail(err)
 			break
 		}
-		total += n
+		total += pt.n
 		num := int32(i + 1)
 		wg.Go(func() {
-			defer func() { done(); <-slots }()
-			var out *awss3.UploadPartOutput
+			defer func() { pt.done(); <-slots }()
+			var etag *string
 			what := fmt.Sprintf("upload part %d", num)
 			err := uploader.RetryRequest(pctx, what, key, func(int) error {
-				if _, err := body.Seek(0, io.SeekStart); err != nil {
-					return uploader.Permanent(err)
-				}
 				var err error
-				out, err = s.client.UploadPart(pctx, &awss3.UploadPartInput{
-					Bucket:        aws.String(s.bucket),
-					Key:           s.full(key),
-					UploadId:      uploadID,
-					PartNumber:    aws.Int32(num),
-					Body:          body,
-					ContentLength: aws.Int64(n),
-				})
+				etag, err = pt.send(pctx, uploadID, num)
 				return s.wrap(what, key, err)
 			})
 			if err != nil {
@@ -437,7 +466,7 @@ func (s *Store) multipartChecked(ctx context.Context, key string, next nextPart,
 				return
 			}
 			mu.Lock()
-			parts = append(parts, types.CompletedPart{ETag: out.ETag, PartNumber: aws.Int32(num)})
+			parts = append(parts, types.CompletedPart{ETag: etag, PartNumber: aws.Int32(num)})
 			mu.Unlock()
 		})
 	}
