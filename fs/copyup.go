@@ -48,7 +48,7 @@ func (ov *overlay) copyUpDir(ctx context.Context, n *node) error {
 	defer ov.u.put(pfd)
 	ov.gate.enter()
 	defer ov.gate.leave()
-	if err := ov.keepAt(pfd, ""); err != nil {
+	if err := ov.keepDir(pfd); err != nil {
 		return fmt.Errorf("fs: copy up %s/%s: %w", prel, name, err)
 	}
 	if err := ov.mkdirLike(pfd, name, &la); err != nil {
@@ -62,7 +62,8 @@ func (ov *overlay) copyUpDir(ctx context.Context, n *node) error {
 	return nil
 }
 
-// mkdirLike creates directory name in pfd with la's metadata, durably.
+// mkdirLike creates directory name in pfd with la's metadata, durably,
+// unless it exists already. The gate is held.
 func (ov *overlay) mkdirLike(pfd int, name string, la *archive.Attr) error {
 	mode := fileModeToUnix(la.Mode) & 07777
 	err := unix.Mkdirat(pfd, name, mode)
@@ -72,6 +73,7 @@ func (ov *overlay) mkdirLike(pfd int, name string, la *archive.Attr) error {
 	if err != nil {
 		return err
 	}
+	ov.bornAt(pfd, name)
 	if ov.u.privileged {
 		if err := unix.Fchownat(pfd, name, int(la.Uid), int(la.Gid), unix.AT_SYMLINK_NOFOLLOW); err != nil {
 			return err
@@ -142,7 +144,7 @@ func (ov *overlay) copyUp(ctx context.Context, n *node, content bool) error {
 		return fmt.Errorf("fs: copy up %s: %w", rel, err)
 	}
 	ov.gate.enter()
-	err = ov.keepAt(pfd, "")
+	err = ov.keepDir(pfd)
 	if err == nil {
 		err = unix.Renameat2(ov.u.work, tmp, pfd, name, unix.RENAME_NOREPLACE)
 	}
@@ -151,6 +153,7 @@ func (ov *overlay) copyUp(ctx context.Context, n *node, content bool) error {
 	}
 	if err == nil {
 		n.upper.Store(true)
+		ov.born(st.ino)
 		ov.changed(n.ino, st.size)
 	}
 	ov.gate.leave()
@@ -381,7 +384,7 @@ func (ov *overlay) linkAlias(ctx context.Context, n *node, rel, q string) error 
 			return nil
 		}
 		ov.gate.enter()
-		err = ov.keepAt(dfd, "")
+		err = ov.keepDir(dfd)
 		if err == nil {
 			err = ov.mkdirLike(dfd, el, &e.lowerAttr)
 		}
@@ -408,10 +411,10 @@ func (ov *overlay) linkAlias(ctx context.Context, n *node, rel, q string) error 
 	defer ov.u.put(dfd)
 	ov.gate.enter()
 	defer ov.gate.leave()
-	if err := ov.keepAt(dfd, ""); err != nil {
+	if err := ov.keepDir(dfd); err != nil {
 		return err
 	}
-	if err := ov.keepAt(sfd, srcName); err != nil {
+	if err := ov.keepEntry(sfd, srcName); err != nil {
 		return err
 	}
 	if err := unix.Linkat(sfd, srcName, dfd, dstName, 0); err != nil && !errors.Is(err, unix.EEXIST) {

@@ -119,25 +119,37 @@
 //
 // Every operation that changes the upper layer holds the gate shared
 // (gate.go). Freeze closes it: new mutations wait, those in flight finish,
-// and the upper layer's metadata is captured (entries, modes, owners, times,
-// sizes, symlink targets, whiteouts, markers, the inode map). Then the gate
-// opens again. Mutations are blocked for that walk only: O(entries in the
-// upper layer), independent of how much data changed. No file content is
-// copied and no descriptor is opened per file.
+// the instant is noted (generation, inode map, the upper root's status),
+// and the gate opens again. Mutations are blocked for a constant time,
+// whatever the upper layer holds: nothing is listed, stat'ed or copied.
 //
-// Until the View is closed, its content is kept: before a write, truncate
-// or fallocate changes bytes of a captured file inside its frozen size, the
-// 16 KiB blocks it touches are saved to a sparse sidecar file (same offsets)
-// in the work directory, once each; before a captured file loses a name
-// (unlink, rename over it, a guarded commit) it is pinned by a descriptor
-// (beyond a budget, by a hard link in the work directory). The View reads
-// live bytes, then overlays saved blocks, clipped to the frozen size; it
-// finds a file through its captured names as moved by later renames, or its
+// The View is copy-on-write until it is closed. Before a mutation changes
+// the upper layer it keeps, for every open view, what the change would
+// lose (freeze.go, the keep functions): a directory's listing (names,
+// inode numbers, types, symlink targets, whiteouts, markers) before its
+// first change of entries, including a directory that is about to move (it
+// gets a marker) or go; an inode's status before its first change
+// (contents, attributes, links; a directory's status with its listing);
+// the 16 KiB blocks a write, truncate or fallocate changes inside a
+// regular file's frozen size, saved once each to a sparse sidecar file
+// (same offsets) in the work directory; and a regular file about to lose a
+// name (unlink, rename over it, a guarded commit), pinned by a descriptor
+// (beyond a budget, by a hard link in the work directory). Inodes the
+// overlay creates after the freeze are noted under the same hold of the
+// gate and cost nothing. Only atimes and ctimes are not kept: archives
+// hold neither.
+//
+// What nothing has changed, the view reads from the upper layer when it
+// first needs it, and keeps: a listing under View.capMu, a status under the
+// inode's attrMu, the same locks the keeping takes, so a change cannot
+// begin in between; whatever reaches the view after that was kept before
+// it changed. The view finds an upper object through its path in the
+// frozen tree, as moved by later renames, checked by inode number, or its
 // pin. Renames are logged in the order the upper file system made them
 // (they are serialised while views are open, with the directories' paths
-// read back from their descriptors), and a view opens a captured file under
-// the same lock. The lower layer is immutable and needs nothing. Close
-// drains mutations in flight, then drops sidecars and pins.
+// read back from their descriptors), and a view resolves a path under the
+// same lock. The lower layer is immutable and needs nothing. Close drains
+// mutations in flight, then drops sidecars and pins.
 //
 // Mmap writes reach the overlay as writes when the kernel writes the pages
 // back, like any file system; a snapshot holds what was written back by the
@@ -170,8 +182,12 @@
 // node.mu (copy-up, open accounting) may be held when entering the gate,
 // never the other way round; a copy-up reads and writes its copy outside the
 // gate and holds it only to rename it into place, so a freeze never waits for
-// a large copy. View.mu guards renames and pins; capFile.mu serialises the
-// saving of one file's blocks against View reads. FUSE methods return only
+// a large copy. A mutation keeps for views while it holds the gate, taking
+// View.capMu or a captured inode's attrMu without holding the rename lock
+// (viewSet.renameMu); a view takes capMu or attrMu, then the rename lock to
+// find what it reads, never the other way round. View.mu guards the rename
+// log and pins; capInode.mu serialises the saving of one file's blocks
+// against View reads. FUSE methods return only
 // syscall.Errno; the FUSE request context is cancelled by any signal to the
 // caller, so work that must complete (copy-up, a Guard's audit append) does
 // not follow it.

@@ -420,7 +420,7 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 		ov.gate.leave()
 		return nil, nil, 0, syscall.EEXIST
 	}
-	if err := ov.keepAt(dfd, ""); err != nil {
+	if err := ov.keepDir(dfd); err != nil {
 		ov.gate.leave()
 		return nil, nil, 0, errnoOf(err)
 	}
@@ -434,6 +434,9 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 			unix.Close(fd)
 			unix.Unlinkat(dfd, name, 0)
 		}
+	}
+	if err == nil {
+		ov.bornAt(fd, "")
 	}
 	ov.gate.leave()
 	if err != nil {

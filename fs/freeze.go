@@ -15,20 +15,23 @@ import (
 
 // Freeze captures the merged tree at one instant and returns it as a View.
 //
-// It closes the gate (new mutations wait, those in flight finish), records
-// the upper layer's names (one getdents per directory: entries with their
-// inode numbers and types, symlink targets, whiteouts, opaque and redirect
-// markers), and reopens the gate. Mutations are blocked only for that
-// listing: no content is copied, no entry is stat'ed, no descriptor is kept.
+// It closes the gate (new mutations wait, those in flight finish), notes
+// the instant (the generation, the inode map, the upper root's status) and
+// reopens the gate: mutations are blocked for a constant time, however
+// many entries the upper layer holds and however much data changed.
+// Nothing is copied or listed then.
 //
-// From then on, until View.Close, the overlay keeps what the view needs of
-// every captured upper inode: before the first change to an inode's
-// attributes (a write, truncate, chmod, a new entry in a directory, a link
-// or unlink) its status as it still is is kept for the view; the first
-// write, truncate or fallocate into a captured file's frozen bytes first
-// saves the blocks it changes into a sidecar; and a captured file about to
-// lose its name (unlink, rename over it) is pinned first. Attributes of
-// inodes nothing changed are read when the view asks for them. The lower
+// The view is copy-on-write from then on, until View.Close: before a
+// mutation changes an upper inode that may be part of the frozen tree, the
+// overlay keeps for every open view what the change would lose. A
+// directory's listing (names, inode numbers, types, symlink targets,
+// whiteouts and markers) is kept before its first change of entries, an
+// inode's status before its first change, a regular file's bytes before
+// the first change of each block (in a sidecar), and a regular file about
+// to lose its name is pinned. Inodes the overlay creates after the freeze
+// are noted as such and cost nothing. Whatever nothing changed, the view
+// reads from the upper layer itself when it needs it, under the same locks
+// the mutations take to keep, so nothing can change in between. The lower
 // layer is immutable and needs nothing.
 //
 // Freeze honours ctx while it waits for mutations in flight.
@@ -48,22 +51,24 @@ func (m *Mounted) Freeze(ctx context.Context) (*View, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fs: freeze: %w", err)
 	}
-	ov.log.Info("frozen", "generation", v.gen, "stall", v.stall, "upper_inodes", len(v.inodes))
+	ov.log.Info("frozen", "generation", v.gen, "stall", v.stall)
 	return v, nil
 }
 
 var viewSeq atomic.Uint64
 
-// capture lists the upper layer into a new View. The gate is closed.
+// capture starts a new View. The gate is closed.
 func (ov *overlay) capture() (*View, error) {
 	v := &View{
 		ov:     ov,
 		gen:    ov.gen.Load(),
 		lower:  ov.lower,
 		inos:   ov.inos.snapshot(),
+		dirs:   map[uint64]*vdir{},
 		inodes: map[uint64]*capInode{},
+		born:   map[uint64]bool{},
+		dirfd:  -1,
 	}
-	v.dirfd = -1
 	if !ov.opts.ReadOnly {
 		// Sidecars and pins go here; a read-only mount changes nothing
 		// and needs none.
@@ -79,60 +84,42 @@ func (ov *overlay) capture() (*View, error) {
 		}
 		v.dirfd = fd
 	}
-	if n := ov.lastInodes.Load(); n > 0 {
-		v.inodes = make(map[uint64]*capInode, n+n/8)
-	}
-	rootSt, err := statFd(ov.u.root)
-	if err == nil {
-		var rfd int
-		if rfd, err = ov.u.dirRead(""); err == nil {
-			root := &capInode{uino: rootSt.ino, kind: syscall.S_IFDIR, pinFd: -1, sidecar: -1}
-			root.keep(&rootSt)
-			v.inodes[root.uino] = root
-			v.root = &ventry{name: ".", kind: syscall.S_IFDIR, node: root}
-			v.root.dir, err = v.walk(rfd, "")
-			unix.Close(rfd)
-		}
-	}
+	st, err := statFd(ov.u.root)
 	if err != nil {
 		v.release()
 		return v, err
 	}
-	ov.lastInodes.Store(int64(len(v.inodes)))
+	root := v.node(st.ino, syscall.S_IFDIR)
+	root.keep(&st)
+	v.root = &ventry{name: ".", kind: syscall.S_IFDIR, uino: st.ino}
 	return v, nil
 }
 
-// walk lists the upper directory open at fd (path rel). The stall of a
-// freeze is this walk: one getdents per directory, one open per
-// subdirectory, one readlink per symlink, and the overlay's markers.
-// Entries are known by the inode number and type getdents gives; their
-// status is taken later (capInode). Where getdents cannot be trusted for
-// that (an unknown type, or inode numbers that differ from stat's, as on
-// some stacked file systems), entries are stat'ed here instead. It
-// allocates per directory, not per entry, where it can: the stall is
-// short only if the garbage collector has little to do.
-func (v *View) walk(fd int, rel string) (*vdir, error) {
-	ents, err := readDirents(fd)
+// listDir reads the listing of the upper directory open at fd (any mode):
+// its entries by inode number and type, symlink targets, whiteouts and
+// markers. Entries are stat'ed only where getdents' inode numbers are not
+// stat's (upper.dinoStat) or its type is unknown; those statuses are
+// returned for the caller to keep (with keepAll, once it holds no lock of
+// the view), which is right whoever lists: an inode's status has not
+// changed since the freeze unless a change kept it first.
+func (v *View) listDir(fd int, where string) (*vdir, []ustat, error) {
+	rfd, err := unix.Openat(fd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("list %q: %w", rel, err)
+		return nil, nil, fmt.Errorf("open %q: %w", where, err)
 	}
-	if rel == "" && len(ents) > 0 {
-		// One comparison tells whether getdents' inode numbers are
-		// stat's on this file system.
-		st, err := statxAt(fd, ents[0].name)
-		if err != nil {
-			return nil, fmt.Errorf("stat %q: %w", ents[0].name, err)
-		}
-		v.statAll = st.ino != ents[0].ino
+	defer unix.Close(rfd)
+	ents, err := readDirents(rfd)
+	if err != nil {
+		return nil, nil, fmt.Errorf("list %q: %w", where, err)
 	}
+	var stats []ustat
 	n := 0
 	for i := range ents {
 		if !isReserved(ents[i].name) {
 			n++
 		}
 	}
-	d := &vdir{path: rel, ents: make([]ventry, 0, n)}
-	inodes := make([]capInode, n) // a slab: hard links leave some unused
+	d := &vdir{ents: make([]ventry, 0, n)}
 	for _, de := range ents {
 		name := de.name
 		if isReserved(name) {
@@ -140,13 +127,13 @@ func (v *View) walk(fd int, rel string) (*vdir, error) {
 			case name == opaqueMarker:
 				d.opaque = true
 			case name == redirectMarker:
-				s, err := readSmall(fd, name)
+				s, err := readSmall(rfd, name)
 				if err != nil {
-					return nil, err
+					return nil, nil, fmt.Errorf("read %q in %q: %w", name, where, err)
 				}
 				d.redirect, d.hasRedirect = s, true
 			default:
-				if s, ok := whiteoutTarget(fd, name); ok {
+				if s, ok := whiteoutTarget(rfd, name); ok {
 					if d.hidden == nil {
 						d.hidden = map[string]bool{}
 					}
@@ -155,69 +142,82 @@ func (v *View) walk(fd int, rel string) (*vdir, error) {
 			}
 			continue
 		}
-		var st *ustat
-		ino, kind := de.ino, dtToMode(de.typ)
-		if v.statAll || de.typ == unix.DT_UNKNOWN {
-			s, err := statxAt(fd, name)
+		e := ventry{name: name, kind: dtToMode(de.typ), uino: de.ino}
+		if v.ov.u.dinoStat || de.typ == unix.DT_UNKNOWN {
+			st, err := statxAt(rfd, name)
 			if err != nil {
-				return nil, fmt.Errorf("stat %q: %w", joinRel(rel, name), err)
+				return nil, nil, fmt.Errorf("stat %q in %q: %w", name, where, err)
 			}
-			st, ino, kind = &s, s.ino, s.mode&syscall.S_IFMT
+			e.kind, e.uino = st.mode&syscall.S_IFMT, st.ino
+			stats = append(stats, st)
 		}
-		d.ents = append(d.ents, ventry{name: name, kind: kind, parent: d})
-		e := &d.ents[len(d.ents)-1]
-		ci := v.inodes[ino]
-		if ci == nil {
-			ci = &inodes[0]
-			inodes = inodes[1:]
-			ci.uino, ci.kind, ci.pinFd, ci.sidecar, ci.name0 = ino, kind, -1, -1, e
-			v.inodes[ino] = ci
-		} else {
-			ci.more = append(ci.more, e)
-		}
-		e.node = ci
-		if st != nil {
-			ci.keep(st)
-		}
-		switch kind {
-		case syscall.S_IFDIR:
-			sub, err := unix.Openat(fd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-			if err != nil {
-				return nil, fmt.Errorf("open %q: %w", joinRel(rel, name), err)
-			}
-			e.dir, err = v.walk(sub, joinRel(rel, name))
-			unix.Close(sub)
-			if err != nil {
-				return nil, err
-			}
-		case syscall.S_IFLNK:
-			// Symlinks never change; one that goes away is not pinned, so
-			// its target is read now.
+		if e.kind == syscall.S_IFLNK {
+			// Symlinks never change, but one can go away with its
+			// directory's next change, which keeps this listing.
 			buf := make([]byte, 4096)
-			k, err := unix.Readlinkat(fd, name, buf)
+			k, err := unix.Readlinkat(rfd, name, buf)
 			if err != nil {
-				return nil, fmt.Errorf("readlink %q: %w", joinRel(rel, name), err)
+				return nil, nil, fmt.Errorf("readlink %q in %q: %w", name, where, err)
 			}
 			e.target = string(buf[:k])
 		}
+		d.ents = append(d.ents, e)
 	}
-	return d, nil
+	return d, stats, nil
+}
+
+// keepAll keeps statuses listDir took.
+func (v *View) keepAll(stats []ustat) {
+	for i := range stats {
+		v.node(stats[i].ino, stats[i].mode&syscall.S_IFMT).keep(&stats[i])
+	}
+}
+
+// node returns the captured inode uino, made on first use.
+func (v *View) node(uino uint64, kind uint32) *capInode {
+	v.capMu.RLock()
+	ci := v.inodes[uino]
+	v.capMu.RUnlock()
+	if ci != nil {
+		return ci
+	}
+	v.capMu.Lock()
+	defer v.capMu.Unlock()
+	if ci = v.inodes[uino]; ci == nil {
+		ci = &capInode{uino: uino, kind: kind, pinFd: -1, sidecar: -1}
+		v.inodes[uino] = ci
+	}
+	return ci
+}
+
+// frozenNode returns the captured inode uino for a mutation about to
+// change it, or nil if the overlay created it after the freeze (it cannot
+// be part of the view). kept reports that its status is kept already.
+func (v *View) frozenNode(uino uint64, kind uint32) (ci *capInode, kept bool) {
+	v.capMu.RLock()
+	ci, born := v.inodes[uino], v.born[uino]
+	v.capMu.RUnlock()
+	switch {
+	case born:
+		return nil, false
+	case ci != nil:
+		return ci, ci.attrsKept.Load()
+	}
+	return v.node(uino, kind), false
 }
 
 // preserveBlock is the granularity at which frozen bytes are saved: the
 // first write into a captured block copies the whole block to the sidecar.
 const preserveBlock = 16 << 10
 
-// capInode is one captured upper inode (all its names). Its status at the
-// freeze is kept by the first change to it after the freeze, or read by the
-// view when it first needs it if nothing changed it before; a regular
-// file's frozen bytes are kept by the first change to each block.
+// capInode is one upper inode as a view keeps it: its status at the
+// freeze, kept by the first change to it after the freeze or read by the
+// view when it first needs it if nothing changed it before, and for a
+// regular file its frozen bytes, kept block by block before they change,
+// and a pin once its names go away.
 type capInode struct {
 	uino uint64
 	kind uint32 // S_IFMT bits
-	// name0 and more are its names at the freeze (none for the root).
-	name0 *ventry
-	more  []*ventry
 
 	// attrMu serialises the keeping of st between mutations and the view.
 	attrMu    sync.Mutex
@@ -269,19 +269,6 @@ func (ci *capInode) keepWith(stat func() (ustat, error)) error {
 	return nil
 }
 
-// paths returns ci's upper paths at the freeze.
-func (ci *capInode) paths() []string {
-	if ci.name0 == nil {
-		return []string{""}
-	}
-	out := make([]string, 0, 1+len(ci.more))
-	out = append(out, ci.name0.path())
-	for _, e := range ci.more {
-		out = append(out, e.path())
-	}
-	return out
-}
-
 func (ci *capInode) isSaved(b int64) bool {
 	i := b / 64
 	return int(i) < len(ci.saved) && ci.saved[i]&(1<<(b%64)) != 0
@@ -296,22 +283,20 @@ func (ci *capInode) markSaved(b int64) {
 	ci.nsavedBl++
 }
 
-// preserve keeps the status of captured file uino and saves the frozen
-// bytes of [off, end) that are not saved yet, reading them from fd (the
-// file, about to be changed).
+// preserve keeps the status of file uino, open at fd and about to change,
+// and saves its frozen bytes in [off, end) that are not saved yet.
 func (v *View) preserve(uino uint64, fd int, off, end int64) error {
-	ci := v.inodes[uino]
+	ci, kept := v.frozenNode(uino, syscall.S_IFREG)
 	if ci == nil {
 		return nil
 	}
-	if err := ci.keepWith(func() (ustat, error) { return statFd(fd) }); err != nil {
-		return err
-	}
-	if ci.kind != syscall.S_IFREG {
-		return nil
+	if !kept {
+		if err := ci.keepWith(func() (ustat, error) { return statFd(fd) }); err != nil {
+			return err
+		}
 	}
 	end = min(end, ci.st.size)
-	if off >= end || off < 0 {
+	if ci.kind != syscall.S_IFREG || off >= end || off < 0 {
 		return nil
 	}
 	ci.mu.Lock()
@@ -360,6 +345,29 @@ func (v *View) preserve(uino uint64, fd int, off, end int64) error {
 		ci.markSaved(b)
 	}
 	return nil
+}
+
+// keepDir keeps the listing of upper directory dir (status st, open at fd)
+// before its entries change, unless it is kept already.
+func (v *View) keepDir(st *ustat, fd int) error {
+	v.capMu.RLock()
+	done := v.dirs[st.ino] != nil || v.born[st.ino]
+	v.capMu.RUnlock()
+	if done {
+		return nil
+	}
+	v.capMu.Lock()
+	if v.dirs[st.ino] != nil {
+		v.capMu.Unlock()
+		return nil
+	}
+	d, stats, err := v.listDir(fd, "upper directory "+strconv.FormatUint(st.ino, 10))
+	if err == nil {
+		v.dirs[st.ino] = d
+	}
+	v.capMu.Unlock()
+	v.keepAll(stats)
+	return err
 }
 
 // pin keeps captured file ci, named name in dfd, reachable before that
@@ -476,6 +484,114 @@ func (s *viewSet) remove(v *View) {
 	s.list.Store(&l)
 }
 
+func (s *viewSet) renamed(from, to string, exchange bool) {
+	for _, v := range s.snapshot() {
+		v.renamed(from, to, exchange)
+	}
+}
+
+// The functions below are called under the gate, before a mutation
+// changes the upper layer, so that open views keep what the change would
+// lose (see Freeze). They cost nothing while no view is open.
+
+// keepStat keeps st, the status of an upper inode taken under the gate
+// before it changes.
+func (ov *overlay) keepStat(st *ustat) {
+	for _, v := range ov.views.snapshot() {
+		if ci, kept := v.frozenNode(st.ino, st.mode&syscall.S_IFMT); ci != nil && !kept {
+			ci.keep(st)
+		}
+	}
+}
+
+// keepFd keeps the status of upper file uino, open at fd, before it
+// changes.
+func (ov *overlay) keepFd(uino uint64, fd int) error {
+	for _, v := range ov.views.snapshot() {
+		if ci, kept := v.frozenNode(uino, syscall.S_IFREG); ci != nil && !kept {
+			if err := ci.keepWith(func() (ustat, error) { return statFd(fd) }); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// keepEntry keeps the status of entry name of directory dfd ("" for dfd
+// itself), if it exists, before its attributes change.
+func (ov *overlay) keepEntry(dfd int, name string) error {
+	if !ov.views.active() {
+		return nil
+	}
+	st, err := statxAt(dfd, name)
+	if err == unix.ENOENT {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	ov.keepStat(&st)
+	return nil
+}
+
+// keepDir keeps the listing and the status of the upper directory open at
+// dfd (any mode) before its entries change: a create, link, unlink,
+// rename, whiteout or marker in it.
+func (ov *overlay) keepDir(dfd int) error {
+	if !ov.views.active() {
+		return nil
+	}
+	st, err := statFd(dfd)
+	if err != nil {
+		return err
+	}
+	ov.keepStat(&st)
+	for _, v := range ov.views.snapshot() {
+		if err := v.keepDir(&st, dfd); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// keepDirAt is keepDir for the subdirectory name of dfd: one about to get
+// a marker (it moves) or to go (rmdir, renamed over).
+func (ov *overlay) keepDirAt(dfd int, name string) error {
+	if !ov.views.active() {
+		return nil
+	}
+	fd, err := unix.Openat(dfd, name, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return ov.keepDir(fd)
+}
+
+// bornAt is born for entry name of dfd ("" for dfd itself).
+func (ov *overlay) bornAt(dfd int, name string) {
+	if !ov.views.active() {
+		return
+	}
+	if st, err := statxAt(dfd, name); err == nil {
+		ov.born(st.ino)
+	}
+}
+
+// born notes, under the gate that covered its creation, that the overlay
+// has just created the upper inode uino: open views, frozen before it
+// existed, need nothing of it. (Noted later, a view frozen in between
+// would wrongly ignore it; not noted at all, it only costs keeping.)
+func (ov *overlay) born(uino uint64) {
+	for _, v := range ov.views.snapshot() {
+		v.capMu.Lock()
+		if v.inodes[uino] == nil {
+			v.born[uino] = true
+		}
+		v.capMu.Unlock()
+	}
+}
+
 func (s *viewSet) preserve(uino uint64, fd int, off, n int64) error {
 	for _, v := range s.snapshot() {
 		if err := v.preserve(uino, fd, off, off+n); err != nil {
@@ -496,67 +612,19 @@ func (s *viewSet) preserveTruncate(uino uint64, fd int, size int64) error {
 
 // beforeDestroy is called before the upper entry name in dfd, whose status
 // st is, loses that name (unlink, rename over it, a guarded commit): views
-// keep its status and, for a regular file, pin it.
+// keep its status and, for a regular file, pin it. The directory holding
+// it must have been kept (keepDir) first.
 func (s *viewSet) beforeDestroy(dfd int, name string, st *ustat) {
 	for _, v := range s.snapshot() {
-		ci := v.inodes[st.ino]
+		ci, kept := v.frozenNode(st.ino, st.mode&syscall.S_IFMT)
 		if ci == nil {
 			continue
 		}
-		ci.keep(st)
+		if !kept {
+			ci.keep(st)
+		}
 		if ci.kind == syscall.S_IFREG {
 			v.pin(dfd, name, ci)
 		}
 	}
-}
-
-func (s *viewSet) renamed(from, to string, exchange bool) {
-	for _, v := range s.snapshot() {
-		v.renamed(from, to, exchange)
-	}
-}
-
-// The keep functions are called under the gate before a mutation changes
-// an upper inode (its content or attributes, or a directory's entries):
-// open views that captured the inode and have not kept its status yet take
-// it now, as it still is. They cost nothing while no view is open.
-
-// keepStat keeps st, the status of an inode taken under the gate before
-// the change.
-func (ov *overlay) keepStat(st *ustat) {
-	for _, v := range ov.views.snapshot() {
-		if ci := v.inodes[st.ino]; ci != nil {
-			ci.keep(st)
-		}
-	}
-}
-
-// keepFd keeps the status of the upper inode uino open at fd.
-func (ov *overlay) keepFd(uino uint64, fd int) error {
-	for _, v := range ov.views.snapshot() {
-		if ci := v.inodes[uino]; ci != nil {
-			if err := ci.keepWith(func() (ustat, error) { return statFd(fd) }); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
-// keepAt keeps the status of entry name in directory dfd ("" for dfd
-// itself), if it exists: before its attributes change or, for a directory,
-// its entries.
-func (ov *overlay) keepAt(dfd int, name string) error {
-	if !ov.views.active() {
-		return nil
-	}
-	st, err := statxAt(dfd, name)
-	if err == unix.ENOENT {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	ov.keepStat(&st)
-	return nil
 }

@@ -569,7 +569,7 @@ func (g *guardFile) commit(ctx context.Context) syscall.Errno {
 	}
 
 	ov.gate.enter()
-	err = ov.keepAt(pfd, "")
+	err = ov.keepDir(pfd)
 	if err == nil && ov.views.active() {
 		if ust, serr := statxAt(pfd, name); serr == nil {
 			ov.views.beforeDestroy(pfd, name, &ust)
@@ -583,6 +583,7 @@ func (g *guardFile) commit(ctx context.Context) syscall.Errno {
 	}
 	if err == nil {
 		n.upper.Store(true)
+		ov.born(st.ino)
 		ov.changed(n.ino, st.size)
 	}
 	ov.gate.leave()
@@ -625,7 +626,7 @@ func (g *guardFile) removeCreated() {
 	ov.gate.enter()
 	st, err := statxAt(pfd, name)
 	if err == nil {
-		err = ov.keepAt(pfd, "")
+		err = ov.keepDir(pfd)
 	}
 	if err == nil && st.ino == ino && st.size == 0 {
 		ov.views.beforeDestroy(pfd, name, &st)

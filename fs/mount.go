@@ -162,6 +162,9 @@ func newOverlay(opts Options) (*overlay, error) {
 		if ov.inos, err = readInoMap(rootFd); err != nil {
 			return fail("inode map", err)
 		}
+		if err := u.checkDino(); err != nil {
+			return fail("list", err)
+		}
 		return ov, nil
 	}
 	if err := unix.Mkdirat(rootFd, workDirName, 0o700); err != nil && err != unix.EEXIST {
@@ -188,6 +191,9 @@ func newOverlay(opts Options) (*overlay, error) {
 	}
 	if err := fsyncDir(rootFd); err != nil {
 		return fail("sync", err)
+	}
+	if err := u.checkDino(); err != nil {
+		return fail("list", err)
 	}
 	return ov, nil
 }

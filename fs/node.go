@@ -38,9 +38,6 @@ type overlay struct {
 	inos  *inoMap
 	dirty dirtyTracker
 	views viewSet
-	// lastInodes is how many upper inodes the last freeze captured: the
-	// next one sizes its tables by it.
-	lastInodes atomic.Int64
 
 	// passthrough is set once the kernel has agreed to FUSE passthrough
 	// and the daemon may register backing files.

@@ -110,7 +110,7 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 	if e.exists() {
 		return nil, syscall.EEXIST
 	}
-	if err := ov.keepAt(dfd, ""); err != nil {
+	if err := ov.keepDir(dfd); err != nil {
 		return nil, errnoOf(err)
 	}
 	mode &= 07777
@@ -129,6 +129,7 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 		// the new directory is opaque from the moment it appears.
 		return nil, errnoOf(err)
 	}
+	ov.bornAt(dfd, name)
 	return n.newUpperChild(ctx, dfd, name, 0, out)
 }
 
@@ -213,7 +214,7 @@ func (n *node) Mknod(ctx context.Context, name string, mode uint32, rdev uint32,
 	if e.exists() {
 		return nil, syscall.EEXIST
 	}
-	if err := ov.keepAt(dfd, ""); err != nil {
+	if err := ov.keepDir(dfd); err != nil {
 		return nil, errnoOf(err)
 	}
 	if err := unix.Mknodat(dfd, name, mode, int(rdev)); err != nil {
@@ -225,6 +226,7 @@ func (n *node) Mknod(ctx context.Context, name string, mode uint32, rdev uint32,
 	if err := ov.own(ctx, dfd, name, -1); err != nil {
 		return nil, errnoOf(err)
 	}
+	ov.bornAt(dfd, name)
 	return n.newUpperChild(ctx, dfd, name, 0, out)
 }
 
@@ -255,7 +257,7 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 	if e.exists() {
 		return nil, syscall.EEXIST
 	}
-	if err := ov.keepAt(dfd, ""); err != nil {
+	if err := ov.keepDir(dfd); err != nil {
 		return nil, errnoOf(err)
 	}
 	if err := unix.Symlinkat(target, dfd, name); err != nil {
@@ -264,6 +266,7 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 	if err := ov.own(ctx, dfd, name, -1); err != nil {
 		return nil, errnoOf(err)
 	}
+	ov.bornAt(dfd, name)
 	return n.newUpperChild(ctx, dfd, name, int64(len(target)), out)
 }
 
@@ -310,10 +313,10 @@ func (n *node) Link(ctx context.Context, target fusefs.InodeEmbedder, name strin
 	if e.exists() {
 		return nil, syscall.EEXIST
 	}
-	if err := ov.keepAt(dfd, ""); err != nil {
+	if err := ov.keepDir(dfd); err != nil {
 		return nil, errnoOf(err)
 	}
-	if err := ov.keepAt(tfd, tname); err != nil {
+	if err := ov.keepEntry(tfd, tname); err != nil {
 		return nil, errnoOf(err)
 	}
 	if err := unix.Linkat(tfd, tname, dfd, name, 0); err != nil {
@@ -392,11 +395,14 @@ func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno 
 	if !e.exists() {
 		return syscall.ENOENT
 	}
-	if err := ov.keepAt(dfd, ""); err != nil {
+	if err := ov.keepDir(dfd); err != nil {
 		return errnoOf(err)
 	}
-	if e.upper {
-		ov.keepStat(&e.ust)
+	if e.upper && dir {
+		// Its whiteouts and markers shape the frozen tree below it.
+		if err := ov.keepDirAt(dfd, name); err != nil {
+			return errnoOf(err)
+		}
 	}
 	if e.lowerIno != 0 {
 		if err := ov.u.addWhiteout(dfd, name); err != nil {

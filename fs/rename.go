@@ -106,15 +106,28 @@ func (n *node) Rename(ctx context.Context, name string, newParent fusefs.InodeEm
 	srcDir := se.ust.mode&syscall.S_IFMT == syscall.S_IFDIR
 	// Both directories' entries change; the moved objects' markers and
 	// links may too.
-	if err := ov.keepAt(sfd, ""); err != nil {
+	if err := ov.keepDir(sfd); err != nil {
 		return errnoOf(err)
 	}
-	if err := ov.keepAt(dfd, ""); err != nil {
+	if err := ov.keepDir(dfd); err != nil {
 		return errnoOf(err)
 	}
-	ov.keepStat(&se.ust)
+	keep := func(dfd int, name string, e *entry) error {
+		if e.ust.mode&syscall.S_IFMT == syscall.S_IFDIR {
+			// A directory that moves gets a marker; one renamed over
+			// goes, with its whiteouts.
+			return ov.keepDirAt(dfd, name)
+		}
+		ov.keepStat(&e.ust)
+		return nil
+	}
+	if err := keep(sfd, name, &se); err != nil {
+		return errnoOf(err)
+	}
 	if de.upper {
-		ov.keepStat(&de.ust)
+		if err := keep(dfd, newName, &de); err != nil {
+			return errnoOf(err)
+		}
 	}
 
 	if exchange {

@@ -74,7 +74,7 @@ func (n *node) setattrUpper(ctx context.Context, f fusefs.FileHandle, in *fuse.S
 
 	ov.gate.enter()
 	defer ov.gate.leave()
-	if err := ov.keepAt(dfd, name); err != nil {
+	if err := ov.keepEntry(dfd, name); err != nil {
 		return errnoOf(err)
 	}
 	at := func(fn func(dirfd int, name string, flags int) error) error {

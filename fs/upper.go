@@ -54,7 +54,10 @@ type upper struct {
 	realRoot   string // the upper root's absolute path as /proc shows it
 	umask      uint32 // the process umask, undone for modes the kernel already masked
 	privileged bool   // euid 0: new files are given to the calling user
-	seq        atomic.Uint64
+	// dinoStat is set where getdents' inode numbers differ from stat's
+	// (some stacked file systems): views stat entries to know them.
+	dinoStat bool
+	seq      atomic.Uint64
 }
 
 // maxRel bounds the relative path handed to one openat2 call; longer paths
@@ -131,6 +134,26 @@ func (u *upper) relOf(fd int) (string, bool) {
 		return "", false
 	}
 	return rel, true
+}
+
+// checkDino compares getdents' inode number of an entry of the upper root
+// with stat's and sets dinoStat if they differ.
+func (u *upper) checkDino() error {
+	fd, err := u.dirRead("")
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	ents, err := readDirents(fd)
+	if err != nil || len(ents) == 0 {
+		return err
+	}
+	st, err := statxAt(fd, ents[0].name)
+	if err != nil {
+		return err
+	}
+	u.dinoStat = st.ino != ents[0].ino
+	return nil
 }
 
 // put releases a descriptor from dir or dirRead.

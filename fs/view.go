@@ -34,12 +34,21 @@ type View struct {
 	stall time.Duration
 	lower Lower
 	inos  map[uint64]inoRec
-	root  *ventry
-	// inodes are the captured upper inodes by upper inode number.
+	root  *ventry // the upper root
+
+	// capMu guards the maps below. A view reads an upper directory
+	// nothing has changed since the freeze holding it exclusively, and a
+	// mutation keeps a listing before a change under it too, so the two
+	// never interleave.
+	capMu sync.RWMutex
+	// dirs are the listings of upper directories, by upper inode
+	// number: kept before their first change, or read by the view.
+	dirs map[uint64]*vdir
+	// inodes are the upper inodes the view or a mutation has met since
+	// the freeze, by upper inode number.
 	inodes map[uint64]*capInode
-	// statAll is set where getdents' inode numbers are not stat's: every
-	// entry was stat'ed during the freeze.
-	statAll bool
+	// born are upper inodes the overlay created after the freeze.
+	born map[uint64]bool
 
 	dirName string // in the work directory: sidecars and pins
 	dirfd   int
@@ -56,9 +65,8 @@ var (
 	_ iofs.ReadLinkFS = (*View)(nil)
 )
 
-// vdir is a captured upper directory.
+// vdir is the listing of an upper directory at the freeze.
 type vdir struct {
-	path        string          // at the freeze, "" for the root
 	ents        []ventry        // in the order the upper file system lists them
 	hidden      map[string]bool // whited-out lower names
 	opaque      bool
@@ -69,6 +77,7 @@ type vdir struct {
 	// freeze.
 	indexOnce sync.Once
 	index     map[string]*ventry
+	statOnce  sync.Once // statEntries
 }
 
 // lookup returns the entry name, or nil.
@@ -82,18 +91,13 @@ func (d *vdir) lookup(name string) *ventry {
 	return d.index[name]
 }
 
-// ventry is a captured upper entry.
+// ventry is an entry of an upper directory at the freeze.
 type ventry struct {
 	name   string
-	kind   uint32    // S_IFMT bits
-	parent *vdir     // the directory holding it
-	node   *capInode // the inode, with its other names
-	dir    *vdir     // a directory
-	target string    // a symlink
+	kind   uint32 // S_IFMT bits
+	uino   uint64 // the upper inode
+	target string // a symlink's
 }
-
-// path is the entry's upper path at the freeze.
-func (e *ventry) path() string { return joinRel(e.parent.path, e.name) }
 
 // Generation is the mount's generation at the freeze: every mutation the
 // view contains has a generation <= it, every later one a greater one.
@@ -125,6 +129,8 @@ func (v *View) release() error {
 		return nil
 	}
 	v.closed = true
+	v.capMu.Lock()
+	defer v.capMu.Unlock()
 	for _, ci := range v.inodes {
 		ci.mu.Lock()
 		if ci.sidecar >= 0 {
@@ -152,20 +158,27 @@ func (v *View) release() error {
 // vobj is one object of the frozen merged tree.
 type vobj struct {
 	name  string
+	path  string        // in the tree at the freeze ("" for the root), the upper path too
 	up    *ventry       // the upper entry, nil for a lower object
+	dir   *vdir         // the upper listing, for an upper directory
 	lower archive.Inode // lower object; for a directory the one it merges
 	lattr archive.Attr
 }
 
 func (o *vobj) isDir() bool {
 	if o.up != nil {
-		return o.up.dir != nil
+		return o.up.kind == syscall.S_IFDIR
 	}
 	return o.lattr.Mode.IsDir()
 }
 
 func (v *View) rootObj() (vobj, error) {
 	o := vobj{name: ".", up: v.root}
+	d, err := v.listing(v.root, "")
+	if err != nil {
+		return o, err
+	}
+	o.dir = d
 	if v.lower != nil {
 		la, err := v.lower.Stat(v.lower.Root())
 		if err != nil {
@@ -178,19 +191,24 @@ func (v *View) rootObj() (vobj, error) {
 
 // child resolves name in directory d.
 func (v *View) child(d *vobj, name string) (vobj, error) {
-	c := vobj{name: name}
+	c := vobj{name: name, path: joinRel(d.path, name)}
 	var hidden bool
-	if d.up != nil && d.up.dir != nil && !isReserved(name) {
-		if e := d.up.dir.lookup(name); e != nil {
+	if d.dir != nil && !isReserved(name) {
+		if e := d.dir.lookup(name); e != nil {
 			c.up = e
-			if e.dir != nil {
+			if e.kind == syscall.S_IFDIR {
+				sub, err := v.listing(e, c.path)
+				if err != nil {
+					return c, err
+				}
+				c.dir = sub
 				// Its merge source, as the live overlay works it out.
 				switch {
-				case e.dir.hasRedirect:
-					if a, err := v.lowerWalk(e.dir.redirect); err == nil && a.Mode.IsDir() {
+				case sub.hasRedirect:
+					if a, err := v.lowerWalk(sub.redirect); err == nil && a.Mode.IsDir() {
 						c.lower, c.lattr = a.Ino, a
 					}
-				case e.dir.opaque:
+				case sub.opaque:
 				case d.lower != 0:
 					if a, err := v.lower.Lookup(d.lower, name); err == nil && a.Mode.IsDir() {
 						c.lower, c.lattr = a.Ino, a
@@ -199,7 +217,7 @@ func (v *View) child(d *vobj, name string) (vobj, error) {
 			}
 			return c, nil
 		}
-		hidden = d.up.dir.hidden[name]
+		hidden = d.dir.hidden[name]
 	}
 	if !hidden && d.lower != 0 && v.lower != nil {
 		a, err := v.lower.Lookup(d.lower, name)
@@ -247,7 +265,7 @@ func (v *View) info(o *vobj) (*vinfo, error) {
 	fi := &vinfo{name: o.name}
 	st := &syscall.Stat_t{}
 	if o.up != nil {
-		u, err := v.attrs(o.up.node)
+		u, err := v.attrs(o.up, o.path)
 		if err != nil {
 			return nil, err
 		}
@@ -265,7 +283,7 @@ func (v *View) info(o *vobj) (*vinfo, error) {
 		// file and a lower name of the same lower inode are different
 		// inodes now and must not pack as one.
 		st.Ino = u.ino + upperInoBase
-		if o.up.dir != nil && o.lower != 0 {
+		if o.dir != nil && o.lower != 0 {
 			st.Nlink = 1
 		}
 	} else {
@@ -286,52 +304,137 @@ func (v *View) info(o *vobj) (*vinfo, error) {
 	return fi, nil
 }
 
-// attrs returns the status of captured inode ci at the freeze: the one kept
-// by the first change after it, or, if nothing changed it yet, its status
-// now, read under ci.attrMu so that no change can slip in between (a change
-// keeps first, under the same lock).
-func (v *View) attrs(ci *capInode) (*ustat, error) {
-	if err := ci.keepWith(func() (ustat, error) { return v.statCaptured(ci) }); err != nil {
+// listing returns the listing at the freeze of upper directory e, at path
+// p in the frozen tree: the one kept by its first change, or, if nothing
+// changed it yet, read now, holding capMu so that no change can begin
+// meanwhile (a change keeps the listing first, under capMu).
+func (v *View) listing(e *ventry, p string) (*vdir, error) {
+	v.capMu.RLock()
+	d := v.dirs[e.uino]
+	v.capMu.RUnlock()
+	if d != nil {
+		return d, nil
+	}
+	v.capMu.Lock()
+	if d = v.dirs[e.uino]; d != nil {
+		v.capMu.Unlock()
+		return d, nil
+	}
+	d, stats, err := v.readDir(e.uino, p)
+	if err == nil {
+		v.dirs[e.uino] = d
+	}
+	v.capMu.Unlock()
+	v.keepAll(stats)
+	return d, err
+}
+
+// readDir lists upper directory uino, unchanged since the freeze, where it
+// is now: at p as moved by later renames (which wait meanwhile).
+func (v *View) readDir(uino uint64, p string) (*vdir, []ustat, error) {
+	unlock := v.ov.views.lockRenames()
+	defer unlock()
+	if err := v.checkOpen(); err != nil {
+		return nil, nil, err
+	}
+	fd, err := v.ov.u.dir(translate(p, v.renameLog()))
+	if err != nil {
+		return nil, nil, fmt.Errorf("upper directory %q: %w", p, err)
+	}
+	defer v.ov.u.put(fd)
+	if st, err := statFd(fd); err != nil || st.ino != uino {
+		return nil, nil, fmt.Errorf("upper directory %q (inode %d) is gone", p, uino)
+	}
+	return v.listDir(fd, p)
+}
+
+func (v *View) checkOpen() error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.closed {
+		return iofs.ErrClosed
+	}
+	return nil
+}
+
+func (v *View) renameLog() []renameRec {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.renames
+}
+
+// attrs returns the status at the freeze of upper entry e, at path p in
+// the frozen tree: the one kept by the first change to it, or, if nothing
+// changed it yet, its status now, read under the inode's attrMu so that no
+// change can slip in between (a change keeps first, under the same lock).
+func (v *View) attrs(e *ventry, p string) (*ustat, error) {
+	ci := v.node(e.uino, e.kind)
+	if err := ci.keepWith(func() (ustat, error) { return v.statCaptured(ci, p) }); err != nil {
 		return nil, err
 	}
 	return &ci.st, nil
 }
 
-// statCaptured stats captured inode ci where it is now: at one of its
-// names as moved by later renames (which wait meanwhile), or its pin.
-func (v *View) statCaptured(ci *capInode) (ustat, error) {
+// statEntries takes the statuses of the entries of listing d (upper
+// directory uino, at p in the frozen tree) that nothing has kept yet, in
+// one pass over the directory where it is now: a statx per entry, instead
+// of a walk of its path each time one is asked for. An entry's name that
+// leads elsewhere now is left for attrs: its own status was kept when it
+// moved or went.
+func (v *View) statEntries(d *vdir, uino uint64, p string) {
+	d.statOnce.Do(func() {
+		unlock := v.ov.views.lockRenames()
+		fd, err := -1, v.checkOpen()
+		if err == nil {
+			fd, err = v.ov.u.dir(translate(p, v.renameLog()))
+		}
+		// The descriptor stays right whatever moves the directory
+		// later; entries are checked by inode number.
+		unlock()
+		if err != nil {
+			return
+		}
+		defer v.ov.u.put(fd)
+		if st, err := statFd(fd); err != nil || st.ino != uino {
+			return
+		}
+		for i := range d.ents {
+			e := &d.ents[i]
+			ci := v.node(e.uino, e.kind)
+			ci.keepWith(func() (ustat, error) { return statxAt(fd, e.name) })
+		}
+	})
+}
+
+// statCaptured stats upper inode ci, named p at the freeze, where it is
+// now: at p as moved by later renames (which wait meanwhile), or its pin.
+func (v *View) statCaptured(ci *capInode, p string) (ustat, error) {
 	unlock := v.ov.views.lockRenames()
 	defer unlock()
-	v.mu.Lock()
-	if v.closed {
-		v.mu.Unlock()
-		return ustat{}, iofs.ErrClosed
+	if err := v.checkOpen(); err != nil {
+		return ustat{}, err
 	}
-	renames := v.renames
-	pinFd, pinned := ci.pinFd, ci.pinned
-	v.mu.Unlock()
-	for _, p := range ci.paths() {
-		if p == "" {
-			return statFd(v.ov.u.root)
-		}
-		dir, name := splitRel(translate(p, renames))
-		dfd, err := v.ov.u.dir(dir)
-		if err != nil {
-			continue
-		}
+	if p == "" {
+		return statFd(v.ov.u.root)
+	}
+	dir, name := splitRel(translate(p, v.renameLog()))
+	if dfd, err := v.ov.u.dir(dir); err == nil {
 		st, err := statxAt(dfd, name)
 		v.ov.u.put(dfd)
 		if err == nil && st.ino == ci.uino {
 			return st, nil
 		}
 	}
+	v.mu.Lock()
+	pinFd, pinned := ci.pinFd, ci.pinned
+	v.mu.Unlock()
 	switch {
 	case pinFd >= 0:
 		return statFd(pinFd)
 	case pinned != "":
 		return statxAt(v.dirfd, pinned)
 	}
-	return ustat{}, fmt.Errorf("captured upper inode %d (%s) is gone", ci.uino, ci.paths()[0])
+	return ustat{}, fmt.Errorf("upper inode %d (%s at the freeze) is gone", ci.uino, p)
 }
 
 // vinfo is an io/fs.FileInfo of the view.
@@ -440,10 +543,11 @@ func (v *View) list(d *vobj) ([]iofs.DirEntry, error) {
 	var out []iofs.DirEntry
 	var hidden map[string]bool
 	seen := map[string]bool{}
-	if d.up != nil && d.up.dir != nil {
-		hidden = d.up.dir.hidden
-		for i := range d.up.dir.ents {
-			name := d.up.dir.ents[i].name
+	if d.dir != nil {
+		hidden = d.dir.hidden
+		v.statEntries(d.dir, d.up.uino, d.path)
+		for i := range d.dir.ents {
+			name := d.dir.ents[i].name
 			c, err := v.child(d, name)
 			if err != nil {
 				return nil, err
@@ -530,22 +634,23 @@ func (v *View) Open(name string) (iofs.File, error) {
 	case fi.mode.Type() != 0:
 		return &viewSpecial{fi: fi}, nil
 	case o.up != nil:
-		fd, err := v.openCaptured(o.up.node)
+		ci := v.node(o.up.uino, o.up.kind)
+		fd, err := v.openCaptured(ci, o.path)
 		if err != nil {
 			return nil, &iofs.PathError{Op: "open", Path: name, Err: err}
 		}
-		return &viewFile{fi: fi, cf: o.up.node, size: fi.sys.Size, fd: fd}, nil
+		return &viewFile{fi: fi, cf: ci, size: fi.sys.Size, fd: fd}, nil
 	default:
 		return &lowerViewFile{v: v, fi: fi, ino: o.lower, size: o.lattr.Size}, nil
 	}
 }
 
-// openCaptured opens the frozen upper file cf, wherever its content lives
-// now: pinned, or at one of its names as moved by later renames. Renames
+// openCaptured opens upper file cf, named p at the freeze, wherever its
+// content lives now: pinned, or at p as moved by later renames. Renames
 // wait meanwhile (they log themselves under the same lock), so the
-// translated names match the tree; a name being destroyed is pinned
+// translated name matches the tree; a name being destroyed is pinned
 // before it goes.
-func (v *View) openCaptured(cf *capInode) (int, error) {
+func (v *View) openCaptured(cf *capInode, p string) (int, error) {
 	unlock := v.ov.views.lockRenames()
 	defer unlock()
 	v.mu.Lock()
@@ -565,21 +670,16 @@ func (v *View) openCaptured(cf *capInode) (int, error) {
 	}
 	renames := v.renames
 	v.mu.Unlock()
-	for _, p := range cf.paths() {
-		dir, name := splitRel(translate(p, renames))
-		dfd, err := v.ov.u.dir(dir)
-		if err != nil {
-			continue
-		}
+	dir, name := splitRel(translate(p, renames))
+	if dfd, err := v.ov.u.dir(dir); err == nil {
 		fd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 		v.ov.u.put(dfd)
-		if err != nil {
-			continue
+		if err == nil {
+			if st, err := statFd(fd); err == nil && st.ino == cf.uino {
+				return fd, nil
+			}
+			unix.Close(fd)
 		}
-		if st, err := statFd(fd); err == nil && st.ino == cf.uino {
-			return fd, nil
-		}
-		unix.Close(fd)
 	}
 	// An unlink racing with this open pins the file first: look again.
 	v.mu.Lock()
@@ -590,7 +690,7 @@ func (v *View) openCaptured(cf *capInode) (int, error) {
 	if cf.pinned != "" {
 		return unix.Openat(v.dirfd, cf.pinned, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	}
-	return -1, fmt.Errorf("captured file %s is gone", cf.paths()[0])
+	return -1, fmt.Errorf("captured file %s is gone", p)
 }
 
 // viewFile reads a captured upper file: its live bytes, with the blocks
