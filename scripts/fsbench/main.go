@@ -734,6 +734,7 @@ func (b *bench) freezeStall(mib int) error {
 			}
 		}
 	}()
+	bigDir, bigN := largestDir(b.upper)
 	time.Sleep(200 * time.Millisecond)
 	before := time.Duration(maxLat.Swap(0))
 	t := time.Now()
@@ -745,8 +746,31 @@ func (b *bench) freezeStall(mib int) error {
 	if err != nil {
 		return err
 	}
+	// The view keeps a directory's listing before its first change: the
+	// first create in the largest one pays for listing it.
+	t = time.Now()
+	probe := filepath.Join(b.mnt, bigDir, fmt.Sprintf("probe-%d", time.Now().UnixNano()))
+	if err := os.WriteFile(probe, nil, 0o644); err != nil {
+		return err
+	}
+	firstCreate := time.Since(t)
+	os.Remove(probe)
+	// What packing pays to read the view's metadata.
+	t = time.Now()
+	nv := 0
+	err = iofs.WalkDir(v, ".", func(p string, d iofs.DirEntry, err error) error {
+		if err == nil {
+			_, err = iofs.Lstat(v, p)
+			nv++
+		}
+		return err
+	})
+	walk := time.Since(t)
 	stall := v.Stall()
 	v.Close()
+	if err != nil {
+		return fmt.Errorf("walk the view: %w", err)
+	}
 	files, entries, dirtyBytes := 0, 0, int64(0)
 	filepath.WalkDir(b.upper, func(p string, d iofs.DirEntry, err error) error {
 		if err == nil && p != b.upper {
@@ -767,7 +791,30 @@ func (b *bench) freezeStall(mib int) error {
 	fmt.Printf("%-44s %12s %12s %7s  %s\n", name, "-", dur(took),
 		"-", fmt.Sprintf("< 100ms (gate closed %s; worst write %s, %s before; upper: %d files, %.0f MiB)",
 			dur(stall), dur(time.Duration(maxLat.Load())), dur(before), files, float64(dirtyBytes)/(1<<20)))
+	fmt.Printf("%-44s %12s %12s %7s  %s\n", "  then: first create in the largest directory", "-", dur(firstCreate), "-",
+		fmt.Sprintf("info (%s, %d entries, listed for the view)", bigDir, bigN))
+	fmt.Printf("%-44s %12s %12s %7s  %s\n", "  then: lstat every name of the view", "-", dur(walk), "-", fmt.Sprintf("info (%d names)", nv))
 	return nil
+}
+
+// largestDir returns the upper directory (relative to upper) with the most
+// entries, and how many.
+func largestDir(upper string) (string, int) {
+	best, bestN := ".", -1
+	filepath.WalkDir(upper, func(p string, d iofs.DirEntry, err error) error {
+		if err != nil || !d.IsDir() {
+			return nil
+		}
+		if strings.HasPrefix(d.Name(), ".wh.") {
+			return filepath.SkipDir
+		}
+		if ents, err := os.ReadDir(p); err == nil && len(ents) > bestN {
+			best, bestN = p, len(ents)
+		}
+		return nil
+	})
+	rel, _ := filepath.Rel(upper, best)
+	return rel, bestN
 }
 
 // writeModes measures what the overlay gives up by serving writes itself
