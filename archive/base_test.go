@@ -383,3 +383,31 @@ func TestAppendChecksBase(t *testing.T) {
 		t.Fatalf("want ErrCorrupt, got %v", err)
 	}
 }
+
+// A file the base holds although nothing says so (a database copied up
+// by the overlay but not changed since the base) keeps its blocks alive:
+// the pack appends instead of compacting, and the file costs nothing.
+func TestAppendKeepsRewrittenContent(t *testing.T) {
+	src := filepath.Join(t.TempDir(), "tree")
+	db := noise(12*128<<10, 5)
+	writeFile(t, filepath.Join(src, "state.db"), db, 0o644)
+	writeFile(t, filepath.Join(src, "a.json"), text(9000, 1), 0o644)
+	basePath, _ := packToFile(t, src, PackOptions{})
+	base := openFile(t, basePath)
+	writeFile(t, filepath.Join(src, "state.db"), db, 0o644) // new mtime, same bytes
+	os.Chtimes(filepath.Join(src, "state.db"), time.Now(), time.Now().Add(time.Hour))
+	writeFile(t, filepath.Join(src, "b.json"), text(5000, 2), 0o644)
+	p, res := packBase(t, WithBase(os.DirFS(src), base), PackOptions{Base: base})
+	if res.Base != BaseAppended || res.GarbageBytes != 0 || res.ReusedBytes < int64(len(db)) {
+		t.Fatalf("%s, %d bytes of garbage, %d reused", res.Base, res.GarbageBytes, res.ReusedBytes)
+	}
+	if fresh := res.Size - res.CopiedBytes; fresh > 64<<10 {
+		t.Errorf("%d new bytes for a new small file", fresh)
+	}
+	checkCopies(t, p, basePath, res)
+	r := openFile(t, p)
+	compareTrees(t, scanTree(t, src), scanArchive(t, r), compareOpts{nsec: true})
+	if err := r.Verify(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+}

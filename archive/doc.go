@@ -51,9 +51,11 @@
 // That is "appending". Before writing anything Pack learns, for every file,
 // whether B holds its content: the file is B's content (its BlockSource
 // names B), or another archive's content whose recorded sum B also records
-// (the layer a view sits on, when B is the last snapshot made of it), or,
-// read ahead and summed, a file whose size and sum match one of B (a copy
-// of state.db, a file written back unchanged). Such a file points at B's
+// (the layer a view sits on, when B is the last snapshot made of it), or
+// a file of a size B has whose content sum, read and computed before
+// packing, matches one of B (a copy of state.db, a file written back
+// unchanged, a database the overlay copied up but that has not changed
+// since B). Such a file points at B's
 // blocks where they are, fragment tail included: nothing of it is read,
 // copied or written. Everything else goes after the copied region: new
 // files, and changed files as a new contiguous run (squashfs wants a file's

@@ -152,6 +152,29 @@ func (p *packer) plan(ctx context.Context) error {
 			n.inBase = b.lookup(s, n.size)
 		}
 	}
+	// Files the base may hold although nothing says so (written back
+	// unchanged, copies, a database copied up but not changed since the
+	// base): those of a size the base has are summed now, so that what
+	// they keep alive counts before appending is decided.
+	if b.ix != nil {
+		buf := make([]byte, p.bs)
+		for _, n := range p.order {
+			if n.size == 0 || n.src != nil || n.inBase != 0 || !b.ix.sizes[n.size] {
+				continue
+			}
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			s, skipped, err := p.sumFile(n, buf)
+			if err != nil {
+				return err
+			}
+			if !skipped {
+				n.sum, n.summed = s, true
+				n.inBase = b.lookup(s, n.size)
+			}
+		}
+	}
 	p.scanFragments()
 	if !b.canAppend {
 		return nil

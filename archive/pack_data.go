@@ -415,7 +415,15 @@ func (d *dataWriter) produceFile(n *node) error {
 	if p.base != nil && p.base.appending && n.inBase != 0 {
 		return d.inPlace(n, fd)
 	}
-	if ph := d.prehash[n]; ph != nil && (d.hashed[n.size] || ph.inBase) {
+	if n.summed {
+		// Summed before packing (its size is one of the base's) and not
+		// found there; maybe a duplicate of a file written already.
+		if prior := d.byHash[n.sum]; prior != nil && prior.size == n.size {
+			n.file = prior
+			p.res.ReusedBytes += prior.reusedBytes
+			return nil
+		}
+	} else if ph := d.prehash[n]; ph != nil && d.hashed[n.size] {
 		select {
 		case <-ph.done:
 		case <-d.ctx.Done():
@@ -424,16 +432,7 @@ func (d *dataWriter) produceFile(n *node) error {
 		if ph.err != nil {
 			return ph.err
 		}
-		if ph.skipped {
-			// Reuse decides below.
-		} else if y := p.base.lookup(ph.sum, n.size); y != 0 {
-			// A copy, or a file written back unchanged: the base holds
-			// the content already.
-			n.inBase = y
-			if p.base.appending {
-				return d.inPlace(n, fd)
-			}
-		} else if prior := d.byHash[ph.sum]; prior != nil && prior.size == n.size {
+		if prior := d.byHash[ph.sum]; !ph.skipped && prior != nil && prior.size == n.size {
 			n.file = prior
 			p.res.ReusedBytes += prior.reusedBytes
 			return nil
@@ -592,42 +591,32 @@ func readFull(r io.Reader, buf []byte, name string) error {
 	return nil
 }
 
-// prehash is the content sum of a file that may duplicate an earlier one
-// or a file of the base, computed by hashAhead while earlier files are
-// being compressed.
+// prehash is the content sum of a file that may duplicate an earlier one,
+// computed by hashAhead while earlier files are being compressed.
 type prehash struct {
 	done    chan struct{}
 	sum     sum
-	inBase  bool // a file of the base has this size
 	skipped bool // the file is an earlier archive's content: reuse decides
 	err     error
 }
 
 // laterCandidates lists, in data order, the files to sum ahead: those whose
-// size an earlier file has (they may duplicate what is already written)
-// and those whose size a file of the base has (they may be its content
-// again). Files known to come from an archive are left to reuse.
+// size an earlier file has, which may duplicate what is already written.
+// Files known to come from an archive are left to reuse, and files summed
+// before packing need no second sum.
 func (d *dataWriter) laterCandidates() []*node {
 	var later []*node
 	seen := map[int64]bool{}
 	d.prehash = map[*node]*prehash{}
-	var baseSizes map[int64]bool
-	if b := d.p.base; b != nil && b.ix != nil {
-		baseSizes = b.ix.sizes
-	}
 	for _, n := range d.p.order {
 		if n.size == 0 {
 			continue
 		}
 		earlier := seen[n.size]
 		seen[n.size] = true
-		if n.src != nil || n.inBase != 0 {
-			continue
-		}
-		inBase := baseSizes[n.size]
-		if earlier || inBase {
+		if earlier && n.src == nil && n.inBase == 0 && !n.summed {
 			later = append(later, n)
-			d.prehash[n] = &prehash{done: make(chan struct{}), inBase: inBase}
+			d.prehash[n] = &prehash{done: make(chan struct{})}
 		}
 	}
 	return later
@@ -643,16 +632,16 @@ func (d *dataWriter) hashAhead(later []*node) {
 		if d.ctx.Err() != nil {
 			ph.err = d.ctx.Err()
 		} else {
-			ph.sum, ph.skipped, ph.err = d.hashFile(n, buf)
+			ph.sum, ph.skipped, ph.err = d.p.sumFile(n, buf)
 		}
 		close(ph.done)
 	}
 }
 
-// hashFile reads a whole file for its content sum. Files that come from
+// sumFile reads a whole file for its content sum. Files that come from
 // an earlier archive are left to reuse (when no plan asked them before).
-func (d *dataWriter) hashFile(n *node, buf []byte) (sum, bool, error) {
-	f, err := d.p.src.Open(n.path)
+func (p *packer) sumFile(n *node, buf []byte) (sum, bool, error) {
+	f, err := p.src.Open(n.path)
 	if err != nil {
 		return sum{}, false, fmt.Errorf("open %s: %w", n.path, err)
 	}
@@ -662,7 +651,7 @@ func (d *dataWriter) hashFile(n *node, buf []byte) (sum, bool, error) {
 			return sum{}, true, nil
 		}
 	}
-	s, m, err := sumStream(onlyReader{f}, n.size, d.p.bs, buf)
+	s, m, err := sumStream(onlyReader{f}, n.size, p.bs, buf)
 	if m != n.size && (err == nil || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)) {
 		return sum{}, false, fmt.Errorf("read %s: file shrank while being packed", n.path)
 	}
