@@ -47,21 +47,43 @@ type composedPart struct {
 
 // planParts cuts an object of size bytes into parts, copying what ranges
 // allow: every part but the last at least minPart bytes, sent parts of
-// about partSize, copied parts up to maxCopyPart.
+// about partSize, copied parts up to maxCopyPart. A gap to send that is
+// shorter than minPart is widened with bytes from the end of the copy
+// before it, as far as that copy stays minPart long, then from the start
+// of the copy after it; a copy that cannot stay minPart long is sent.
 func planParts(size int64, ranges []uploader.ComposeRange, minPart, partSize int64) (parts []composedPart, sent, copied int64) {
-	var segs []composedPart
-	pos := int64(0)
+	var kept []composedPart // the copies, trimmed
 	for _, r := range ranges {
 		c := composedPart{off: r.Offset, n: r.Length, copy: true, src: r.SourceOffset}
-		if gap := c.off - pos; gap > 0 && gap < minPart {
-			// Too short to send as a part of its own: send the start of
-			// this range with it.
+		var prev *composedPart
+		end := int64(0)
+		if len(kept) > 0 {
+			prev = &kept[len(kept)-1]
+			end = prev.off + prev.n
+		}
+		if gap := c.off - end; gap > 0 && gap < minPart {
 			need := minPart - gap
-			c.off, c.src, c.n = c.off+need, c.src+need, c.n-need
+			fromPrev := int64(0)
+			if prev != nil {
+				fromPrev = min(need, prev.n-minPart)
+			}
+			fromNext := need - fromPrev
+			if c.n-fromNext < minPart {
+				continue // sent with the gap before the next range
+			}
+			if prev != nil {
+				prev.n -= fromPrev
+			}
+			c.off, c.src, c.n = c.off+fromNext, c.src+fromNext, c.n-fromNext
 		}
 		if c.n < minPart {
-			continue // sent with the gap before the next range
+			continue
 		}
+		kept = append(kept, c)
+	}
+	var segs []composedPart
+	pos := int64(0)
+	for _, c := range kept {
 		if gap := c.off - pos; gap > 0 {
 			segs = append(segs, composedPart{off: pos, n: gap})
 		}
@@ -163,6 +185,10 @@ func (s *Store) copyPart(key string, local io.ReaderAt, src uploader.ComposeSour
 		return sum, sumErr
 	}
 	return part{n: p.n, done: func() {}, send: func(ctx context.Context, uploadID *string, num int32) (*string, error) {
+		// Hash the local bytes while the server copies.
+		hashed := make(chan struct{})
+		go func() { localMD5(); close(hashed) }()
+		defer func() { <-hashed }()
 		out, err := s.client.UploadPartCopy(ctx, &awss3.UploadPartCopyInput{
 			Bucket:            aws.String(s.bucket),
 			Key:               s.full(key),

@@ -67,3 +67,19 @@ func TestPlanParts(t *testing.T) {
 		}
 	}
 }
+
+// A short gap between two copies takes what it lacks from the end of the
+// copy before it when the copy after it cannot spare it.
+func TestPlanPartsWidensFromBefore(t *testing.T) {
+	ranges := []uploader.ComposeRange{{Offset: 0, SourceOffset: 1000, Length: 250}, {Offset: 260, SourceOffset: 2000, Length: 120}}
+	parts, sent, copied := planParts(400, ranges, 100, 250)
+	want := []composedPart{{off: 0, n: 160, copy: true, src: 1000}, {off: 160, n: 100}, {off: 260, n: 120, copy: true, src: 2000}, {off: 380, n: 20}}
+	if len(parts) != len(want) || sent != 120 || copied != 280 {
+		t.Fatalf("parts %+v (sent %d, copied %d), want %+v", parts, sent, copied, want)
+	}
+	for i := range want {
+		if parts[i] != want[i] {
+			t.Fatalf("parts %+v, want %+v", parts, want)
+		}
+	}
+}
