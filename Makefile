@@ -30,9 +30,12 @@ deps:
 # The end-to-end tests build their own hermesfs with -race (HERMESFS_BIN
 # unset), so the daemon's goroutines are race-checked too; `build` still runs
 # to prove the static release binary builds.
+MOUNTS_BEFORE := $(CURDIR)/bin/.mounts-before-test
+
 test: deps build
+	@scripts/check-mounts.sh record $(MOUNTS_BEFORE)
 	HERMESFS_TEST_STRICT=1 $(GO) test $(TESTFLAGS) ./...
-	@scripts/check-mounts.sh
+	@scripts/check-mounts.sh check $(MOUNTS_BEFORE)
 
 lint: deps
 	$(GO) vet ./...
