@@ -45,10 +45,18 @@ func (n *node) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, uint3
 	}
 	if !n.upper.Load() {
 		if !writable && !trunc {
+			la, err := ov.lower.Stat(n.lower)
+			if err != nil {
+				return nil, 0, errnoOf(err)
+			}
 			n.mu.Lock()
 			n.cachedOpens++
 			n.mu.Unlock()
-			return &lowerFile{n: n, upperFd: -1}, fuse.FOPEN_KEEP_CACHE | fuse.FOPEN_NOFLUSH, 0
+			h := &lowerFile{n: n, upperFd: -1, size: la.Size}
+			// Most files are read whole once opened: start on the
+			// first window now.
+			h.readAhead(0, 0)
+			return h, fuse.FOPEN_KEEP_CACHE | fuse.FOPEN_NOFLUSH, 0
 		}
 		if err := ov.copyUp(ctx, n, !trunc); err != nil {
 			ov.log.Warn("copy-up failed", "ino", n.ino, "err", err)
@@ -306,20 +314,15 @@ func (h *upperFile) statHandle(a *fuse.Attr) syscall.Errno {
 // layer: the open file is the same inode and must see its new content.
 type lowerFile struct {
 	n       *node
+	size    int64 // of the lower file
 	mu      sync.Mutex
 	upperFd int
 	// nextOff is where the last read ended; a read starting there is
-	// sequential and starts decompressing what comes after it.
-	nextOff     atomic.Int64
-	prefetching atomic.Bool
+	// sequential and has what comes after it decompressed ahead.
+	nextOff atomic.Int64
+	// ahead is where read-ahead has been started up to (lowerread.go).
+	ahead atomic.Int64
 }
-
-// prefetchSize is how far ahead of a sequential reader the archive is
-// decompressed (into its block cache), so decompression overlaps the
-// kernel's copying instead of adding to it.
-const prefetchSize = 1 << 20
-
-var prefetchBufs = sync.Pool{New: func() any { b := make([]byte, prefetchSize); return &b }}
 
 var (
 	_ fusefs.FileReader   = (*lowerFile)(nil)
@@ -342,19 +345,14 @@ func (h *lowerFile) Read(ctx context.Context, dest []byte, off int64) (fuse.Read
 			return fuse.ReadResultFd(uintptr(fd), off, len(dest)), 0
 		}
 	}
-	k, err := n.ov.lower.ReadAt(n.lower, dest, off)
+	k, err := n.ov.readLower(n.lower, dest, off)
 	if err != nil && err != io.EOF {
 		n.ov.log.Error("lower read failed", "ino", n.lower, "off", off, "err", err)
 		return nil, syscall.EIO
 	}
 	end := off + int64(k)
-	if h.nextOff.Swap(end) == off && err == nil && k == len(dest) && !h.prefetching.Swap(true) {
-		go func() {
-			defer h.prefetching.Store(false)
-			bp := prefetchBufs.Get().(*[]byte)
-			n.ov.lower.ReadAt(n.lower, *bp, end)
-			prefetchBufs.Put(bp)
-		}()
+	if h.nextOff.Swap(end) == off && err == nil && k == len(dest) {
+		h.readAhead(end, int64(len(dest)))
 	}
 	return fuse.ReadResultData(dest[:k]), 0
 }

@@ -170,11 +170,9 @@ func diffStates(t *testing.T, what string, got, want treeState) {
 }
 
 func randBytes(n int, seed uint64) []byte {
-	r := rand.New(rand.NewPCG(seed, seed))
+	r := rand.NewChaCha8([32]byte{byte(seed), byte(seed >> 8), byte(seed >> 16), byte(seed >> 24)})
 	b := make([]byte, n)
-	for i := range b {
-		b[i] = byte(r.Uint32())
-	}
+	r.Read(b)
 	return b
 }
 

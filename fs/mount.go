@@ -123,6 +123,9 @@ func Mount(ctx context.Context, mountpoint string, opts Options) (*Mounted, erro
 		return nil, fmt.Errorf("fs: mount %s: not answering: %w", mountpoint, err)
 	}
 	m.dev = st.Dev
+	if opts.ReadAhead > 0 && ov.u.privileged {
+		m.setReadAhead(opts.ReadAhead)
+	}
 	if !opts.NoPassthrough && ov.u.privileged && server.KernelSettings().Flags64()&fuse.CAP_PASSTHROUGH != 0 {
 		ov.passthrough.Store(true)
 	}
@@ -152,6 +155,9 @@ func newOverlay(opts Options) (*overlay, error) {
 	u := &upper{root: rootFd, work: -1, path: opts.Upper, umask: processUmask(), privileged: os.Geteuid() == 0}
 	u.realRoot, _ = os.Readlink("/proc/self/fd/" + strconv.Itoa(rootFd))
 	ov := &overlay{u: u, lower: opts.Lower, guard: opts.Guard, log: opts.Logger, opts: opts}
+	if bs, ok := opts.Lower.(blockSizer); ok {
+		ov.lowerBlock = int64(bs.BlockSize())
+	}
 	fail := func(what string, err error) (*overlay, error) {
 		ov.close()
 		return nil, fmt.Errorf("fs: %s in %s: %w", what, opts.Upper, err)
@@ -299,6 +305,15 @@ func isNotMounted(mountpoint string) bool {
 		return false
 	}
 	return !mountedAt(string(b), mountpoint)
+}
+
+// setReadAhead sets the read-ahead of the mount's backing device, which
+// FUSE starts at 128 KiB and lets only root change.
+func (m *Mounted) setReadAhead(bytes int) {
+	p := fmt.Sprintf("/sys/class/bdi/%d:%d/read_ahead_kb", unix.Major(m.dev), unix.Minor(m.dev))
+	if err := os.WriteFile(p, []byte(strconv.Itoa(bytes>>10)), 0); err != nil {
+		m.ov.log.Info("cannot raise the read-ahead; reads use the kernel's default", "path", p, "err", err)
+	}
 }
 
 // fusectlDir is where the fusectl file system is mounted, with a directory

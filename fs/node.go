@@ -28,6 +28,9 @@ const upperInoBase = 1 << 32
 type overlay struct {
 	u     *upper
 	lower Lower
+	// lowerBlock is the lower layer's block size, if it has one
+	// (blockSizer): reads are split at its block boundaries.
+	lowerBlock int64
 	guard Guard
 	log   *slog.Logger
 	opts  Options

@@ -130,6 +130,15 @@ type Options struct {
 	// MaxWrite is the largest read or write request the kernel sends.
 	// Default 1 MiB.
 	MaxWrite int
+
+	// ReadAhead is how far the kernel reads ahead of a sequential reader
+	// of the mount, which is also the size of its read requests (up to
+	// MaxWrite): larger requests mean fewer round trips, and more archive
+	// blocks to decompress in parallel per request. FUSE starts every
+	// mount at 128 KiB; only a daemon running as root can raise it (it is
+	// a sysfs setting of the mount's backing device). Default 1 MiB;
+	// negative leaves the kernel's default.
+	ReadAhead int
 }
 
 const (
@@ -137,6 +146,7 @@ const (
 	defaultGuardMaxBytes  = 4 << 20
 	defaultMaxWrite       = 1 << 20
 	defaultPassthroughMin = 1 << 20
+	defaultReadAhead      = 1 << 20
 )
 
 func (o Options) withDefaults() Options {
@@ -160,6 +170,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.MaxWrite == 0 {
 		o.MaxWrite = defaultMaxWrite
+	}
+	if o.ReadAhead == 0 {
+		o.ReadAhead = defaultReadAhead
 	}
 	return o
 }

@@ -48,7 +48,8 @@ func main() {
 	bigMiB := flag.Int("big", 1024, "size of the lower file for the copy-up stall, MiB")
 	only := flag.String("only", "", "comma-separated workload groups to run (default all): "+strings.Join(allGroups, ","))
 	entries := flag.Int("entries", 50000, "upper entries for the last freeze-stall measurement (group entries)")
-	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run (workloads and overlay) to this file")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the workloads (and the overlay serving them) to this file")
+	image := flag.String("image", "", "the packed lower layer: reused if it exists, else packed there (default: packed anew in -work)")
 	flag.Parse()
 	if *home == "" || *work == "" {
 		flag.Usage()
@@ -65,15 +66,7 @@ func main() {
 		}
 		b.groups[g] = true
 	}
-	if *cpuprofile != "" {
-		f, err := os.Create(*cpuprofile)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "fsbench:", err)
-			os.Exit(1)
-		}
-		pprof.StartCPUProfile(f)
-		b.cleanups = append(b.cleanups, func() { pprof.StopCPUProfile(); f.Close() })
-	}
+	b.profile, b.image = *cpuprofile, *image
 	if err := b.run(); err != nil {
 		fmt.Fprintln(os.Stderr, "fsbench:", err)
 		b.cleanup()
@@ -94,6 +87,9 @@ type bench struct {
 	bigMiB     int
 	entries    int
 	groups     map[string]bool
+	profile    string // CPU profile of the workloads
+	img        string // the lower layer in use
+	image      string // packed lower layer to reuse
 	lowerFile  *os.File
 	m          *fs.Mounted
 	mnt, upper string
@@ -133,13 +129,29 @@ func (b *bench) run() error {
 		return err
 	}
 	img := filepath.Join(b.work, "lower.sqfs")
-	start := time.Now()
-	if err := packTree(b.home, bigDir, img); err != nil {
-		return err
+	if b.image != "" {
+		img = b.image
 	}
-	fmt.Printf("# packed %s (+ %d MiB big.bin) in %s\n", b.home, b.bigMiB, time.Since(start).Round(time.Millisecond))
+	if _, err := os.Stat(img); b.image == "" || err != nil {
+		start := time.Now()
+		if err := packTree(b.home, bigDir, img); err != nil {
+			return err
+		}
+		fmt.Printf("# packed %s (+ %d MiB big.bin) in %s\n", b.home, b.bigMiB, time.Since(start).Round(time.Millisecond))
+	} else {
+		fmt.Printf("# reusing %s\n", img)
+	}
+	b.img = img
 	if err := b.mount(img, false); err != nil {
 		return err
+	}
+	if b.profile != "" {
+		f, err := os.Create(b.profile)
+		if err != nil {
+			return err
+		}
+		pprof.StartCPUProfile(f)
+		b.cleanups = append(b.cleanups, func() { pprof.StopCPUProfile(); f.Close() })
 	}
 	fmt.Printf("# overlay passthrough for read-only opens of upper files: %v\n", b.m.Passthrough())
 	fmt.Printf("%-44s %12s %12s %7s  %s\n", "workload", "native", "overlay", "ratio", "goal")
@@ -328,7 +340,7 @@ func (b *bench) remount(noPT bool) error {
 		return err
 	}
 	b.m = nil
-	return b.mount(filepath.Join(b.work, "lower.sqfs"), noPT)
+	return b.mount(b.img, noPT)
 }
 
 // report prints one result line.
