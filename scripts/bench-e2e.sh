@@ -3,7 +3,9 @@
 #   - first mount over an existing home (seed: pack + upload)
 #   - start to ready on a new host (empty cache: download, verify, mount)
 #   - snapshot after (a) no change, (b) 1% of the files changed, (c) the
-#     database grown by 10 MiB: wall time and bytes uploaded
+#     database grown by 10 MiB, (d) a copy of the database made (as Hermes
+#     does in state-snapshots/): wall time, pack time, bytes uploaded and
+#     bytes the store copied from the previous archive (S3 UploadPartCopy)
 #   - baseline in the same run: mksquashfs of the same tree + one plain S3 PUT
 #     of the archive (what a hand-written squashfs cron script does)
 # Env: BENCH_SIZE (default 1G), BENCH_DIR (scratch, default
@@ -99,7 +101,12 @@ snap() { # $1 label
 	esac
 	up=$(HERMESFS_STATE_DIR=$work/state-a "$bin" status --json "$work/mnt-a" | python3 -c 'import json,sys; r=json.load(sys.stdin); l=r.get("last_snapshot") or {}; print(l.get("bytes_uploaded",0), l.get("size",0), l.get("bytes_reused",0))')
 	set -- "$1" $up
-	echo "snapshot after $1: ${s}s ($(ratio "$s" "$base_total")x baseline), uploaded $2 bytes of a $3-byte archive, $4 bytes reused"
+	# The figures status does not carry are in the daemon's log line.
+	line=$(grep 'snapshot published' "$work/a.log" | tail -1)
+	field() { echo "$line" | tr ' ' '\n' | sed -n "s/^$1=//p" | head -1; }
+	echo "snapshot after $1: ${s}s ($(ratio "$s" "$base_total")x baseline), pack $(field pack), upload $(field upload)," \
+		"uploaded $2 bytes of a $3-byte archive, $(field bytes_copied) copied by the store, $4 bytes of file data reused," \
+		"layout $(field layout), garbage $(field garbage_ratio)"
 }
 snap "no change"
 # (b) 1% of the files changed (appended to), through the mount.
@@ -111,6 +118,9 @@ db=$(find "$work/mnt-a" -maxdepth 1 -name '*.db' | head -1)
 # Text rows (hex), compressible about as well as transcripts: 160 x 64 KiB.
 sqlite3 "$db" "CREATE TABLE IF NOT EXISTS bench_growth(t TEXT); WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c WHERE x < 160) INSERT INTO bench_growth SELECT hex(randomblob(32768)) FROM c;"
 snap "database grown by 10 MiB"
+# (d) Hermes copies the database into state-snapshots/.
+cp "$db" "$work/mnt-a/state-snapshots/state-bench-copy.db"
+snap "a copy of the database made"
 
 t0=$(now)
 kill -TERM "$apid"

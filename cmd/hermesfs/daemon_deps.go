@@ -50,7 +50,9 @@ type snapshotInfo struct {
 // publishResult is what publishing one archive cost.
 type publishResult struct {
 	snapshotInfo
-	BytesUploaded int64
+	// BytesUploaded were sent to the store; BytesCopied the store copied
+	// from the delta's source archive instead.
+	BytesUploaded, BytesCopied int64
 }
 
 // catalog is the snapshot catalog of one store prefix.
@@ -65,7 +67,10 @@ type catalog interface {
 	Fetch(ctx context.Context, id, dst string) (got snapshotInfo, skipped []string, err error)
 	// Publish uploads the archive at path and moves LATEST to it, provided
 	// LATEST still names expect ("" = absent). A failed condition is
-	// errConflict. parent is recorded in the manifest.
+	// errConflict. parent is recorded in the manifest. With a delta in
+	// meta, a store that can copies those ranges from the source
+	// snapshot's archive instead of receiving them (anything wrong with
+	// that: a plain upload).
 	Publish(ctx context.Context, path string, meta publishMeta, expect string) (publishResult, error)
 	// Prune applies retention: the newest keep snapshots stay.
 	Prune(ctx context.Context, keep int) error
@@ -76,11 +81,22 @@ type catalog interface {
 	Close() error
 }
 
-// publishMeta goes into a snapshot's manifest.
+// publishMeta goes into a snapshot's manifest, with what the upload may
+// copy from an earlier snapshot.
 type publishMeta struct {
 	Parent string
 	Files  int64
 	Host   string
+	// DeltaSource is the snapshot whose archive the archive was packed on,
+	// Copies the ranges the two share.
+	DeltaSource string
+	Copies      []copyRange
+}
+
+// copyRange is a byte range of a new archive that is a copy of a range
+// of the archive it was packed on.
+type copyRange struct {
+	Offset, BaseOffset, Length int64
 }
 
 // lease is a held writer lease; it heartbeats in the background.
@@ -96,6 +112,7 @@ var (
 	errConflict  = errors.New("another host published since")
 	errLeaseHeld = errors.New("the store's writer lease is held by another host")
 	errLeaseLost = errors.New("the writer lease was taken over: this host no longer publishes")
+	errBadBase   = errors.New("the archive to pack on is unusable")
 )
 
 // marked is an error that prints as err but also matches kind (errors.Is),
@@ -115,6 +132,14 @@ type packStats struct {
 	Size        int64
 	BytesReused int64
 	SHA256      string
+
+	// Against the base archive, when packed on one: how it was used
+	// ("appended", "compacted", "" not at all), the ranges shared with
+	// it, and the bytes of garbage carried in the shared prefix.
+	BaseUse      string
+	Copies       []copyRange
+	BytesCopied  int64
+	GarbageBytes int64
 }
 
 // parts builds the real parts; tests of the wiring do not replace it (the
@@ -123,8 +148,11 @@ type parts interface {
 	openCatalog(ctx context.Context, d *daemon) (catalog, error)
 	// packDir packs directory dir to the file out (atomically).
 	packDir(ctx context.Context, dir, out string) (packStats, error)
-	// packView packs a frozen view to the file out (atomically).
-	packView(ctx context.Context, v frozenView, out string) (packStats, error)
+	// packView packs a frozen view to the file out (atomically). base, if
+	// not "", is the archive of an earlier snapshot of the tree to build
+	// on (archive.PackOptions.Base); a base that cannot be opened is an
+	// error marked errBadBase.
+	packView(ctx context.Context, v frozenView, out, base string) (packStats, error)
 	// mount opens the lower archive (path; "" = empty lower) and mounts
 	// the overlay.
 	mount(ctx context.Context, d *daemon, lowerPath string) (overlay, error)

@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/hermesfs/hermesfs/archive"
 )
 
 // snapshotNow takes one snapshot: freeze, pack the view, publish, prune.
@@ -57,25 +59,70 @@ func (d *daemon) snapshotLocked(ctx context.Context, reason string) (snapshotRes
 		d.log.Error("snapshot failed; local state kept, retrying at the next tick", "err", err)
 		d.setErr(err)
 		if errors.Is(err, errConflict) || errors.Is(err, errLeaseLost) {
-			return r, withCode(exitConflict, err)
+			return r.snapshotResult, withCode(exitConflict, err)
 		}
-		return r, err
+		return r.snapshotResult, err
 	}
 	d.log.Info("snapshot published", "reason", reason, "id", r.ID, "files", r.Files,
 		"bytes_packed", r.BytesPacked, "size", r.Size, "bytes_reused", r.BytesReused,
 		"freeze_stall", r.FreezeStall.Round(time.Microsecond), "pack", r.PackTime.Round(time.Millisecond),
-		"upload", r.UploadTime.Round(time.Millisecond), "bytes_uploaded", r.BytesUploaded)
+		"upload", r.UploadTime.Round(time.Millisecond), "bytes_uploaded", r.BytesUploaded,
+		"bytes_shared", r.shared, "bytes_copied", r.copied, "packed_on", orNone(r.packedOn), "layout", orNone(r.layout),
+		"compacted", r.layout == "compacted", "garbage_bytes", r.garbage, "garbage_ratio", ratio(r.garbage, r.Size))
 	sdNotify(d.e.getenv, "STATUS=snapshot "+r.ID+" published")
 
 	t := time.Now()
 	if err := d.cat.Prune(ctx, d.cfg.Keep); err != nil {
 		d.log.Warn("prune", "err", err, "took", time.Since(t).Round(time.Millisecond))
 	}
-	return r, nil
+	return r.snapshotResult, nil
 }
 
-func (d *daemon) snapshotOnce(ctx context.Context, parent, expect string) (snapshotResult, error) {
-	var r snapshotResult
+// ratio is part/whole rounded to three places, 0 for an empty whole.
+func ratio(part, whole int64) float64 {
+	if whole <= 0 {
+		return 0
+	}
+	return float64(part*1000/whole) / 1000
+}
+
+// snapshotDone is a published snapshot, with the figures only the log
+// line shows.
+type snapshotDone struct {
+	snapshotResult
+	// shared: bytes of the archive identical to the one it was packed on;
+	// copied: of those, the bytes the store copied instead of receiving.
+	shared, copied, garbage int64
+	packedOn, layout        string
+}
+
+// packBase chooses the archive the next snapshot is packed on, and the
+// snapshot it is the archive of: the last one this state dir published,
+// kept in the pack dir until the next publish succeeds, else the base the
+// mount sits on (in the cache as long as it is mounted). Both are what
+// the store holds under that id (packed and published from here, or
+// downloaded and verified), so the upload can copy from it. "" for none.
+func (d *daemon) packBase() (path, id string) {
+	d.mu.Lock()
+	last, base := d.st.LastPublished, d.st.Base
+	d.mu.Unlock()
+	if last != "" {
+		p := filepath.Join(d.sd.packDir(), last+".sqfs")
+		if _, err := os.Stat(p); err == nil {
+			return p, last
+		}
+	}
+	if base != "" {
+		p := d.sd.cached(base)
+		if _, err := os.Stat(p); err == nil {
+			return p, base
+		}
+	}
+	return "", ""
+}
+
+func (d *daemon) snapshotOnce(ctx context.Context, parent, expect string) (snapshotDone, error) {
+	var r snapshotDone
 	t0 := time.Now()
 	view, err := d.ov.Freeze(ctx)
 	if err != nil {
@@ -86,7 +133,19 @@ func (d *daemon) snapshotOnce(ctx context.Context, parent, expect string) (snaps
 
 	t1 := time.Now()
 	out := filepath.Join(d.sd.packDir(), "next.sqfs")
-	ps, err := d.parts.packView(ctx, view, out)
+	base, baseID := d.packBase()
+	ps, err := d.parts.packView(ctx, view, out, base)
+	var ce *archive.CorruptError
+	if base != "" && ctx.Err() == nil && (errors.Is(err, errBadBase) || errors.As(err, &ce) && ce.Name == base) {
+		// The archive to build on is damaged: it only ever saves work, so
+		// drop it (unless it is the mounted base) and pack without it.
+		d.log.Warn("the previous archive cannot be packed on; packing without it", "archive", base, "err", err)
+		if base != d.sd.cached(baseID) {
+			os.Remove(base)
+		}
+		base, baseID = "", ""
+		ps, err = d.parts.packView(ctx, view, out, "")
+	}
 	if cerr := view.Close(); cerr != nil && err == nil {
 		err = cerr
 	}
@@ -96,20 +155,27 @@ func (d *daemon) snapshotOnce(ctx context.Context, parent, expect string) (snaps
 	}
 	r.PackTime = time.Since(t1)
 	r.Files, r.BytesPacked, r.Size, r.BytesReused = ps.Files, ps.BytesPacked, ps.Size, ps.BytesReused
+	r.shared, r.garbage, r.packedOn, r.layout = ps.BytesCopied, ps.GarbageBytes, baseID, ps.BaseUse
 
 	t2 := time.Now()
-	pr, err := d.cat.Publish(ctx, out, publishMeta{Parent: parent, Files: ps.Files, Host: d.host}, expect)
+	meta := publishMeta{Parent: parent, Files: ps.Files, Host: d.host}
+	if baseID != "" {
+		meta.DeltaSource, meta.Copies = baseID, ps.Copies
+	}
+	pr, err := d.cat.Publish(ctx, out, meta, expect)
 	if err != nil {
 		os.Remove(out)
 		return r, fmt.Errorf("publish: %w", err)
 	}
 	r.UploadTime = time.Since(t2)
-	r.BytesUploaded = pr.BytesUploaded
+	r.BytesUploaded, r.copied = pr.BytesUploaded, pr.BytesCopied
 	r.ID = pr.ID
 	r.Duration = time.Since(t0)
 
-	// Keep the newest published archive: a clean shutdown makes it the
-	// base without downloading it again.
+	// Keep the newest published archive: the next snapshot is packed on
+	// it (and its upload copies from it), and a clean shutdown makes it
+	// the base without downloading it again. The one before goes: the
+	// pack dir holds at most this one and the one being built.
 	keep := filepath.Join(d.sd.packDir(), pr.ID+".sqfs")
 	if err := os.Rename(out, keep); err != nil {
 		d.log.Warn("keeping the published archive", "err", err)

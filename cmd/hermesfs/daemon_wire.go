@@ -48,10 +48,15 @@ func packTo(out string, pack func(f *os.File) (archive.PackResult, error)) (ps p
 	if err = syncDir(filepath.Dir(out)); err != nil {
 		return ps, err
 	}
-	return packStats{
+	ps = packStats{
 		Files: res.Files, BytesPacked: res.DataBytes, Size: res.Size,
 		BytesReused: res.ReusedBytes, SHA256: hex.EncodeToString(res.SHA256[:]),
-	}, nil
+		BaseUse: string(res.Base), BytesCopied: res.CopiedBytes, GarbageBytes: res.GarbageBytes,
+	}
+	for _, c := range res.Copies {
+		ps.Copies = append(ps.Copies, copyRange{Offset: c.Offset, BaseOffset: c.BaseOffset, Length: c.Length})
+	}
+	return ps, nil
 }
 
 func (realParts) packDir(ctx context.Context, dir, out string) (packStats, error) {
@@ -60,9 +65,24 @@ func (realParts) packDir(ctx context.Context, dir, out string) (packStats, error
 	})
 }
 
-func (realParts) packView(ctx context.Context, v frozenView, out string) (packStats, error) {
+func (realParts) packView(ctx context.Context, v frozenView, out, base string) (packStats, error) {
+	var opts archive.PackOptions
+	if base != "" {
+		f, err := os.Open(base)
+		if err != nil {
+			return packStats{}, mark(err, errBadBase)
+		}
+		defer f.Close()
+		fi, err := f.Stat()
+		if err != nil {
+			return packStats{}, mark(err, errBadBase)
+		}
+		if opts.Base, err = archive.Open(f, fi.Size(), archive.ReaderOptions{Name: base}); err != nil {
+			return packStats{}, mark(err, errBadBase)
+		}
+	}
 	return packTo(out, func(f *os.File) (archive.PackResult, error) {
-		return archive.Pack(ctx, f, v.(*viewAdapter).View, archive.PackOptions{})
+		return archive.Pack(ctx, f, v.(*viewAdapter).View, opts)
 	})
 }
 

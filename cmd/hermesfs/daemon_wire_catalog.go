@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"os"
 
 	"github.com/hermesfs/hermesfs/uploader"
 	"github.com/hermesfs/hermesfs/uploader/storeurl"
@@ -70,13 +69,16 @@ func (a *catalogAdapter) Fetch(ctx context.Context, id, dst string) (snapshotInf
 }
 
 func (a *catalogAdapter) Publish(ctx context.Context, path string, meta publishMeta, expect string) (publishResult, error) {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return publishResult{}, err
-	}
-	m, err := a.c.Publish(ctx, uploader.PublishInput{
+	in := uploader.PublishInput{
 		Path: path, Parent: meta.Parent, Expect: expect, Files: meta.Files, Lease: a.lease,
-	})
+	}
+	if meta.DeltaSource != "" && len(meta.Copies) > 0 {
+		in.Delta = &uploader.Delta{Source: meta.DeltaSource}
+		for _, c := range meta.Copies {
+			in.Delta.Ranges = append(in.Delta.Ranges, uploader.ComposeRange{Offset: c.Offset, SourceOffset: c.BaseOffset, Length: c.Length})
+		}
+	}
+	p, err := a.c.PublishReport(ctx, in)
 	if err != nil {
 		var ce *uploader.ConflictError
 		if errors.As(err, &ce) {
@@ -87,7 +89,7 @@ func (a *catalogAdapter) Publish(ctx context.Context, path string, meta publishM
 		}
 		return publishResult{}, err
 	}
-	return publishResult{snapshotInfo: snapshotInfo{ID: m.ID, Size: m.Size, SHA256: m.SHA256}, BytesUploaded: fi.Size()}, nil
+	return publishResult{snapshotInfo: snapshotInfo{ID: p.ID, Size: p.Size, SHA256: p.SHA256}, BytesUploaded: p.Sent, BytesCopied: p.Copied}, nil
 }
 
 func (a *catalogAdapter) Prune(ctx context.Context, keep int) error {
