@@ -18,6 +18,7 @@ if [ "$want" = test ]; then
 	need unsquashfs squashfs-tools
 	need sqlite3 sqlite3
 	need strace strace
+	need chattr e2fsprogs # the torture tests make mountpoints immutable
 	need gcc gcc # the race detector needs cgo
 fi
 if [ -n "$missing" ]; then

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -86,6 +87,9 @@ type daemon struct {
 	bgCtx    context.Context
 	bgCancel context.CancelFunc
 
+	// relet passes the serve loop the Lost channel of a lease taken again.
+	relet chan (<-chan struct{})
+
 	stopOnce  sync.Once
 	stopCh    chan struct{}
 	result    shutdownResult // set before resultSet is closed
@@ -128,20 +132,31 @@ func (d *daemon) boot(ctx context.Context) error {
 		}
 		cfg.StateDir = sd
 	}
-	fi, err := os.Stat(cfg.Mountpoint)
-	if err != nil {
-		return fmt.Errorf("mountpoint: %w (create the directory first)", err)
-	}
-	if !fi.IsDir() {
-		return fmt.Errorf("mountpoint %s: not a directory", cfg.Mountpoint)
-	}
 	if isMountpoint(cfg.Mountpoint) {
 		if loc, err := locateDaemon(d.e, cfg.Mountpoint, cfg.StateDir); err == nil {
 			if _, err := controlCall(ctx, loc.Socket, controlRequest{Op: "status"}); err == nil {
 				return fmt.Errorf("%s is already mounted by a running hermesfs", cfg.Mountpoint)
 			}
 		}
-		d.log.Warn("something is mounted at the mountpoint already; mounting over it", "mountpoint", cfg.Mountpoint)
+		if deadFUSE(cfg.Mountpoint) {
+			// A daemon that was killed (kill -9, OOM, a crash) leaves its
+			// mount behind, answering ENOTCONN; a restart (systemd's
+			// Restart=on-failure) must not trip over it. Its changes are
+			// in the upper layer, not in the dead mount.
+			if err := detach(cfg.Mountpoint); err != nil {
+				return fmt.Errorf("mountpoint %s: the mount a killed daemon left is dead and cannot be detached: %w", cfg.Mountpoint, err)
+			}
+			d.log.Warn("detached the dead mount a killed daemon left at the mountpoint", "mountpoint", cfg.Mountpoint)
+		} else {
+			d.log.Warn("something is mounted at the mountpoint already; mounting over it", "mountpoint", cfg.Mountpoint)
+		}
+	}
+	fi, err := os.Stat(cfg.Mountpoint)
+	if err != nil {
+		return fmt.Errorf("mountpoint: %w (create the directory first)", err)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("mountpoint %s: not a directory", cfg.Mountpoint)
 	}
 
 	sd, err := openStateDir(cfg.StateDir)
@@ -554,6 +569,9 @@ func (d *daemon) serve(ctx context.Context) error {
 	if d.lease != nil {
 		lost = d.lease.Lost()
 	}
+	// A lease taken again after it lapsed (reacquireLease) is watched
+	// from then on.
+	d.relet = make(chan (<-chan struct{}), 1)
 	if d.downloaded != "" {
 		// Blocks are checked as they are read; this pass finds damage
 		// (a packer bug, bit rot in the cache) before the agent does.
@@ -585,6 +603,9 @@ func (d *daemon) serve(ctx context.Context) error {
 				return // one is running; the next tick catches up
 			}
 			defer d.snapMu.Unlock()
+			if err := d.reacquireLease(d.bgCtx); err != nil {
+				d.log.Warn("the writer lease lapsed and cannot be taken again yet; not publishing", "err", err)
+			}
 			d.snapshotLocked(d.bgCtx, reason)
 		}()
 	}
@@ -602,6 +623,8 @@ loop:
 		case <-d.ov.Done():
 			why = "the mount went away (unmounted from outside?)"
 			break loop
+		case l := <-d.relet:
+			lost = l
 		case <-lost:
 			lost = nil
 			d.mu.Lock()
@@ -682,7 +705,23 @@ func (d *daemon) stop(waitBg func()) shutdownResult {
 		var err error
 		select {
 		case <-locked:
+			if err = d.reacquireLease(snapCtx); err != nil && !errors.Is(err, errLeaseHeld) {
+				// The store is still unreachable: what failed is the
+				// upload, not a conflict with another host.
+				err = fmt.Errorf("the writer lease lapsed while the store was unreachable and cannot be taken again: %v", err)
+				d.snapMu.Unlock()
+				break
+			}
 			r, err = d.snapshotLocked(snapCtx, "final")
+			// Writers that went on during the final snapshot (the agent
+			// was not stopped first): take what they wrote too, a couple
+			// of times at most, while time remains.
+			for i := 0; i < 2 && err == nil && snapCtx.Err() == nil && d.changedSincePublished(); i++ {
+				var again snapshotResult
+				if again, err = d.snapshotLocked(snapCtx, "final, writes went on"); err == nil {
+					r = again
+				}
+			}
 			d.snapMu.Unlock()
 		case <-snapCtx.Done():
 			err = fmt.Errorf("a snapshot in progress did not finish within --stop-timeout %s", cfg.StopTimeout)
@@ -717,6 +756,14 @@ func (d *daemon) stop(waitBg func()) shutdownResult {
 	case <-time.After(time.Until(deadline) + reserve):
 	}
 
+	if !cfg.ReadOnly && res.Code == exitOK && !gone && d.ov.Generation() != finalGen {
+		// Acknowledged writes came after the final snapshot's freeze (the
+		// mount was still live): they are only in the upper layer, and
+		// exit 0 would tell whoever throws this machine away that the
+		// store has everything.
+		res.Code = exitUnsynced
+		res.Error = fmt.Sprintf("writes went on after the final snapshot %s; they are kept in %s and published by the next start (stop the writers before hermesfs)", orNone(res.FinalID), d.sd.path)
+	}
 	if !cfg.ReadOnly {
 		d.finish(res.Code == exitOK && !gone, finalGen)
 	}
@@ -735,6 +782,54 @@ func (d *daemon) stop(waitBg func()) shutdownResult {
 		d.log.Error("stopped with unpublished changes", "err", res.Error, "code", res.Code)
 	}
 	return res
+}
+
+// reacquireLease takes the writer lease again when it was lost, which
+// happens when the store stayed unreachable past the lease's life: without
+// it, a host would never publish again after an outage of half a minute.
+// If another host holds the lease now, it stays lost (errLeaseHeld); if
+// another host published meanwhile, the conditional LATEST update refuses
+// our next publish, so taking a free lease again is always safe. snapMu
+// must be held: no publish is using the old lease.
+func (d *daemon) reacquireLease(ctx context.Context) error {
+	d.mu.Lock()
+	lost := d.leaseState == "lost"
+	d.mu.Unlock()
+	if !lost || d.cfg.ReadOnly {
+		return nil
+	}
+	l, err := d.cat.Lease(ctx, "hermesfs mount "+d.cfg.Mountpoint)
+	if err != nil {
+		return err
+	}
+	d.mu.Lock()
+	d.lease, d.leaseState = l, "held"
+	d.mu.Unlock()
+	select {
+	case d.relet <- l.Lost():
+	default:
+	}
+	d.log.Warn("took the writer lease again after it lapsed; publishing resumes")
+	sdNotify(d.e.getenv, "STATUS=lease taken again: publishing")
+	return nil
+}
+
+// changedSincePublished reports whether the tree changed after the freeze
+// of the last published snapshot (or holds changes from before this mount
+// that no snapshot has).
+func (d *daemon) changedSincePublished() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.pending || d.ov.Generation() != d.publishedGen
+}
+
+// deadFUSE reports whether the FUSE mount at mp has lost its daemon: the
+// kernel answers ENOTCONN (ECONNABORTED once aborted). statfs is never
+// answered from the kernel's caches, unlike stat.
+func deadFUSE(mp string) bool {
+	var st syscall.Statfs_t
+	err := syscall.Statfs(mp, &st)
+	return errors.Is(err, syscall.ENOTCONN) || errors.Is(err, syscall.ECONNABORTED)
 }
 
 // finish records the state for the next start. When the merged tree is
