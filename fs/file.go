@@ -52,10 +52,11 @@ func (n *node) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, uint3
 			n.mu.Lock()
 			n.cachedOpens++
 			n.mu.Unlock()
+			// No read-ahead at open: with the page cache kept across
+			// opens, a file read before is served without a READ, and
+			// decompressing it again would only take CPU from readers.
+			// The first READ starts the read-ahead.
 			h := &lowerFile{n: n, upperFd: -1, size: la.Size}
-			// Most files are read whole once opened: start on the
-			// first window now.
-			h.readAhead(0, 0)
 			return h, fuse.FOPEN_KEEP_CACHE | fuse.FOPEN_NOFLUSH, 0
 		}
 		if err := ov.copyUp(ctx, n, !trunc); err != nil {

@@ -18,9 +18,11 @@ import (
 //     decompressed in the background, in parallel too, while the kernel
 //     copies the current one out, so its next request finds the blocks in
 //     the archive's block cache (prefetch);
-//   - opening a lower file starts decompressing its first window, which
-//     overlaps the OPEN and READ round trips (most files are read whole
-//     once opened).
+//   - nothing is decompressed at open: the page cache is kept across
+//     opens, so a file read before needs no READ at all, and work started
+//     at open would be wasted on it (measured on the 1 GiB home: warm
+//     reads took 1.27–1.40 s with a first window decompressed at every
+//     open, 0.95–1.03 s without; cold reads gained nothing measurable).
 //
 // The kernel's read-ahead decides how large requests are; Options.ReadAhead
 // raises it where the daemon may.
