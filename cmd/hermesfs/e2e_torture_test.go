@@ -600,18 +600,6 @@ func (p *stallProxy) setHold(f func(op, path string) bool) {
 	p.mu.Unlock()
 }
 
-// next waits for the next held request.
-func (p *stallProxy) next(t *testing.T, within time.Duration) *heldRequest {
-	t.Helper()
-	select {
-	case h := <-p.held:
-		return h
-	case <-time.After(within):
-		t.Fatalf("no request was held within %s", within)
-		return nil
-	}
-}
-
 func (p *stallProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
