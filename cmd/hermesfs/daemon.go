@@ -178,8 +178,10 @@ func (d *daemon) boot(ctx context.Context) error {
 	d.st.Mountpoint = cfg.Mountpoint
 	d.st.Store = d.parts.storeURL(d)
 
-	// Temporary files of a pack or download a crash interrupted.
-	for _, pat := range []string{"pack/.*.tmp*", "pack/next.sqfs", "pack/seed.sqfs", "cache/download.sqfs*", "cache/.*.tmp*"} {
+	// Temporary files of a pack or download a crash interrupted. (An
+	// archive a crash left in pack/ stays until the base is decided: it
+	// may be the proof that an unrecorded snapshot in the store is ours.)
+	for _, pat := range []string{"pack/.*.tmp*", "cache/download.sqfs*", "cache/.*.tmp*"} {
 		olds, _ := filepath.Glob(filepath.Join(sd.path, pat))
 		for _, o := range olds {
 			os.Remove(o)
@@ -205,6 +207,9 @@ func (d *daemon) boot(ctx context.Context) error {
 	}
 
 	lower, err := d.decideBase(ctx)
+	for _, name := range []string{"next.sqfs", "seed.sqfs"} {
+		os.Remove(filepath.Join(d.sd.packDir(), name))
+	}
 	if err != nil {
 		return err
 	}
@@ -313,8 +318,11 @@ func (d *daemon) decideBase(ctx context.Context) (string, error) {
 		// A crash between a publish and the state.json update leaves
 		// LATEST on a snapshot of ours that state.json does not name: its
 		// manifest says this host made it on top of what we know.
-		oursUnrecorded := latest.Host == d.host && latest.Parent != "" &&
-			(latest.Parent == st.LastPublished || latest.Parent == st.Base)
+		// The first snapshot has no parent to go by; its archive, still
+		// in the pack dir, proves it is ours.
+		oursUnrecorded := latest.Host == d.host && (latest.Parent != "" &&
+			(latest.Parent == st.LastPublished || latest.Parent == st.Base) ||
+			latest.Parent == "" && st.Base == "" && st.LastPublished == "" && d.packedHere(latest))
 		switch {
 		case latest.ID == "" || latest.ID == st.Base || latest.ID == st.LastPublished || oursUnrecorded:
 			d.pending, d.expect = true, latest.Pointer
@@ -821,6 +829,24 @@ func (d *daemon) changedSincePublished() bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.pending || d.ov.Generation() != d.publishedGen
+}
+
+// packedHere reports whether the pack dir holds the archive of snapshot s
+// (same size and sha256): this state dir packed and published it.
+func (d *daemon) packedHere(s snapshotInfo) bool {
+	if s.SHA256 == "" {
+		return false
+	}
+	for _, name := range []string{s.ID + ".sqfs", "next.sqfs", "seed.sqfs"} {
+		p := filepath.Join(d.sd.packDir(), name)
+		if fi, err := os.Stat(p); err != nil || fi.Size() != s.Size {
+			continue
+		}
+		if ok, err := fileHasSHA256(p, s.SHA256); err == nil && ok {
+			return true
+		}
+	}
+	return false
 }
 
 // deadFUSE reports whether the FUSE mount at mp has lost its daemon: the

@@ -40,7 +40,7 @@ func (a *catalogAdapter) Latest(ctx context.Context) (snapshotInfo, error) {
 		}
 		for _, s := range snaps {
 			if !s.Incomplete && s.Err == nil {
-				return snapshotInfo{ID: s.ID, Size: s.Size, SHA256: s.SHA256}, nil
+				return snapshotInfo{ID: s.ID, Size: s.Size, SHA256: s.SHA256, Host: s.Host, Parent: s.Parent}, nil
 			}
 		}
 		return snapshotInfo{}, nil

@@ -995,6 +995,43 @@ func TestE2ECrashAfterPublish(t *testing.T) {
 	}
 }
 
+// A crash in the very first publish, with the archive and manifest up but
+// LATEST not yet written: the next start finds a complete snapshot and no
+// LATEST. The archive the crash left in pack/ proves the snapshot is ours,
+// so the local changes are mounted and published, not reported as a
+// conflict with another host.
+func TestE2ECrashBeforeFirstLatest(t *testing.T) {
+	need(t, "/dev/fuse", "strace")
+	storeDir := e2eDir(t, "store")
+	mp := e2eDir(t, "home")
+	h := newHost(t, "file://"+storeDir)
+	d := h.mount(mp, "--interval", "0")
+	writeFile(t, filepath.Join(mp, "a"), "a", 0o644)
+	sc := straceKill(t, d.cmd.Process.Pid, filepath.Join(storeDir, "LATEST"))
+	h.run("snapshot", mp) // the daemon dies under it
+	d.wait()
+	<-sc
+	if d.code != 128+int(syscall.SIGKILL) {
+		t.Fatalf("the daemon was not killed at LATEST: exit %d\n%s", d.code, d.stderr)
+	}
+	if _, err := os.Stat(filepath.Join(storeDir, "LATEST")); err == nil {
+		t.Fatal("LATEST exists: the kill came too late to test anything")
+	}
+	syscall.Unmount(mp, syscall.MNT_DETACH)
+
+	d2 := h.mount(mp, "--interval", "0")
+	if got := mustRead(t, filepath.Join(mp, "a")); got != "a" {
+		t.Errorf("a = %q", got)
+	}
+	if c := d2.stop(syscall.SIGTERM); c != 0 {
+		t.Fatalf("stop: exit %d\n%s", c, d2.stderr)
+	}
+	out := unsquash(t, filepath.Join(storeDir, "snapshots", localLatest(t, storeDir)+".sqfs"))
+	if got := mustRead(t, filepath.Join(out, "a")); got != "a" {
+		t.Errorf("a not published: %q", got)
+	}
+}
+
 // A host that changed nothing and stopped cleanly never blocks on a
 // conflict when another host published meanwhile.
 func TestE2EIdleHostRestart(t *testing.T) {
