@@ -18,7 +18,7 @@ help:
 	@echo "make demo    mount a demo home at $(DEMO_DIR)/home on the default local store (Ctrl-C to stop)"
 	@echo "make test    install what the tests need, then run the whole suite"
 	@echo "make bench   benchmarks against native disk and mksquashfs; see BENCHMARKS.md"
-	@echo "make lint    go vet + staticcheck"
+	@echo "make lint    gofmt + go vet + staticcheck"
 	@echo "make fuzz    fuzz the archive reader for FUZZTIME (default 60s)"
 
 build:
@@ -38,6 +38,7 @@ test: deps build
 	@scripts/check-mounts.sh check $(MOUNTS_BEFORE)
 
 lint: deps
+	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	staticcheck ./...
 

@@ -31,9 +31,9 @@ type overlay struct {
 	// lowerBlock is the lower layer's block size, if it has one
 	// (blockSizer): reads are split at its block boundaries.
 	lowerBlock int64
-	guard Guard
-	log   *slog.Logger
-	opts  Options
+	guard      Guard
+	log        *slog.Logger
+	opts       Options
 
 	root  *node
 	gate  gate
