@@ -22,6 +22,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/hermesfs/hermesfs/uploader/s3test"
 )
 
 var (
@@ -425,6 +427,38 @@ func localLatest(t *testing.T, storeDir string) string {
 		t.Fatalf("LATEST: %v", err)
 	}
 	return strings.TrimSpace(string(b))
+}
+
+// unsquashLatest extracts the archive LATEST names in the local store at
+// storeDir with the standard tool.
+func unsquashLatest(t *testing.T, storeDir string) string {
+	t.Helper()
+	return unsquash(t, filepath.Join(storeDir, "snapshots", localLatest(t, storeDir)+".sqfs"))
+}
+
+// launchS3 runs versitygw on loopback over data (a relaunch on the same
+// data serves the same objects on a new port) until the test ends, creates
+// bucket unless it is "", and puts the credentials in the environment.
+func launchS3(t *testing.T, data, bucket string) *s3test.Server {
+	t.Helper()
+	bin, err := s3test.Binary()
+	if err != nil {
+		missing(t, "versitygw")
+	}
+	srv, err := s3test.Launch(bin, data, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	if bucket != "" {
+		if err := srv.CreateBucket(t.Context(), bucket); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Setenv("AWS_ACCESS_KEY_ID", s3test.AccessKey)
+	t.Setenv("AWS_SECRET_ACCESS_KEY", s3test.SecretKey)
+	t.Setenv("AWS_REGION", s3test.Region)
+	return srv
 }
 
 // unsquash extracts archive into a fresh dir with the standard tool.

@@ -557,7 +557,7 @@ func TestE2EStoreDownAtSigterm(t *testing.T) {
 	if c := d2.stop(syscall.SIGTERM); c != 0 {
 		t.Fatalf("stop: %d\n%s", c, d2.stderr)
 	}
-	out := unsquash(t, filepath.Join(storeDir, "snapshots", localLatest(t, storeDir)+".sqfs"))
+	out := unsquashLatest(t, storeDir)
 	if got := mustRead(t, filepath.Join(out, "precious.txt")); got != "do not lose me" {
 		t.Errorf("published after the store came back: %q", got)
 	}
@@ -750,7 +750,7 @@ i=0; while :; do i=$((i+1)); sqlite3 "$H/state.db" "INSERT INTO t VALUES ($i);";
 	if isMountpoint(mp) {
 		t.Fatal("still mounted after the entrypoint exited")
 	}
-	out := unsquash(t, filepath.Join(storeDir, "snapshots", localLatest(t, storeDir)+".sqfs"))
+	out := unsquashLatest(t, storeDir)
 	integrityOK(t, filepath.Join(out, "state.db"))
 	if got := sqlite(t, filepath.Join(out, "state.db"), "SELECT count(*) FROM t WHERE v = -1;"); got != "1" {
 		t.Errorf("the agent's last write (on SIGTERM) is not in the final snapshot: %s", got)
@@ -989,7 +989,7 @@ func TestE2ECrashAfterPublish(t *testing.T) {
 	if c := d2.stop(syscall.SIGTERM); c != 0 {
 		t.Fatalf("stop: %d\n%s", c, d2.stderr)
 	}
-	out2 := unsquash(t, filepath.Join(storeDir, "snapshots", localLatest(t, storeDir)+".sqfs"))
+	out2 := unsquashLatest(t, storeDir)
 	if got := mustRead(t, filepath.Join(out2, "c")); got != "c" {
 		t.Errorf("c not published: %q", got)
 	}
@@ -1026,7 +1026,7 @@ func TestE2ECrashBeforeFirstLatest(t *testing.T) {
 	if c := d2.stop(syscall.SIGTERM); c != 0 {
 		t.Fatalf("stop: exit %d\n%s", c, d2.stderr)
 	}
-	out := unsquash(t, filepath.Join(storeDir, "snapshots", localLatest(t, storeDir)+".sqfs"))
+	out := unsquashLatest(t, storeDir)
 	if got := mustRead(t, filepath.Join(out, "a")); got != "a" {
 		t.Errorf("a not published: %q", got)
 	}
@@ -1070,22 +1070,8 @@ func TestE2EIdleHostRestart(t *testing.T) {
 // the upper layer kept; once the server is back the next start publishes.
 func TestE2ES3DownAtSigterm(t *testing.T) {
 	need(t, "/dev/fuse", "unsquashfs")
-	bin, err := s3test.Binary()
-	if err != nil {
-		missing(t, "versitygw")
-	}
 	data := e2eDir(t, "s3data")
-	srv, err := s3test.Launch(bin, data, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.CreateBucket(t.Context(), "hermes-e2e"); err != nil {
-		srv.Close()
-		t.Fatal(err)
-	}
-	t.Setenv("AWS_ACCESS_KEY_ID", s3test.AccessKey)
-	t.Setenv("AWS_SECRET_ACCESS_KEY", s3test.SecretKey)
-	t.Setenv("AWS_REGION", s3test.Region)
+	srv := launchS3(t, data, "hermes-e2e")
 	url := func(ep string) string { return fmt.Sprintf("s3://hermes-e2e/h?endpoint=%s&path_style=true", ep) }
 	mp := e2eDir(t, "home")
 	h := newHost(t, url(srv.Endpoint))
@@ -1103,11 +1089,7 @@ func TestE2ES3DownAtSigterm(t *testing.T) {
 		t.Fatalf("upper layer not kept: %q", got)
 	}
 
-	srv, err = s3test.Launch(bin, data, nil) // same data, new port
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Close() })
+	srv = launchS3(t, data, "") // same data, new port
 	h.store = url(srv.Endpoint)
 	d2 := h.mount(mp, "--interval", "0")
 	deadline := time.Now().Add(60 * time.Second)

@@ -665,28 +665,14 @@ type s3Rig struct {
 
 func startS3Rig(t *testing.T) *s3Rig {
 	t.Helper()
-	bin, err := s3test.Binary()
-	if err != nil {
-		missing(t, "versitygw")
-	}
-	data := e2eDir(t, "s3data")
-	srv, err := s3test.Launch(bin, data, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Close() })
 	const bucket = "hermes-torture"
-	if err := srv.CreateBucket(t.Context(), bucket); err != nil {
-		t.Fatal(err)
-	}
+	data := e2eDir(t, "s3data")
+	srv := launchS3(t, data, bucket)
 	fp, err := faultproxy.Start(srv.Endpoint)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { fp.Close() })
-	t.Setenv("AWS_ACCESS_KEY_ID", s3test.AccessKey)
-	t.Setenv("AWS_SECRET_ACCESS_KEY", s3test.SecretKey)
-	t.Setenv("AWS_REGION", s3test.Region)
 	return &s3Rig{srv: srv, data: data, faults: fp, bucket: bucket}
 }
 
