@@ -3,11 +3,13 @@ package archive
 import (
 	"context"
 	"errors"
+	"io"
 	iofs "io/fs"
 	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -29,6 +31,20 @@ func (c *cancelFS) Open(name string) (iofs.File, error) {
 func (c *cancelFS) ReadDir(name string) ([]iofs.DirEntry, error) { return iofs.ReadDir(c.FS, name) }
 func (c *cancelFS) Lstat(name string) (iofs.FileInfo, error)     { return iofs.Lstat(c.FS, name) }
 func (c *cancelFS) ReadLink(name string) (string, error)         { return iofs.ReadLink(c.FS, name) }
+
+// cancelAt cancels a context at the after-th read once after is set.
+type cancelAt struct {
+	io.ReaderAt
+	after  atomic.Int64
+	cancel context.CancelFunc
+}
+
+func (c *cancelAt) ReadAt(p []byte, off int64) (int, error) {
+	if c.after.Load() > 0 && c.after.Add(-1) == 0 {
+		c.cancel()
+	}
+	return c.ReaderAt.ReadAt(p, off)
+}
 
 // A cancelled Pack or Unpack stops, says why, and leaves no goroutine
 // behind.
@@ -53,6 +69,29 @@ func TestCancel(t *testing.T) {
 	}
 	if err := r.Verify(ctx); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Verify after cancel: %v", err)
+	}
+
+	// Cancelled once the file data is being read, however late that
+	// comes: an error, never a half-written tree reported as done.
+	for _, after := range []int64{1, 3, 10} {
+		ctx, cancel := context.WithCancel(t.Context())
+		af, err := os.Open(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, _ := af.Stat()
+		ca := &cancelAt{ReaderAt: af, cancel: cancel}
+		r, err := Open(ca, st.Size(), ReaderOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ca.after.Store(after)
+		err = Unpack(ctx, r, filepath.Join(t.TempDir(), "out"), UnpackOptions{})
+		cancel()
+		af.Close()
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("Unpack cancelled after %d reads: %v", after, err)
+		}
 	}
 
 	deadline := time.Now().Add(5 * time.Second)

@@ -181,6 +181,10 @@ func (u *unpacker) run() error {
 	if u.err != nil {
 		return u.err
 	}
+	if err := u.ctx.Err(); err != nil {
+		// Workers skip what is left once cancelled: the tree is not whole.
+		return err
+	}
 	if u.skips > 0 {
 		u.log.Warn("device nodes skipped: not running as root", "count", u.skips)
 	}
