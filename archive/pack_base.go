@@ -73,7 +73,8 @@ func (b *baseState) lookup(s sum, size int64) Inode {
 	return ino
 }
 
-// newBase checks what base can be used for by a pack with codec c.
+// newBase checks what base can be used for by this pack: nothing unless
+// it has our checksums, the same block size and the same compression.
 func (p *packer) newBase(r *Reader) *baseState {
 	if r == nil || !r.Checksummed() || r.bs != p.bs || r.Compression() != p.opts.Compression {
 		return nil
@@ -196,7 +197,7 @@ func (p *packer) plan(ctx context.Context) error {
 		}
 	}
 	est := float64(region)
-	if total := b.r.fileBytes(); total > 0 {
+	if total := b.r.contentBytes(); total > 0 {
 		est += float64(newBytes) * float64(region) / float64(total)
 	}
 	limit := p.opts.MaxGarbage
@@ -205,22 +206,6 @@ func (p *packer) plan(ctx context.Context) error {
 	}
 	b.appending = limit >= 0 && float64(region-b.prefixLive) <= limit*est
 	return nil
-}
-
-// fileBytes is the content size of the archive's regular files, each
-// inode counted once.
-func (r *Reader) fileBytes() int64 {
-	var n int64
-	seen := map[Inode]bool{}
-	for _, e := range r.entries {
-		if e.Mode.IsRegular() && !seen[e.Ino] {
-			seen[e.Ino] = true
-			if in, err := r.lookupInode(e.Ino); err == nil {
-				n += int64(in.size)
-			}
-		}
-	}
-	return n
 }
 
 // scanFragments learns, once per pack, how many bytes of each earlier

@@ -11,7 +11,6 @@ import (
 type fileSource struct {
 	r   *Reader
 	ino Inode
-	l   *fileLayout
 }
 
 // source asks the file at n.path whether it is an earlier archive's
@@ -46,11 +45,10 @@ func (p *packer) sourceOf(n *node, f iofs.File) {
 	if err != nil || !a.Mode.IsRegular() || a.Size != n.size {
 		return
 	}
-	l, err := r.layout(ino)
-	if err != nil {
-		return
+	if _, err := r.layout(ino); err != nil {
+		return // its block list does not decode: pack it afresh
 	}
-	n.src = &fileSource{r: r, ino: ino, l: l}
+	n.src = &fileSource{r: r, ino: ino}
 }
 
 // reuseKey identifies content in an earlier archive by where it lives: two
@@ -287,13 +285,8 @@ func (d *dataWriter) adoptTail(n *node, fd *fileData, r *Reader, l *fileLayout, 
 func (r *Reader) fragmentUse() []int64 {
 	r.fragUseOnce.Do(func() {
 		use := make([]int64, len(r.frags))
-		seen := map[Inode]bool{}
-		for _, e := range r.entries {
-			if !e.Mode.IsRegular() || seen[e.Ino] {
-				continue
-			}
-			seen[e.Ino] = true
-			in, err := r.lookupInode(e.Ino)
+		for _, ino := range r.fileInodes() {
+			in, err := r.lookupInode(ino)
 			if err != nil || in.frag == noFragment || int64(in.frag) >= int64(len(use)) {
 				continue
 			}

@@ -120,19 +120,14 @@ func (r *Reader) index() *contentIndex {
 		if !r.hasSums() {
 			return
 		}
-		seen := map[Inode]bool{}
-		for _, e := range r.entries {
-			if !e.Mode.IsRegular() || seen[e.Ino] {
-				continue
-			}
-			seen[e.Ino] = true
-			in, err := r.lookupInode(e.Ino)
+		for _, ino := range r.fileInodes() {
+			in, err := r.lookupInode(ino)
 			if err != nil {
 				continue
 			}
-			if s := r.fileSumOf(e.Ino); s.known() {
+			if s := r.fileSumOf(ino); s.known() {
 				if _, dup := ix.byFile[s]; !dup {
-					ix.byFile[s] = e.Ino
+					ix.byFile[s] = ino
 				}
 				ix.sizes[int64(in.size)] = true
 			}

@@ -195,16 +195,26 @@ func (u *unpacker) run() error {
 // once).
 func (r *Reader) contentBytes() int64 {
 	var total int64
+	for _, ino := range r.fileInodes() {
+		if a, err := r.Stat(ino); err == nil {
+			total += a.Size
+		}
+	}
+	return total
+}
+
+// fileInodes lists the archive's regular file inodes, each once (hard
+// links share one), in directory order.
+func (r *Reader) fileInodes() []Inode {
+	var out []Inode
 	seen := map[Inode]bool{}
 	for _, e := range r.entries {
 		if e.Mode.IsRegular() && !seen[e.Ino] {
 			seen[e.Ino] = true
-			if a, err := r.Stat(e.Ino); err == nil {
-				total += a.Size
-			}
+			out = append(out, e.Ino)
 		}
 	}
-	return total
+	return out
 }
 
 // dir creates the entries of directory a inside the open directory fd.

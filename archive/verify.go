@@ -132,22 +132,17 @@ func (r *Reader) verifyFileSums(ctx context.Context) error {
 	if !r.hasSums() {
 		return nil
 	}
-	seen := map[Inode]bool{}
 	bs := int64(r.bs)
 	buf := make([]byte, r.bs)
-	for _, e := range r.entries {
-		if !e.Mode.IsRegular() || seen[e.Ino] {
-			continue
-		}
-		seen[e.Ino] = true
-		want := r.fileSumOf(e.Ino)
+	for _, ino := range r.fileInodes() {
+		want := r.fileSumOf(ino)
 		if !want.known() {
 			continue
 		}
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		in, err := r.lookupInode(e.Ino)
+		in, err := r.lookupInode(ino)
 		if err != nil {
 			return err
 		}
@@ -177,7 +172,7 @@ func (r *Reader) verifyFileSums(ctx context.Context) error {
 			chunks = append(chunks, chunkSum(buf[:l.size-off]))
 		}
 		if fileSum(l.size, chunks) != want {
-			return r.corruptf(r.sb.InodeTable, "inode table", "inode %d: content does not match its recorded sum", e.Ino)
+			return r.corruptf(r.sb.InodeTable, "inode table", "inode %d: content does not match its recorded sum", ino)
 		}
 	}
 	return nil
@@ -192,13 +187,8 @@ type blockRef struct {
 // dataBlocks lists every stored data and fragment block, by offset.
 func (r *Reader) dataBlocks() ([]blockRef, error) {
 	var out []blockRef
-	seen := map[Inode]bool{}
-	for _, e := range r.entries {
-		if !e.Mode.IsRegular() || seen[e.Ino] {
-			continue
-		}
-		seen[e.Ino] = true
-		l, err := r.layout(e.Ino)
+	for _, ino := range r.fileInodes() {
+		l, err := r.layout(ino)
 		if err != nil {
 			return nil, err
 		}
@@ -208,7 +198,7 @@ func (r *Reader) dataBlocks() ([]blockRef, error) {
 			}
 		}
 		// Layouts of a full verify are not worth keeping.
-		r.layouts.Delete(e.Ino)
+		r.layouts.Delete(ino)
 	}
 	for _, f := range r.frags {
 		if f.word&^dataUncompBit == 0 {
