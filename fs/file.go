@@ -121,6 +121,16 @@ func (n *node) openUpper(writable bool) (int, syscall.Errno) {
 func (ov *overlay) truncateFd(n *node, fd int, size int64) syscall.Errno {
 	ov.gate.enter()
 	defer ov.gate.leave()
+	if errno := ov.truncateGated(fd, size); errno != 0 {
+		return errno
+	}
+	ov.changed(n.ino, 0)
+	return 0
+}
+
+// truncateGated truncates upper file fd, saving for open views what the
+// truncation removes first. The caller holds the gate.
+func (ov *overlay) truncateGated(fd int, size int64) syscall.Errno {
 	if ov.views.active() {
 		st, err := statFd(fd)
 		if err != nil {
@@ -131,11 +141,7 @@ func (ov *overlay) truncateFd(n *node, fd int, size int64) syscall.Errno {
 			return syscall.EIO
 		}
 	}
-	if err := unix.Ftruncate(fd, size); err != nil {
-		return errnoOf(err)
-	}
-	ov.changed(n.ino, 0)
-	return 0
+	return errnoOf(unix.Ftruncate(fd, size))
 }
 
 // newUpperHandle wraps fd in a handle and picks its kernel I/O mode (see

@@ -371,12 +371,13 @@ func (v *View) keepDir(st *ustat, fd int) error {
 }
 
 // pin keeps captured file ci, named name in dfd, reachable before that
-// name goes away.
-func (v *View) pin(dfd int, name string, ci *capInode) {
+// name goes away. If it cannot, the name must not go: the view would lose
+// a file it promised.
+func (v *View) pin(dfd int, name string, ci *capInode) error {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if ci.pinned != "" || ci.pinFd >= 0 {
-		return
+		return nil
 	}
 	// A descriptor costs no link count; beyond a budget, hard links do
 	// the same without using up descriptors.
@@ -385,15 +386,17 @@ func (v *View) pin(dfd int, name string, ci *capInode) {
 		if err == nil {
 			ci.pinFd = fd
 			v.pinFds++
-			return
+			return nil
 		}
 	}
 	pn := "pin-" + strconv.FormatUint(ci.uino, 10)
-	if err := unix.Linkat(dfd, name, v.dirfd, pn, 0); err == nil {
+	err := unix.Linkat(dfd, name, v.dirfd, pn, 0)
+	if err == nil {
 		ci.pinned = pn
-		return
+		return nil
 	}
-	v.ov.log.Error("freeze: cannot keep a captured file", "name", name)
+	v.ov.log.Error("freeze: cannot keep a captured file for an open snapshot; refusing to remove it", "name", name, "err", err)
+	return fmt.Errorf("keep %s for an open snapshot: %w", name, err)
 }
 
 const maxPinFds = 1024
@@ -613,8 +616,9 @@ func (s *viewSet) preserveTruncate(uino uint64, fd int, size int64) error {
 // beforeDestroy is called before the upper entry name in dfd, whose status
 // st is, loses that name (unlink, rename over it, a guarded commit): views
 // keep its status and, for a regular file, pin it. The directory holding
-// it must have been kept (keepDir) first.
-func (s *viewSet) beforeDestroy(dfd int, name string, st *ustat) {
+// it must have been kept (keepDir) first. An error means the name must
+// stay.
+func (s *viewSet) beforeDestroy(dfd int, name string, st *ustat) error {
 	for _, v := range s.snapshot() {
 		ci, kept := v.frozenNode(st.ino, st.mode&syscall.S_IFMT)
 		if ci == nil {
@@ -624,7 +628,10 @@ func (s *viewSet) beforeDestroy(dfd int, name string, st *ustat) {
 			ci.keep(st)
 		}
 		if ci.kind == syscall.S_IFREG {
-			v.pin(dfd, name, ci)
+			if err := v.pin(dfd, name, ci); err != nil {
+				return err
+			}
 		}
 	}
+	return nil
 }

@@ -572,7 +572,7 @@ func (g *guardFile) commit(ctx context.Context) syscall.Errno {
 	err = ov.keepDir(pfd)
 	if err == nil && ov.views.active() {
 		if ust, serr := statxAt(pfd, name); serr == nil {
-			ov.views.beforeDestroy(pfd, name, &ust)
+			err = ov.views.beforeDestroy(pfd, name, &ust)
 		}
 	}
 	if err == nil {
@@ -628,15 +628,14 @@ func (g *guardFile) removeCreated() {
 	if err == nil {
 		err = ov.keepDir(pfd)
 	}
-	if err == nil && st.ino == ino && st.size == 0 {
-		ov.views.beforeDestroy(pfd, name, &st)
+	if err != nil || st.ino != ino || st.size != 0 {
+		err = syscall.ESTALE
+	} else if err = ov.views.beforeDestroy(pfd, name, &st); err == nil {
 		if st.nlink <= 1 {
 			n.keepOrphan(pfd, name)
 		}
 		err = unix.Unlinkat(pfd, name, 0)
 		ov.changed(n.ino, 0)
-	} else {
-		err = syscall.ESTALE
 	}
 	ov.gate.leave()
 	if err == nil {

@@ -415,7 +415,9 @@ func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno 
 				return errnoOf(err)
 			}
 		} else {
-			ov.views.beforeDestroy(dfd, name, &e.ust)
+			if err := ov.views.beforeDestroy(dfd, name, &e.ust); err != nil {
+				return errnoOf(err)
+			}
 			if e.ust.nlink <= 1 {
 				if ch := n.GetChild(name); ch != nil {
 					if cn, ok := ch.Operations().(*node); ok {

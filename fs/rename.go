@@ -192,7 +192,9 @@ func (n *node) Rename(ctx context.Context, name string, newParent fusefs.InodeEm
 		}
 	}
 	if de.upper && !srcDir {
-		ov.views.beforeDestroy(dfd, newName, &de.ust)
+		if err := ov.views.beforeDestroy(dfd, newName, &de.ust); err != nil {
+			return errnoOf(err)
+		}
 	}
 	if de.upper && !srcDir && de.ust.nlink <= 1 && dst != nil {
 		dst.keepOrphan(dfd, newName)

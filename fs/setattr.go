@@ -120,18 +120,10 @@ func (n *node) setattrUpper(ctx context.Context, f fusefs.FileHandle, in *fuse.S
 		if err != nil {
 			return errnoOf(err)
 		}
-		if ov.views.active() {
-			if st, err := statFd(fd); err == nil {
-				if err := ov.views.preserveTruncate(st.ino, fd, size); err != nil {
-					unix.Close(fd)
-					return syscall.EIO
-				}
-			}
-		}
-		err = unix.Ftruncate(fd, size)
+		errno := ov.truncateGated(fd, size)
 		unix.Close(fd)
-		if err != nil {
-			return errnoOf(err)
+		if errno != 0 {
+			return errno
 		}
 	}
 	if ts, ok := setattrTimes(in); ok {
