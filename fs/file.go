@@ -329,6 +329,8 @@ type lowerFile struct {
 	nextOff atomic.Int64
 	// ahead is where read-ahead has been started up to (lowerread.go).
 	ahead atomic.Int64
+	// released: the kernel closed the handle; its read-ahead stops.
+	released atomic.Bool
 }
 
 var (
@@ -387,6 +389,7 @@ func (h *lowerFile) Lseek(ctx context.Context, off uint64, whence uint32) (uint6
 }
 
 func (h *lowerFile) Release(ctx context.Context) syscall.Errno {
+	h.released.Store(true)
 	h.mu.Lock()
 	if h.upperFd >= 0 {
 		unix.Close(h.upperFd)

@@ -115,18 +115,28 @@ func (h *lowerFile) readAhead(end, window int64) {
 
 // prefetch decompresses [off, end) of h's lower file into the archive's
 // block cache in the background, block by block, each in one of the
-// decodeSlots.
+// decodeSlots. It stops early once the handle is released or the mount
+// is gone; Unmount waits for it (overlay.prefetching).
 func (h *lowerFile) prefetch(off, end int64) {
 	ov, ino := h.n.ov, h.n.lower
 	bs := ov.lowerBlock
 	if bs <= 0 {
 		bs = prefetchWindow
 	}
+	stopped := func() bool { return h.released.Load() || ov.unmounted.Load() }
+	ov.prefetching.Add(1)
 	go func() {
+		defer ov.prefetching.Done()
 		for off < end {
 			k := min(end, (off/bs+1)*bs) - off
 			decodeSlots <- struct{}{}
+			if stopped() {
+				<-decodeSlots
+				return
+			}
+			ov.prefetching.Add(1)
 			go func(off, k int64) {
+				defer ov.prefetching.Done()
 				defer func() { <-decodeSlots }()
 				bp := prefetchBufs.Get().(*[]byte)
 				if int64(len(*bp)) < k {

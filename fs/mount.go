@@ -276,6 +276,7 @@ func (m *Mounted) Unmount(ctx context.Context) error {
 		return fmt.Errorf("fs: unmount %s: files still open: %w", m.mountpoint, ctx.Err())
 	}
 	m.ov.unmounted.Store(true)
+	m.ov.prefetching.Wait() // no READ can start one any more: the server is done
 	m.ov.maybeClose()
 	m.ov.log.Info("unmounted", "mountpoint", m.mountpoint)
 	return nil

@@ -51,6 +51,9 @@ type overlay struct {
 	pendingPT sync.Map
 
 	unmounted atomic.Bool
+	// prefetching counts read-ahead goroutines (lowerread.go); Unmount
+	// waits for them, so none reads the lower layer after it returns.
+	prefetching sync.WaitGroup
 	closeOnce sync.Once
 
 	aliasOnce sync.Once

@@ -425,9 +425,9 @@ type dirent struct {
 }
 
 // readDirents lists the directory open for reading at fd from the start,
-// without "." and "..". Names share one string per getdents call: a freeze
-// lists every upper directory while mutations wait, and allocating once per
-// entry would give the garbage collector work in the middle of it.
+// without "." and "..". Names share one string per getdents call (one
+// allocation per call, not per entry): a name kept keeps at most its
+// directory's own dirent bytes alive, as a listing kept whole does anyway.
 func readDirents(fd int) ([]dirent, error) {
 	if _, err := unix.Seek(fd, 0, 0); err != nil {
 		return nil, err
