@@ -415,6 +415,12 @@ func (c *Catalog) moveLatest(ctx context.Context, id, prev, etag string) error {
 		return nil
 	}
 	if !errors.Is(err, ErrPrecondition) {
+		// The write may have landed before the error reached us (a
+		// connection reset after the server acted, retries exhausted):
+		// look, so that a published snapshot is not taken for a failure.
+		if now, _, rerr := c.readLatest(ctx); rerr == nil && now == id {
+			return nil
+		}
 		return fmt.Errorf("publish %s: move %s: %w", id, LatestKey, err)
 	}
 	// Lost the race, or a retried write found its own first attempt had

@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"io"
 	iofs "io/fs"
 	"os"
 	"path/filepath"
@@ -600,5 +601,33 @@ func TestLeaseHeartbeat(t *testing.T) {
 	rec, _, err := c.ReadLease(t.Context())
 	if err != nil || !rec.Released {
 		t.Errorf("after release the lease object is %+v, %v", rec, err)
+	}
+}
+
+// lostReply is a store whose write of LATEST lands but reports an error,
+// as a connection reset after the server acted does once retries are
+// spent.
+type lostReply struct{ uploader.Store }
+
+func (s lostReply) Put(ctx context.Context, key string, r io.Reader, size int64, opts uploader.PutOptions) (uploader.ObjectInfo, error) {
+	info, err := s.Store.Put(ctx, key, r, size, opts)
+	if err == nil && key == uploader.LatestKey {
+		return info, errors.New("connection reset by peer")
+	}
+	return info, err
+}
+
+// A LATEST write that landed is a published snapshot, whatever error came
+// back with it.
+func TestCatalogLatestLandedDespiteError(t *testing.T) {
+	s := newLocal(t)
+	c := catalog(lostReply{s}, "host-a", newClock())
+	p, _ := archiveFile(t, 1000)
+	m, err := c.Publish(t.Context(), uploader.PublishInput{Path: p})
+	if err != nil {
+		t.Fatalf("publish whose LATEST landed: %v", err)
+	}
+	if got, _ := catalog(s, "checker", newClock()).LatestID(t.Context()); got != m.ID {
+		t.Fatalf("LATEST %q, published %q", got, m.ID)
 	}
 }
