@@ -86,7 +86,8 @@ func Binary() (string, error) {
 type Server struct {
 	Endpoint string
 	cmd      *exec.Cmd
-	done     chan error
+	exited   chan struct{} // closed once the process has exited
+	waitErr  error         // its exit status, set before exited closes
 }
 
 // Launch starts the versitygw binary serving dir (whose subdirectories are
@@ -110,8 +111,8 @@ func Launch(bin, dir string, logw io.Writer) (*Server, error) {
 		if err := cmd.Start(); err != nil {
 			return nil, fmt.Errorf("start versitygw: %w", err)
 		}
-		s := &Server{Endpoint: "http://" + addr, cmd: cmd, done: make(chan error, 1)}
-		go func() { s.done <- cmd.Wait() }()
+		s := &Server{Endpoint: "http://" + addr, cmd: cmd, exited: make(chan struct{})}
+		go func() { s.waitErr = cmd.Wait(); close(s.exited) }()
 		if lastErr = s.waitReady(addr, 15*time.Second); lastErr == nil {
 			return s, nil
 		}
@@ -133,9 +134,8 @@ func (s *Server) waitReady(addr string, limit time.Duration) error {
 	deadline := time.Now().Add(limit)
 	for time.Now().Before(deadline) {
 		select {
-		case err := <-s.done:
-			s.done <- err
-			return fmt.Errorf("versitygw exited before serving: %v", err)
+		case <-s.exited:
+			return fmt.Errorf("versitygw exited before serving: %v", s.waitErr)
 		default:
 		}
 		resp, err := http.Get("http://" + addr + "/")
@@ -171,15 +171,20 @@ func (s *Server) CreateBucket(ctx context.Context, name string) error {
 	return nil
 }
 
-// Close stops the server.
+// Close stops the server; closing it again does nothing.
 func (s *Server) Close() error {
+	select {
+	case <-s.exited:
+		return nil
+	default:
+	}
 	s.cmd.Process.Signal(syscall.SIGTERM)
 	select {
-	case <-s.done:
+	case <-s.exited:
 		return nil
 	case <-time.After(10 * time.Second):
 		s.cmd.Process.Kill()
-		<-s.done
+		<-s.exited
 		return errors.New("versitygw ignored SIGTERM for 10s; killed")
 	}
 }
