@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -68,18 +67,12 @@ func (realParts) packDir(ctx context.Context, dir, out string) (packStats, error
 func (realParts) packView(ctx context.Context, v frozenView, out, base string) (packStats, error) {
 	var opts archive.PackOptions
 	if base != "" {
-		f, err := os.Open(base)
+		r, f, err := openArchive(base, archive.ReaderOptions{})
 		if err != nil {
 			return packStats{}, mark(err, errBadBase)
 		}
 		defer f.Close()
-		fi, err := f.Stat()
-		if err != nil {
-			return packStats{}, mark(err, errBadBase)
-		}
-		if opts.Base, err = archive.Open(f, fi.Size(), archive.ReaderOptions{Name: base}); err != nil {
-			return packStats{}, mark(err, errBadBase)
-		}
+		opts.Base = r
 	}
 	return packTo(out, func(f *os.File) (archive.PackResult, error) {
 		return archive.Pack(ctx, f, v.(*viewAdapter).View, opts)
@@ -87,19 +80,11 @@ func (realParts) packView(ctx context.Context, v frozenView, out, base string) (
 }
 
 func (realParts) verify(ctx context.Context, path string) error {
-	f, err := os.Open(path)
+	r, f, err := openArchive(path, archive.ReaderOptions{})
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return err
-	}
-	r, err := archive.Open(f, fi.Size(), archive.ReaderOptions{Name: path})
-	if err != nil {
-		return err
-	}
 	return r.Verify(ctx)
 }
 
@@ -156,24 +141,11 @@ func (realParts) mount(ctx context.Context, d *daemon, lowerPath string) (overla
 		reader    *archive.Reader
 	)
 	if lowerPath != "" {
-		f, err := os.Open(lowerPath)
+		var err error
+		reader, lowerFile, err = openArchive(lowerPath, archive.ReaderOptions{Logger: log.With("component", "archive")})
 		if err != nil {
 			return nil, err
 		}
-		fi, err := f.Stat()
-		if err != nil {
-			f.Close()
-			return nil, err
-		}
-		reader, err = archive.Open(f, fi.Size(), archive.ReaderOptions{Name: lowerPath, Logger: log.With("component", "archive")})
-		if err != nil {
-			f.Close()
-			if errors.Is(err, archive.ErrCorrupt) {
-				return nil, withCode(exitCorrupt, err)
-			}
-			return nil, err
-		}
-		lowerFile = f
 	}
 	closeLower := func() {
 		if lowerFile != nil {

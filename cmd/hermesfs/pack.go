@@ -83,19 +83,11 @@ func runPack(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error
 	}
 	var src iofs.FS = os.DirFS(dir)
 	if b := fs.Lookup("base").Value.String(); b != "" {
-		bf, err := os.Open(b)
+		base, bf, err := openArchive(b, archive.ReaderOptions{})
 		if err != nil {
 			return err
 		}
 		defer bf.Close()
-		bst, err := bf.Stat()
-		if err != nil {
-			return err
-		}
-		base, err := archive.Open(bf, bst.Size(), archive.ReaderOptions{Name: b})
-		if err != nil {
-			return archiveError(err)
-		}
 		src = archive.WithBase(src, base)
 	}
 	start := time.Now()

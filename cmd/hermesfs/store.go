@@ -140,6 +140,30 @@ func openCatalog(ctx context.Context, e *env, fs *flag.FlagSet) (*uploader.Catal
 
 // verifyArchive is the block-level check of a downloaded snapshot, run by
 // the catalog after the size and sha256 matched.
+// openArchive opens the archive file at path (opts.Name defaults to path).
+// The caller closes the file once done with the reader; a corrupt archive
+// carries the exit code exitCorrupt.
+func openArchive(path string, opts archive.ReaderOptions) (*archive.Reader, *os.File, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, nil, err
+	}
+	if opts.Name == "" {
+		opts.Name = path
+	}
+	r, err := archive.Open(f, fi.Size(), opts)
+	if err != nil {
+		f.Close()
+		return nil, nil, archiveError(err)
+	}
+	return r, f, nil
+}
+
 func verifyArchive(ctx context.Context, f *os.File, m uploader.Manifest) error {
 	r, err := archive.Open(f, m.Size, archive.ReaderOptions{Name: m.ID})
 	if err != nil {

@@ -43,19 +43,11 @@ func runUnpack(ctx context.Context, e *env, fs *flag.FlagSet, args []string) err
 	if ents, err := os.ReadDir(dir); err == nil && len(ents) > 0 {
 		return usageError("%s is not empty; unpack into a new or empty directory", dir)
 	}
-	f, err := os.Open(file)
+	r, f, err := openArchive(file, archive.ReaderOptions{})
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return err
-	}
-	r, err := archive.Open(f, st.Size(), archive.ReaderOptions{Name: file})
-	if err != nil {
-		return archiveError(err)
-	}
 	start := time.Now()
 	p := newProgress(e.stderr, "unpack "+file)
 	var written int64

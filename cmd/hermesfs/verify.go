@@ -48,22 +48,18 @@ func runVerify(ctx context.Context, e *env, fs *flag.FlagSet, args []string) err
 }
 
 func verifyFile(ctx context.Context, e *env, name string) error {
-	f, err := os.Open(name)
+	start := time.Now()
+	r, f, err := openArchive(name, archive.ReaderOptions{})
 	if err != nil {
 		return err
 	}
 	defer f.Close()
+	if err := r.Verify(ctx); err != nil {
+		return archiveError(err)
+	}
 	st, err := f.Stat()
 	if err != nil {
 		return err
-	}
-	start := time.Now()
-	r, err := archive.Open(f, st.Size(), archive.ReaderOptions{Name: name})
-	if err == nil {
-		err = r.Verify(ctx)
-	}
-	if err != nil {
-		return archiveError(err)
 	}
 	how := "every block matches its checksum and decompresses"
 	if !r.Checksummed() {
