@@ -299,16 +299,30 @@ func (d *daemon) decideBase(ctx context.Context) (string, error) {
 		if mine == "" {
 			mine = st.Base
 		}
-		if latest.ID == mine {
+		if mine != "" && latest.ID == mine {
 			// Base + upper is LATEST: no download.
 			d.expect = latest.Pointer
 			return d.baseFile(ctx, st.Base, st.BaseSHA256)
 		}
-		// LATEST moved on; what the upper holds is in the store.
-		if err := d.clearUpper("published"); err != nil {
-			return "", err
+		// LATEST moved on. The upper layer is dropped only if the store
+		// still holds the snapshot it went into: an emptied prefix, a
+		// different --store or a pruned snapshot must not cost the only
+		// copy left.
+		stored := false
+		if mine != "" && latest.ID != "" {
+			if stored, err = d.cat.Has(ctx, mine); err != nil {
+				return "", fmt.Errorf("store %s: %w", st.Store, err)
+			}
 		}
-		st.LastPublished = ""
+		if stored {
+			if err := d.clearUpper("published"); err != nil {
+				return "", err
+			}
+			st.LastPublished = ""
+		} else {
+			d.log.Warn("the store does not hold the snapshot the local changes went into; treating them as unpublished", "snapshot", orNone(mine), "latest", orNone(latest.ID))
+			local = true
+		}
 	}
 	if local {
 		ours := st.LastPublished

@@ -72,6 +72,8 @@ type catalog interface {
 	// snapshot's archive instead of receiving them (anything wrong with
 	// that: a plain upload).
 	Publish(ctx context.Context, path string, meta publishMeta, expect string) (publishResult, error)
+	// Has reports whether the store holds snapshot id.
+	Has(ctx context.Context, id string) (bool, error)
 	// Prune applies retention: the newest keep snapshots stay.
 	Prune(ctx context.Context, keep int) error
 	// Lease acquires the writer lease of the prefix for holder, refusing

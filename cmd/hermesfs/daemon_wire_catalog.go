@@ -92,6 +92,15 @@ func (a *catalogAdapter) Publish(ctx context.Context, path string, meta publishM
 	return publishResult{snapshotInfo: snapshotInfo{ID: p.ID, Size: p.Size, SHA256: p.SHA256}, BytesUploaded: p.Sent, BytesCopied: p.Copied}, nil
 }
 
+func (a *catalogAdapter) Has(ctx context.Context, id string) (bool, error) {
+	_, err := a.c.Manifest(ctx, id)
+	var ce *uploader.CorruptError
+	if errors.As(err, &ce) {
+		return false, nil // missing or unreadable: not a copy to rely on
+	}
+	return err == nil, err
+}
+
 func (a *catalogAdapter) Prune(ctx context.Context, keep int) error {
 	_, err := a.c.Prune(ctx, keep)
 	return err

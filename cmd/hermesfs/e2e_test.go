@@ -1032,6 +1032,42 @@ func TestE2ECrashBeforeFirstLatest(t *testing.T) {
 	}
 }
 
+// After a clean stop that could not rebase, the upper layer holds changes
+// already published. Started against a store that does not hold that
+// snapshot (an emptied prefix, another --store), the daemon must publish
+// them again, not drop them as "published".
+func TestE2EPublishedUpperKeptForAnotherStore(t *testing.T) {
+	need(t, "/dev/fuse", "unsquashfs")
+	storeDir := e2eDir(t, "store")
+	mp := e2eDir(t, "home")
+	h := newHost(t, "file://"+storeDir)
+	d := h.mount(mp, "--interval", "0")
+	writeFile(t, filepath.Join(mp, "a"), "a", 0o644)
+	if c := d.stop(syscall.SIGTERM); c != 0 {
+		t.Fatalf("stop: %d\n%s", c, d.stderr)
+	}
+	// What a stop that could not rebase leaves: a clean, published state
+	// with the published change still in the upper layer.
+	st, err := readState(h.state)
+	if err != nil || !st.CleanShutdown || st.Unpublished {
+		t.Fatalf("state after a clean stop: %+v %v", st, err)
+	}
+	writeFile(t, filepath.Join(h.state, "upper", "b"), "b", 0o644)
+
+	other := e2eDir(t, "other-store")
+	h.store = "file://" + other
+	d2 := h.mount(mp, "--interval", "0")
+	if got := mustRead(t, filepath.Join(mp, "b")); got != "b" {
+		t.Errorf("b = %q", got)
+	}
+	if c := d2.stop(syscall.SIGTERM); c != 0 {
+		t.Fatalf("stop: %d\n%s", c, d2.stderr)
+	}
+	if got := mustRead(t, filepath.Join(unsquashLatest(t, other), "b")); got != "b" {
+		t.Errorf("b not published to the new store: %q", got)
+	}
+}
+
 // A host that changed nothing and stopped cleanly never blocks on a
 // conflict when another host published meanwhile.
 func TestE2EIdleHostRestart(t *testing.T) {
