@@ -418,7 +418,7 @@ func (d *daemon) seed(ctx context.Context) (string, error) {
 	defer os.Remove(tmp)
 	packTime := time.Since(t0)
 	t1 := time.Now()
-	pr, err := d.cat.Publish(ctx, tmp, publishMeta{Files: ps.Files, Host: d.host}, "")
+	pr, err := d.cat.Publish(ctx, tmp, publishMeta{Files: ps.Files, Host: d.host, SHA256: ps.SHA256, Size: ps.Size}, "")
 	if err != nil {
 		return "", fmt.Errorf("seed from %s: publish: %w", d.cfg.Mountpoint, err)
 	}

@@ -89,6 +89,10 @@ type publishMeta struct {
 	Parent string
 	Files  int64
 	Host   string
+	// SHA256 (hex) and Size of the archive as the packer wrote it, so
+	// that publishing does not read it again to hash it.
+	SHA256 string
+	Size   int64
 	// DeltaSource is the snapshot whose archive the archive was packed on,
 	// Copies the ranges the two share.
 	DeltaSource string

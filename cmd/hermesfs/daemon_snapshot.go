@@ -158,7 +158,7 @@ func (d *daemon) snapshotOnce(ctx context.Context, parent, expect string) (snaps
 	r.shared, r.garbage, r.packedOn, r.layout = ps.BytesCopied, ps.GarbageBytes, baseID, ps.BaseUse
 
 	t2 := time.Now()
-	meta := publishMeta{Parent: parent, Files: ps.Files, Host: d.host}
+	meta := publishMeta{Parent: parent, Files: ps.Files, Host: d.host, SHA256: ps.SHA256, Size: ps.Size}
 	if baseID != "" {
 		meta.DeltaSource, meta.Copies = baseID, ps.Copies
 	}
