@@ -196,7 +196,7 @@ func (d *daemon) boot(ctx context.Context) error {
 	if cfg.ReadOnly {
 		d.leaseState = "none"
 	} else {
-		d.lease, err = d.cat.Lease(ctx, "hermesfs mount "+cfg.Mountpoint)
+		d.lease, err = d.cat.Lease(ctx, d.leaseHolder())
 		if err != nil {
 			if errors.Is(err, errLeaseHeld) {
 				return withCode(exitConflict, fmt.Errorf("%w (use --read-only to mount the newest snapshot read-only)", err))
@@ -207,11 +207,11 @@ func (d *daemon) boot(ctx context.Context) error {
 	}
 
 	lower, err := d.decideBase(ctx)
-	for _, name := range []string{"next.sqfs", "seed.sqfs"} {
-		os.Remove(filepath.Join(d.sd.packDir(), name))
-	}
 	if err != nil {
 		return err
+	}
+	for _, name := range []string{"next.sqfs", "seed.sqfs"} {
+		os.Remove(filepath.Join(d.sd.packDir(), name))
 	}
 	d.ov, err = d.parts.mount(ctx, d, lower)
 	if err != nil {
@@ -340,6 +340,9 @@ func (d *daemon) decideBase(ctx context.Context) (string, error) {
 		switch {
 		case latest.ID == "" || latest.ID == st.Base || latest.ID == st.LastPublished || oursUnrecorded:
 			d.pending, d.expect = true, latest.Pointer
+			if oursUnrecorded {
+				st.LastPublished = latest.ID // the next snapshot's parent
+			}
 			d.log.Info("local changes found in the state dir; mounting them over their base and publishing them", "base", orNone(st.Base), "latest", orNone(latest.ID))
 			return d.baseFile(ctx, st.Base, st.BaseSHA256)
 		case cfg.OnConflict == "keep-local":
@@ -625,9 +628,6 @@ func (d *daemon) serve(ctx context.Context) error {
 				return // one is running; the next tick catches up
 			}
 			defer d.snapMu.Unlock()
-			if err := d.reacquireLease(d.bgCtx); err != nil {
-				d.log.Warn("the writer lease lapsed and cannot be taken again yet; not publishing", "err", err)
-			}
 			d.snapshotLocked(d.bgCtx, reason)
 		}()
 	}
@@ -709,9 +709,9 @@ func (d *daemon) stop(waitBg func()) shutdownResult {
 		// disk and the next start publishes it, if anything changed.
 		d.snapMu.Lock()
 		d.mu.Lock()
-		changed := d.pending || d.ov.Generation() != d.publishedGen
 		finalGen, res.FinalID = d.publishedGen, d.st.LastPublished
 		d.mu.Unlock()
+		changed := d.changedSincePublished()
 		d.snapMu.Unlock()
 		if changed {
 			res.Code, res.Error = exitUnsynced, "the mount went away before a final snapshot; local changes are kept in the state dir and published by the next start"
@@ -727,13 +727,6 @@ func (d *daemon) stop(waitBg func()) shutdownResult {
 		var err error
 		select {
 		case <-locked:
-			if err = d.reacquireLease(snapCtx); err != nil && !errors.Is(err, errLeaseHeld) {
-				// The store is still unreachable: what failed is the
-				// upload, not a conflict with another host.
-				err = fmt.Errorf("the writer lease lapsed while the store was unreachable and cannot be taken again: %v", err)
-				d.snapMu.Unlock()
-				break
-			}
 			r, err = d.snapshotLocked(snapCtx, "final")
 			// Writers that went on during the final snapshot (the agent
 			// was not stopped first): take what they wrote too, a couple
@@ -820,7 +813,7 @@ func (d *daemon) reacquireLease(ctx context.Context) error {
 	if !lost || d.cfg.ReadOnly {
 		return nil
 	}
-	l, err := d.cat.Lease(ctx, "hermesfs mount "+d.cfg.Mountpoint)
+	l, err := d.cat.Lease(ctx, d.leaseHolder())
 	if err != nil {
 		return err
 	}
@@ -835,6 +828,9 @@ func (d *daemon) reacquireLease(ctx context.Context) error {
 	sdNotify(d.e.getenv, "STATUS=lease taken again: publishing")
 	return nil
 }
+
+// leaseHolder names this daemon in the store's writer lease.
+func (d *daemon) leaseHolder() string { return "hermesfs mount " + d.cfg.Mountpoint }
 
 // changedSincePublished reports whether the tree changed after the freeze
 // of the last published snapshot (or holds changes from before this mount
@@ -851,7 +847,7 @@ func (d *daemon) packedHere(s snapshotInfo) bool {
 	if s.SHA256 == "" {
 		return false
 	}
-	for _, name := range []string{s.ID + ".sqfs", "next.sqfs", "seed.sqfs"} {
+	for _, name := range []string{s.ID + ".sqfs", "next.sqfs"} {
 		p := filepath.Join(d.sd.packDir(), name)
 		if fi, err := os.Stat(p); err != nil || fi.Size() != s.Size {
 			continue

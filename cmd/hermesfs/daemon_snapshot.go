@@ -25,6 +25,14 @@ func (d *daemon) snapshotLocked(ctx context.Context, reason string) (snapshotRes
 	if d.cfg.ReadOnly {
 		return snapshotResult{}, errors.New("read-only mount: it never publishes")
 	}
+	if err := d.reacquireLease(ctx); err != nil && !errors.Is(err, errLeaseHeld) {
+		// The store is still unreachable: what fails is the upload, not
+		// a conflict with another host (that is errLeaseHeld, below).
+		err = fmt.Errorf("snapshot (%s): the writer lease lapsed while the store was unreachable and cannot be taken again yet: %w", reason, err)
+		d.log.Warn("not publishing", "err", err)
+		d.setErr(err)
+		return snapshotResult{}, err
+	}
 	d.mu.Lock()
 	gen, lost := d.ov.Generation(), d.leaseState == "lost"
 	unchanged := gen == d.publishedGen && !d.pending
