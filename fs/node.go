@@ -54,7 +54,7 @@ type overlay struct {
 	// prefetching counts read-ahead goroutines (lowerread.go); Unmount
 	// waits for them, so none reads the lower layer after it returns.
 	prefetching sync.WaitGroup
-	closeOnce sync.Once
+	closeOnce   sync.Once
 
 	aliasOnce sync.Once
 	aliases   map[archive.Inode][]string // lower hard links: inode -> lower paths
