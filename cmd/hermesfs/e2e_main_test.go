@@ -429,6 +429,14 @@ func localLatest(t *testing.T, storeDir string) string {
 	return strings.TrimSpace(string(b))
 }
 
+// stopOK stops the daemon with SIGTERM and fails the test unless it exits 0.
+func (d *daemonProc) stopOK(t *testing.T) {
+	t.Helper()
+	if c := d.stop(syscall.SIGTERM); c != 0 {
+		t.Fatalf("stop: exit %d\n%s", c, d.stderr)
+	}
+}
+
 // unsquashLatest extracts the archive LATEST names in the local store at
 // storeDir with the standard tool.
 func unsquashLatest(t *testing.T, storeDir string) string {

@@ -422,9 +422,7 @@ func TestE2EKill9(t *testing.T) {
 	if localLatest(t, storeDir) == published {
 		t.Fatalf("the recovered changes were not published after ready:\n%s", d2.stderr)
 	}
-	if c := d2.stop(syscall.SIGTERM); c != 0 {
-		t.Fatalf("stop: %d\n%s", c, d2.stderr)
-	}
+	d2.stopOK(t)
 	mpC := e2eDir(t, "homeC")
 	c := newHost(t, store)
 	dc := c.mount(mpC)
@@ -554,9 +552,7 @@ func TestE2EStoreDownAtSigterm(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if c := d2.stop(syscall.SIGTERM); c != 0 {
-		t.Fatalf("stop: %d\n%s", c, d2.stderr)
-	}
+	d2.stopOK(t)
 	out := unsquashLatest(t, storeDir)
 	if got := mustRead(t, filepath.Join(out, "precious.txt")); got != "do not lose me" {
 		t.Errorf("published after the store came back: %q", got)
@@ -621,9 +617,7 @@ func TestE2EIntervalWithSQLiteWriter(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if c := d.stop(syscall.SIGTERM); c != 0 {
-		t.Fatalf("stop: %d\n%s", c, d.stderr)
-	}
+	d.stopOK(t)
 	snaps := localSnapshots(t, storeDir)
 	if len(snaps) < 5 {
 		t.Fatalf("only %d snapshots published:\n%s", len(snaps), d.stderr)
@@ -986,9 +980,7 @@ func TestE2ECrashAfterPublish(t *testing.T) {
 			t.Errorf("%s = %q", f, got)
 		}
 	}
-	if c := d2.stop(syscall.SIGTERM); c != 0 {
-		t.Fatalf("stop: %d\n%s", c, d2.stderr)
-	}
+	d2.stopOK(t)
 	out2 := unsquashLatest(t, storeDir)
 	if got := mustRead(t, filepath.Join(out2, "c")); got != "c" {
 		t.Errorf("c not published: %q", got)
@@ -1023,9 +1015,7 @@ func TestE2ECrashBeforeFirstLatest(t *testing.T) {
 	if got := mustRead(t, filepath.Join(mp, "a")); got != "a" {
 		t.Errorf("a = %q", got)
 	}
-	if c := d2.stop(syscall.SIGTERM); c != 0 {
-		t.Fatalf("stop: exit %d\n%s", c, d2.stderr)
-	}
+	d2.stopOK(t)
 	out := unsquashLatest(t, storeDir)
 	if got := mustRead(t, filepath.Join(out, "a")); got != "a" {
 		t.Errorf("a not published: %q", got)
@@ -1043,9 +1033,7 @@ func TestE2EPublishedUpperKeptForAnotherStore(t *testing.T) {
 	h := newHost(t, "file://"+storeDir)
 	d := h.mount(mp, "--interval", "0")
 	writeFile(t, filepath.Join(mp, "a"), "a", 0o644)
-	if c := d.stop(syscall.SIGTERM); c != 0 {
-		t.Fatalf("stop: %d\n%s", c, d.stderr)
-	}
+	d.stopOK(t)
 	// What a stop that could not rebase leaves: a clean, published state
 	// with the published change still in the upper layer.
 	st, err := readState(h.state)
@@ -1060,9 +1048,7 @@ func TestE2EPublishedUpperKeptForAnotherStore(t *testing.T) {
 	if got := mustRead(t, filepath.Join(mp, "b")); got != "b" {
 		t.Errorf("b = %q", got)
 	}
-	if c := d2.stop(syscall.SIGTERM); c != 0 {
-		t.Fatalf("stop: %d\n%s", c, d2.stderr)
-	}
+	d2.stopOK(t)
 	if got := mustRead(t, filepath.Join(unsquashLatest(t, other), "b")); got != "b" {
 		t.Errorf("b not published to the new store: %q", got)
 	}
@@ -1135,9 +1121,7 @@ func TestE2ES3DownAtSigterm(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if c := d2.stop(syscall.SIGTERM); c != 0 {
-		t.Fatalf("stop: %d\n%s", c, d2.stderr)
-	}
+	d2.stopOK(t)
 	mpB := e2eDir(t, "homeB")
 	b := newHost(t, url(srv.Endpoint))
 	db := b.mount(mpB)
