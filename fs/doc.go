@@ -101,16 +101,21 @@
 // FUSE passthrough where the kernel allows it (kernel >= 6.9 and
 // CAP_SYS_ADMIN; otherwise it is off, silently): for small files the page
 // cache kept across opens beats the two ioctls passthrough costs per open.
-// Directory listings are cached by the kernel, and entries and attributes
-// for an hour: every change goes through the kernel, which updates its
-// caches itself (a guarded commit, made behind its back, is announced). Writable
-// opens are always daemon-served so that the freeze sees and can hold every
-// write; that is also why the writeback cache is off. The kernel allows one
-// backing file per inode and, while an inode has a passthrough open, refuses
-// non-passthrough opens of it: an open arriving then is given passthrough
-// with FOPEN_DIRECT_IO, which sends read(2) and write(2) to the daemon
-// anyway (only mmap of such a handle reaches the file directly). The overlay
-// manages backing-file registration itself (passthrough.go). Locks (flock,
+// Writable opens of upper files of at most Options.PassthroughWriteMax
+// bytes use passthrough too, except while a view is open: the kernel
+// writes them without a round trip, and a freeze stops those writes with a
+// barrier and copies the files whole (ptwrite.go). Other writable opens
+// are daemon-served, so the freeze sees and can hold each write; the
+// writeback cache is off for the same reason. Directory listings are
+// cached by the kernel, and entries and attributes for an hour: every
+// change goes through the kernel, which updates its caches itself (a
+// guarded commit, made behind its back, is announced). The kernel allows
+// one backing file per inode and, while an inode has a passthrough open,
+// refuses non-passthrough opens of it: an open arriving then is given
+// passthrough with FOPEN_DIRECT_IO, which sends read(2) and write(2) to
+// the daemon anyway (only mmap of such a handle reaches the file
+// directly). The overlay manages backing-file registration itself
+// (passthrough.go). Locks (flock,
 // fcntl) are left to the kernel: correct on one host, and go-fuse's lock
 // operations hang. Xattrs are disabled (ENOTSUP); each write would otherwise
 // cost a getxattr round trip.
@@ -137,7 +142,10 @@
 // (beyond a budget, by a hard link in the work directory). Inodes the
 // overlay creates after the freeze are noted under the same hold of the
 // gate and cost nothing. Only atimes and ctimes are not kept: archives
-// hold neither.
+// hold neither. Files open for writing with passthrough cannot be copied
+// on write: Freeze stops their writes (a barrier in the kernel) before it
+// closes the gate and copies them whole into the view before letting the
+// writes go on (ptwrite.go).
 //
 // What nothing has changed, the view reads from the upper layer when it
 // first needs it, and keeps: a listing under View.capMu, a status under the

@@ -50,15 +50,26 @@ func (n *node) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, uint3
 				return nil, 0, errnoOf(err)
 			}
 			n.mu.Lock()
-			n.cachedOpens++
+			// Checked again under the lock copy-up holds: an open of
+			// the upper file may have chosen passthrough meanwhile,
+			// and the kernel refuses a cached open beside it (EIO).
+			lower := !n.upper.Load()
+			if lower {
+				n.cachedOpens++
+			}
 			n.mu.Unlock()
-			// No read-ahead at open: with the page cache kept across
-			// opens, a file read before is served without a READ, and
-			// decompressing it again would only take CPU from readers.
-			// The first READ starts the read-ahead.
-			h := &lowerFile{n: n, upperFd: -1, size: la.Size}
-			return h, fuse.FOPEN_KEEP_CACHE | fuse.FOPEN_NOFLUSH, 0
+			if lower {
+				// No read-ahead at open: with the page cache kept
+				// across opens, a file read before is served
+				// without a READ, and decompressing it again would
+				// only take CPU from readers. The first READ starts
+				// the read-ahead.
+				h := &lowerFile{n: n, upperFd: -1, size: la.Size}
+				return h, fuse.FOPEN_KEEP_CACHE | fuse.FOPEN_NOFLUSH, 0
+			}
 		}
+	}
+	if !n.upper.Load() {
 		if err := ov.copyUp(ctx, n, !trunc); err != nil {
 			ov.log.Warn("copy-up failed", "ino", n.ino, "err", err)
 			return nil, 0, errnoOf(err)
@@ -154,18 +165,29 @@ func (ov *overlay) newUpperHandle(ctx context.Context, n *node, fd int, writable
 	if st, err := statFd(fd); err == nil {
 		uino, size = st.ino, st.size
 	}
-	if size < ov.opts.PassthroughMinSize {
-		noPassthrough = true
-	}
 	h := &upperFile{n: n, fd: fd, uino: uino, writable: writable}
 	fc, _ := ctx.(*fuse.Context)
+	if fc != nil {
+		h.pid = fc.Caller.Pid
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if writable {
 		n.writers++
 	}
 	switch {
-	case fc != nil && !writable && !noPassthrough && ov.passthrough.Load() && n.cachedOpens == 0:
+	case fc != nil && writable && !noPassthrough && n.cachedOpens == 0 &&
+		(n.ptOpens == 0 || n.backingWritable) && ov.grantWrite(n, h, size):
+		// Writable passthrough (ptwrite.go): the kernel writes the
+		// upper file itself.
+		if n.ptOpens == 0 {
+			n.cacheStale = true
+		}
+		n.ptOpens++
+		h.mode = modePassthrough
+		ov.pendingPT.Store(fc.Cancel, h)
+		return h, fuse.FOPEN_NOFLUSH
+	case fc != nil && !writable && !noPassthrough && size >= ov.opts.PassthroughMinSize && ov.passthrough.Load() && n.cachedOpens == 0:
 		if n.ptOpens == 0 {
 			n.cacheStale = true
 		}
@@ -208,6 +230,8 @@ type upperFile struct {
 	writable bool
 	mode     ioMode // guarded by n.mu
 	attached bool   // holds a reference on n's backing file; guarded by n.mu
+	ptWrite  bool   // writable passthrough: the kernel writes the file (ptwrite.go)
+	pid      uint32 // the process (thread) that opened it
 }
 
 var (
@@ -303,6 +327,10 @@ func (h *upperFile) Release(ctx context.Context) syscall.Errno {
 		h.attached = false
 	}
 	n.mu.Unlock()
+	if h.ptWrite {
+		// Before the descriptor goes: the changes are noted through it.
+		h.n.ov.dropWrite(h)
+	}
 	unix.Close(h.fd)
 	return 0
 }

@@ -34,24 +34,57 @@ import (
 // the mutations take to keep, so nothing can change in between. The lower
 // layer is immutable and needs nothing.
 //
+// Files open for writing with passthrough are the exception: the kernel
+// writes them without the daemon, so they cannot be copied on write.
+// Freeze stops their writes first, and copies them whole into the view
+// before letting the writes go on (ptwrite.go); their writers wait for
+// that copy (View.WriteStall).
+//
 // Freeze honours ctx while it waits for mutations in flight.
 func (m *Mounted) Freeze(ctx context.Context) (*View, error) {
 	ov := m.ov
-	if err := ov.gate.freeze(ctx); err != nil {
+	ov.freezeMu.Lock()
+	defer ov.freezeMu.Unlock()
+	defer ov.resumePTWrites()
+	start := time.Now()
+	bs, err := m.stopPTWrites(ctx)
+	if err != nil {
 		return nil, fmt.Errorf("fs: freeze: %w", err)
 	}
-	start := time.Now()
+	if err := ov.gate.freeze(ctx); err != nil {
+		releaseBarriers(ov, bs)
+		return nil, fmt.Errorf("fs: freeze: %w", err)
+	}
+	closed := time.Now()
+	ov.notePTWrites()
 	v, err := ov.capture()
 	if err == nil {
 		ov.views.add(v)
 		ov.dirty.newEpoch(v.gen)
 	}
-	v.stall = time.Since(start)
+	v.stall = time.Since(closed)
 	ov.gate.thaw()
 	if err != nil {
+		releaseBarriers(ov, bs)
 		return nil, fmt.Errorf("fs: freeze: %w", err)
 	}
-	ov.log.Info("frozen", "generation", v.gen, "stall", v.stall)
+	var bytes int64
+	for _, b := range bs {
+		if err = v.preserve(b.uino, b.upperFd, 0, 1<<62); err != nil {
+			err = fmt.Errorf("fs: freeze: copy upper inode %d written through passthrough: %w", b.uino, err)
+			break
+		}
+		bytes += v.savedSize(b.uino)
+	}
+	releaseBarriers(ov, bs)
+	if len(bs) > 0 {
+		v.writeStall = time.Since(start)
+	}
+	if err != nil {
+		v.Close()
+		return nil, err
+	}
+	ov.log.Info("frozen", "generation", v.gen, "stall", v.stall, "passthrough_files", len(bs), "passthrough_bytes", bytes, "passthrough_stall", v.writeStall)
 	return v, nil
 }
 
@@ -301,6 +334,14 @@ func (v *View) preserve(uino uint64, fd int, off, end int64) error {
 	}
 	ci.mu.Lock()
 	defer ci.mu.Unlock()
+	if off == 0 && ci.nsavedBl == 0 && end == ci.st.size && end > 4*preserveBlock {
+		// A whole file (a freeze copying a file written through
+		// passthrough): copied by the kernel; what it could not copy
+		// is left to the loop below.
+		if err := v.copyWhole(ci, fd); err != nil {
+			return err
+		}
+	}
 	var buf []byte
 	rfd := -1
 	defer func() {
@@ -345,6 +386,45 @@ func (v *View) preserve(uino uint64, fd int, off, end int64) error {
 		ci.markSaved(b)
 	}
 	return nil
+}
+
+// copyWhole copies the frozen bytes of ci, open at fd, to its sidecar with
+// copy_file_range and marks the blocks copied. ci.mu is held. Descriptors
+// or file systems that cannot do it copy nothing and are no error.
+func (v *View) copyWhole(ci *capInode, fd int) error {
+	if ci.sidecar < 0 {
+		sc, err := unix.Openat(v.dirfd, "data-"+strconv.FormatUint(ci.uino, 10), unix.O_CREAT|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
+		if err != nil {
+			return fmt.Errorf("sidecar: %w", err)
+		}
+		ci.sidecar = sc
+	}
+	var done int64
+	for done < ci.st.size {
+		roff, woff := done, done
+		k, err := unix.CopyFileRange(fd, &roff, ci.sidecar, &woff, int(min(ci.st.size-done, 1<<30)), 0)
+		if err != nil || k == 0 {
+			break
+		}
+		done += int64(k)
+	}
+	for b := int64(0); (b+1)*preserveBlock <= done || (done == ci.st.size && b*preserveBlock < done); b++ {
+		ci.markSaved(b)
+	}
+	return nil
+}
+
+// savedSize is how many bytes of upper inode uino the view saved.
+func (v *View) savedSize(uino uint64) int64 {
+	v.capMu.RLock()
+	ci := v.inodes[uino]
+	v.capMu.RUnlock()
+	if ci == nil {
+		return 0
+	}
+	ci.mu.Lock()
+	defer ci.mu.Unlock()
+	return int64(ci.nsavedBl) * preserveBlock
 }
 
 // keepDir keeps the listing of upper directory dir (status st, open at fd)

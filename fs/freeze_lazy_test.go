@@ -68,8 +68,11 @@ func TestFreezeBornCostsNothing(t *testing.T) {
 	}
 	e.write("scratch", "x")
 	must(t, os.Remove(e.path("scratch")))
-	if v.pinFds != 1 {
-		t.Errorf("%d files pinned, want only the one that existed at the freeze", v.pinFds)
+	v.mu.Lock()
+	pinned := v.pinFds
+	v.mu.Unlock()
+	if pinned != 1 {
+		t.Errorf("%d files pinned, want only the one that existed at the freeze", pinned)
 	}
 	if b, err := v.Open("state.json"); err != nil {
 		t.Fatal(err)

@@ -3,6 +3,7 @@ package fs
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -27,6 +28,9 @@ const helperEnv = "HERMESFS_FS_HELPER"
 func runHelper(h string) int {
 	if h == "hold" {
 		return holdFile(os.Getenv("HELPER_FILE"))
+	}
+	if h == "stamp" {
+		return stampFiles(os.Getenv("HELPER_A"), os.Getenv("HELPER_B"))
 	}
 	mnt, upper, img := os.Getenv("HELPER_MNT"), os.Getenv("HELPER_UPPER"), os.Getenv("HELPER_LOWER")
 	opts := Options{Upper: upper, ReadOnly: os.Getenv("HELPER_RO") == "1"}
@@ -118,6 +122,36 @@ func holdFile(path string) int {
 		fmt.Println("read:", err)
 	}
 	return 0
+}
+
+// stampFiles opens files a and b for writing, says so, and until killed
+// stamps a counter into the first 8 bytes of a, then of b, then into a
+// block of a further on (ptwrite_test.go).
+func stampFiles(a, b string) int {
+	fa, err := os.OpenFile(a, os.O_RDWR, 0)
+	if err != nil {
+		fmt.Println("error:", err)
+		return 1
+	}
+	fb, err := os.OpenFile(b, os.O_RDWR, 0)
+	if err != nil {
+		fmt.Println("error:", err)
+		return 1
+	}
+	fmt.Println("open")
+	buf := make([]byte, 4096)
+	for i := uint64(1); ; i++ {
+		binary.LittleEndian.PutUint64(buf, i)
+		for _, w := range []struct {
+			f   *os.File
+			off int64
+		}{{fa, 0}, {fb, 0}, {fa, int64(1+i%1023) * 4096}} {
+			if _, err := w.f.WriteAt(buf, w.off); err != nil {
+				fmt.Println("error:", err)
+				return 1
+			}
+		}
+	}
 }
 
 // unprivChecks is the basic I/O an unprivileged mount must serve.

@@ -353,13 +353,17 @@ func (m *Mounted) Wait() { <-m.done }
 
 // Generation increases with every mutation. Equal generations mean nothing
 // changed in between.
-func (m *Mounted) Generation() uint64 { return m.ov.gen.Load() }
+func (m *Mounted) Generation() uint64 {
+	m.ov.notePTWrites()
+	return m.ov.gen.Load()
+}
 
 // Dirty returns the number of objects changed after generation since and
 // the bytes written to them. It is exact when since is the generation of a
 // View (the latest snapshot) and an overestimate otherwise (see
 // dirtyTracker).
 func (m *Mounted) Dirty(since uint64) (files int, bytes int64) {
+	m.ov.notePTWrites()
 	return m.ov.dirty.dirty(since)
 }
 

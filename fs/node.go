@@ -49,6 +49,11 @@ type overlay struct {
 	// pendingPT links a passthrough handle made by Open to its OPEN reply,
 	// keyed by the request's cancel channel (passthrough.go).
 	pendingPT sync.Map
+	// ptw tracks writable passthrough handles, barriers the freezes
+	// holding their writes, freezeMu serialises freezes (ptwrite.go).
+	ptw      ptWriters
+	barriers sync.Map // *node -> *barrier
+	freezeMu sync.Mutex
 
 	unmounted atomic.Bool
 	// prefetching counts read-ahead goroutines (lowerread.go); Unmount
@@ -106,6 +111,9 @@ type node struct {
 	// passthrough, held by backingRefs open handles; 0 if none.
 	backingID   int32
 	backingRefs int
+	// backingWritable: the backing file was registered from a writable
+	// descriptor, so passthrough handles may write through it.
+	backingWritable bool
 }
 
 var (

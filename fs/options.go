@@ -111,16 +111,27 @@ type Options struct {
 	NegativeTimeout time.Duration
 
 	// NoPassthrough turns FUSE passthrough off. By default read-only opens
-	// of upper-layer files are served by the kernel straight from the
-	// upper file where the kernel allows it (kernel >= 6.9, a daemon with
-	// CAP_SYS_ADMIN), and by the daemon otherwise.
+	// of upper-layer files (PassthroughMinSize) and writable opens of
+	// smaller ones (PassthroughWriteMax) are served by the kernel straight
+	// from the upper file where the kernel allows it (kernel >= 6.9, a
+	// daemon with CAP_SYS_ADMIN), and by the daemon otherwise.
 	NoPassthrough bool
 
-	// PassthroughMinSize is the smallest upper file opened with
+	// PassthroughMinSize is the smallest upper file opened read-only with
 	// passthrough. Below it, the page cache of a daemon-served open is
 	// faster: passthrough costs two ioctls per open and bypasses the
 	// cache the kernel keeps across opens. Default 1 MiB.
 	PassthroughMinSize int64
+
+	// PassthroughWriteMax is the largest upper file opened for writing
+	// with passthrough (where passthrough is on): the kernel then writes
+	// it without a round trip to the daemon. Each freeze stops those
+	// files' writes and copies them whole into the view (ptwrite.go), so
+	// this bounds what a freeze copies per file opened (a file may grow
+	// while open). Larger files are
+	// written through the daemon, which saves only the blocks a write
+	// changes. Default 32 MiB; negative turns writable passthrough off.
+	PassthroughWriteMax int64
 
 	// GuardMaxBytes caps the content of a guarded file handed to
 	// Guard.Check: a larger new content is rejected with EFBIG without
@@ -146,6 +157,7 @@ const (
 	defaultGuardMaxBytes  = 4 << 20
 	defaultMaxWrite       = 1 << 20
 	defaultPassthroughMin = 1 << 20
+	defaultPassthroughMax = 32 << 20
 	defaultReadAhead      = 1 << 20
 )
 
@@ -167,6 +179,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.PassthroughMinSize == 0 {
 		o.PassthroughMinSize = defaultPassthroughMin
+	}
+	if o.PassthroughWriteMax == 0 {
+		o.PassthroughWriteMax = defaultPassthroughMax
 	}
 	if o.MaxWrite == 0 {
 		o.MaxWrite = defaultMaxWrite

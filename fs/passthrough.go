@@ -30,10 +30,29 @@ type rawFS struct {
 
 func (r *rawFS) Open(cancel <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.Status {
 	st := r.RawFileSystem.Open(cancel, in, out)
-	if v, ok := r.ov.pendingPT.LoadAndDelete(cancel); ok && st == fuse.OK {
-		r.ov.attachBacking(v.(*upperFile), out)
-	}
+	r.attach(cancel, st, out)
 	return st
+}
+
+// Create attaches the backing file of a file created and opened for
+// writing with passthrough.
+func (r *rawFS) Create(cancel <-chan struct{}, in *fuse.CreateIn, name string, out *fuse.CreateOut) fuse.Status {
+	st := r.RawFileSystem.Create(cancel, in, name, out)
+	r.attach(cancel, st, &out.OpenOut)
+	return st
+}
+
+func (r *rawFS) attach(cancel <-chan struct{}, st fuse.Status, out *fuse.OpenOut) {
+	v, ok := r.ov.pendingPT.LoadAndDelete(cancel)
+	if !ok {
+		return
+	}
+	h := v.(*upperFile)
+	if st == fuse.OK {
+		r.ov.attachBacking(h, out)
+	} else if h.ptWrite {
+		r.ov.dropWrite(h)
+	}
 }
 
 // attachBacking gives handle h (a passthrough handle) a reference on its
@@ -56,9 +75,14 @@ func (ov *overlay) attachBacking(h *upperFile, out *fuse.OpenOut) {
 			n.cachedOpens++
 			h.mode = modeCached
 			out.OpenFlags &^= fuse.FOPEN_DIRECT_IO
+			if h.ptWrite {
+				ov.dropWrite(h)
+				h.ptWrite = false
+			}
 			return
 		}
 		n.backingID = id
+		n.backingWritable = h.writable
 	}
 	n.backingRefs++
 	h.attached = true
@@ -75,5 +99,6 @@ func (ov *overlay) detachBacking(n *node) {
 			ov.log.Warn("unregister backing file", "err", errno)
 		}
 		n.backingID = 0
+		n.backingWritable = false
 	}
 }

@@ -15,6 +15,10 @@ import (
 // content instead.
 func (n *node) Setattr(ctx context.Context, f fusefs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	ov := n.ov
+	if ov.holdBarrier(n, in) {
+		// A freeze's barrier (ptwrite.go): nothing to change.
+		return n.stat(f, &out.Attr)
+	}
 	if ov.opts.ReadOnly && in.Valid&(fuse.FATTR_MODE|fuse.FATTR_UID|fuse.FATTR_GID|fuse.FATTR_SIZE|fuse.FATTR_ATIME|fuse.FATTR_MTIME) != 0 {
 		return syscall.EROFS
 	}

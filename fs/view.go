@@ -29,12 +29,13 @@ import (
 // A View may be read from many goroutines at once. It holds resources in
 // the upper layer's work directory until Close.
 type View struct {
-	ov    *overlay
-	gen   uint64
-	stall time.Duration
-	lower Lower
-	inos  map[uint64]inoRec
-	root  *ventry // the upper root
+	ov         *overlay
+	gen        uint64
+	stall      time.Duration
+	writeStall time.Duration
+	lower      Lower
+	inos       map[uint64]inoRec
+	root       *ventry // the upper root
 
 	// capMu guards the maps below. A view reads an upper directory
 	// nothing has changed since the freeze holding it exclusively, and a
@@ -106,6 +107,11 @@ func (v *View) Generation() uint64 { return v.gen }
 // Stall is how long mutations were blocked while the view was captured
 // (not counting the wait for mutations already in flight).
 func (v *View) Stall() time.Duration { return v.stall }
+
+// WriteStall is how long the writes of files open for writing with
+// passthrough were stopped while Freeze copied them (0 if there were
+// none); it includes Stall.
+func (v *View) WriteStall() time.Duration { return v.writeStall }
 
 // Close releases the view: saved blocks, pins, descriptors. The mount
 // stops saving frozen bytes for it. Files opened from the view must not be
