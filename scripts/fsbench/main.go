@@ -50,12 +50,13 @@ func main() {
 	entries := flag.Int("entries", 50000, "upper entries for the last freeze-stall measurement (group entries)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the workloads (and the overlay serving them) to this file")
 	image := flag.String("image", "", "the packed lower layer: reused if it exists, else packed there (default: packed anew in -work)")
+	ptwMiB := flag.Int("ptwrite-max", 0, "the overlay's PassthroughWriteMax in MiB (0: its default; -1: no writable passthrough)")
 	flag.Parse()
 	if *home == "" || *work == "" {
 		flag.Usage()
 		os.Exit(2)
 	}
-	b := &bench{home: *home, work: *work, runs: *runs, bigMiB: *bigMiB, entries: *entries, groups: map[string]bool{}}
+	b := &bench{home: *home, work: *work, runs: *runs, bigMiB: *bigMiB, entries: *entries, groups: map[string]bool{}, ptwMax: int64(*ptwMiB) << 20}
 	for _, g := range strings.Split(*only, ",") {
 		if g = strings.TrimSpace(g); g == "" {
 			continue
@@ -88,6 +89,7 @@ type bench struct {
 	entries    int
 	groups     map[string]bool
 	profile    string // CPU profile of the workloads
+	ptwMax     int64  // fs.Options.PassthroughWriteMax
 	img        string // the lower layer in use
 	image      string // packed lower layer to reuse
 	lowerFile  *os.File
@@ -221,6 +223,9 @@ func (b *bench) run() error {
 		b.warm("4 KiB random writes+fdatasync (2k)", "<= 1.3", func(root string) error {
 			return randomWrites(filepath.Join(root, dbRel), 2000, true)
 		}, b.native, b.mnt)
+		if err := b.freezeWithWriter(dbRel); err != nil {
+			return err
+		}
 	}
 
 	// The stall of the first write into the big lower file.
@@ -317,7 +322,7 @@ func (b *bench) mount(img string, noPT bool) error {
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	m, err := fs.Mount(context.Background(), b.mnt, fs.Options{Upper: b.upper, Lower: r, Logger: log, NoPassthrough: noPT})
+	m, err := fs.Mount(context.Background(), b.mnt, fs.Options{Upper: b.upper, Lower: r, Logger: log, NoPassthrough: noPT, PassthroughWriteMax: b.ptwMax})
 	if err != nil {
 		return err
 	}
@@ -708,6 +713,36 @@ func readFile(p string) error {
 // freezeStall dirties mib MiB in fresh upper files, then freezes while a
 // writer keeps writing: it reports how long Freeze took, how long the gate
 // was closed, and the longest a single 4 KiB write waited.
+// freezeWithWriter measures a freeze while rel, just written, is open for
+// writing: written through passthrough (within -ptwrite-max), the freeze
+// stops its writes and copies it whole; written through the daemon, it
+// costs the freeze nothing.
+func (b *bench) freezeWithWriter(rel string) error {
+	f, err := os.OpenFile(filepath.Join(b.mnt, rel), os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if _, err := f.WriteAt(make([]byte, 4096), st.Size()/2); err != nil {
+		return err
+	}
+	v, err := b.m.Freeze(context.Background())
+	if err != nil {
+		return err
+	}
+	defer v.Close()
+	how := "written through the daemon: nothing copied"
+	if v.WriteStall() > 0 {
+		how = fmt.Sprintf("written through passthrough: its writes stopped %s while copied", v.WriteStall().Round(time.Millisecond))
+	}
+	fmt.Printf("%-44s %12s %12s %7s  %s\n", fmt.Sprintf("freeze, %s (%.0f MiB) open for writing", filepath.Base(rel), float64(st.Size())/(1<<20)), "-", dur(max(v.Stall(), v.WriteStall())), "-", "info ("+how+"; gate closed "+dur(v.Stall())+")")
+	return nil
+}
+
 func (b *bench) freezeStall(mib int) error {
 	dir := filepath.Join(b.mnt, fmt.Sprintf("dirty-%d", mib))
 	os.MkdirAll(dir, 0o755)
