@@ -62,6 +62,13 @@ type mountConfig struct {
 	MemoryLimit int
 	UserLimit   int
 
+	// WritePassthroughMax is the largest file opened for writing with
+	// FUSE passthrough (root, Linux >= 6.9): a size such as 32M, or 0 for
+	// none. Each snapshot stops such files' writes for as long as it takes
+	// to copy them (fs.Options.PassthroughWriteMax).
+	WritePassthroughMax string
+	writePTMax          int64 // parsed by validate; -1 for none
+
 	// Debug logs every FUSE request.
 	Debug bool
 
@@ -80,6 +87,8 @@ func newMountConfig() *mountConfig {
 		LogLevel:    "info",
 		MemoryLimit: 2200,
 		UserLimit:   1375,
+
+		WritePassthroughMax: "32M",
 	}
 }
 
@@ -91,6 +100,8 @@ var envFlags = map[string]string{
 	"HERMESFS_STOP_TIMEOUT": "stop-timeout",
 	"HERMESFS_LOG_FORMAT":   "log-format",
 	"HERMESFS_LOG_LEVEL":    "log-level",
+
+	"HERMESFS_WRITE_PASSTHROUGH_MAX": "write-passthrough-max",
 }
 
 // addFlags declares c's flags on fs, with c's current values as defaults.
@@ -109,6 +120,7 @@ func (c *mountConfig) addFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log level: debug, info, warn or error (env HERMESFS_LOG_LEVEL)")
 	fs.IntVar(&c.MemoryLimit, "memory-limit", c.MemoryLimit, "character limit of memories/MEMORY.md when config.yaml sets none")
 	fs.IntVar(&c.UserLimit, "user-limit", c.UserLimit, "character limit of memories/USER.md when config.yaml sets none")
+	fs.StringVar(&c.WritePassthroughMax, "write-passthrough-max", c.WritePassthroughMax, "largest file written by the kernel straight to local disk (FUSE passthrough; root, Linux >= 6.9), e.g. 32M; 0 for none. Larger files are written through the daemon. Each snapshot stops such files' writes while it copies them (env HERMESFS_WRITE_PASSTHROUGH_MAX)")
 	fs.BoolVar(&c.Debug, "debug", c.Debug, "log every FUSE request")
 }
 
@@ -158,6 +170,11 @@ func (c *mountConfig) validate() error {
 	}
 	if c.MemoryLimit < 1 || c.UserLimit < 1 {
 		return usageError("--memory-limit and --user-limit must be positive")
+	}
+	if v := strings.TrimSpace(c.WritePassthroughMax); v == "0" {
+		c.writePTMax = -1
+	} else if c.writePTMax, err = parseSize(v); err != nil {
+		return usageError("--write-passthrough-max: %v", err)
 	}
 	if _, err := parseLevel(c.LogLevel); err != nil {
 		return usageError("--log-level: %v", err)

@@ -92,6 +92,8 @@ func TestMountConfigEnvAndValidate(t *testing.T) {
 		func(c *mountConfig) { c.StateDir = c.Mountpoint + "/state" },
 		func(c *mountConfig) { c.LogFormat = "xml" },
 		func(c *mountConfig) { c.Mountpoint = "" },
+		func(c *mountConfig) { c.WritePassthroughMax = "-5M" },
+		func(c *mountConfig) { c.WritePassthroughMax = "lots" },
 	} {
 		c := newMountConfig()
 		c.Mountpoint = "/m"
@@ -100,6 +102,17 @@ func TestMountConfigEnvAndValidate(t *testing.T) {
 		var xe *exitError
 		if !errors.As(err, &xe) || xe.code != exitUsage {
 			t.Errorf("config %+v: want a usage error, got %v", c, err)
+		}
+	}
+}
+
+func TestWritePassthroughMaxFlag(t *testing.T) {
+	for in, want := range map[string]int64{"32M": 32 << 20, "0": -1, "1G": 1 << 30, "4096": 4096, "128KiB": 128 << 10} {
+		c := newMountConfig()
+		c.Mountpoint = "/m"
+		c.WritePassthroughMax = in
+		if err := c.validate(); err != nil || c.writePTMax != want {
+			t.Errorf("--write-passthrough-max %s: %d, %v; want %d", in, c.writePTMax, err, want)
 		}
 	}
 }

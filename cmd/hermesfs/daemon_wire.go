@@ -190,6 +190,8 @@ func (realParts) mount(ctx context.Context, d *daemon, lowerPath string) (overla
 		ReadOnly: d.cfg.ReadOnly,
 		Logger:   d.root.With("component", "fs"),
 		Debug:    d.cfg.Debug,
+
+		PassthroughWriteMax: d.cfg.writePTMax,
 	}
 	m, err := fs.Mount(ctx, d.cfg.Mountpoint, opts)
 	if err != nil {

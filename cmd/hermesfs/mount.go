@@ -44,8 +44,8 @@ $XDG_STATE_HOME/hermesfs/<mountpoint> (~/.local/state/...) otherwise;
 interval 15m; keep 10 snapshots.
 
 Environment: HERMESFS_STORE, HERMESFS_STATE_DIR, HERMESFS_INTERVAL,
-HERMESFS_KEEP, HERMESFS_STOP_TIMEOUT, HERMESFS_LOG_FORMAT, HERMESFS_LOG_LEVEL
-(a flag on the command line wins), plus the AWS variables for S3
+HERMESFS_KEEP, HERMESFS_STOP_TIMEOUT, HERMESFS_LOG_FORMAT, HERMESFS_LOG_LEVEL,
+HERMESFS_WRITE_PASSTHROUGH_MAX (a flag on the command line wins), plus the AWS variables for S3
 (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL_S3).
 
 Examples:
