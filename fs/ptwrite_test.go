@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"fmt"
 	iofs "io/fs"
 	"os"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -328,4 +331,36 @@ func TestPassthroughWriteFreezeShadowed(t *testing.T) {
 		t.Errorf("view: %q", got)
 	}
 	must(t, unix.Unmount(e.mnt, 0))
+}
+
+// TestPassthroughOpenRacesCopyUp: a read-only open of a lower file racing
+// with a writable open that copies it up must not be given a cached handle
+// beside the writer's passthrough one (the kernel fails the later open with
+// EIO).
+func TestPassthroughOpenRacesCopyUp(t *testing.T) {
+	const files = 200
+	lower, _ := packLower(t, func(dir string) {
+		for i := 0; i < files; i++ {
+			must(t, os.WriteFile(filepath.Join(dir, fmt.Sprintf("f%03d", i)), []byte("lower"), 0o644))
+		}
+	})
+	e := mountEnv(t, lower, Options{})
+	needPassthrough(t, e)
+	for i := 0; i < files; i++ {
+		p := e.path(fmt.Sprintf("f%03d", i))
+		var wg sync.WaitGroup
+		var werr, rerr error
+		var w, r *os.File
+		wg.Go(func() { w, werr = os.OpenFile(p, os.O_RDWR, 0) })
+		wg.Go(func() { r, rerr = os.Open(p) })
+		wg.Wait()
+		for _, f := range []*os.File{w, r} {
+			if f != nil {
+				f.Close()
+			}
+		}
+		if werr != nil || rerr != nil {
+			t.Fatalf("%s: writable open: %v; read-only open: %v", p, werr, rerr)
+		}
+	}
 }
