@@ -128,6 +128,13 @@ func Mount(ctx context.Context, mountpoint string, opts Options) (*Mounted, erro
 	}
 	if !opts.NoPassthrough && ov.u.privileged && server.KernelSettings().Flags64()&fuse.CAP_PASSTHROUGH != 0 {
 		ov.passthrough.Store(true)
+		if !opts.ReadOnly && opts.PassthroughWriteMax > 0 {
+			if err := ptBarrierHolds(filepath.Join(opts.Upper, workDirName)); err != nil {
+				ov.log.Warn("writes go through the daemon: the kernel's stop for passthrough writes could not be verified", "err", err)
+			} else {
+				ov.ptWriteOK.Store(true)
+			}
+		}
 	}
 	ov.log.Info("mounted", "mountpoint", mountpoint, "upper", opts.Upper, "lower", ov.lower != nil, "passthrough", ov.passthrough.Load(), "read_only", opts.ReadOnly)
 	return m, nil
@@ -187,6 +194,11 @@ func newOverlay(opts Options) (*overlay, error) {
 			return fail("list work directory", err)
 		}
 		for _, n := range names {
+			if strings.HasPrefix(n, ptCheckPrefix) {
+				// A barrier check's mount left by a daemon killed
+				// in the middle of it.
+				unix.Unmount("/proc/self/fd/"+strconv.Itoa(u.work)+"/"+n+"/mnt", unix.MNT_DETACH)
+			}
 			if err := removeAllAt(u.work, n); err != nil {
 				return fail("clean work directory", err)
 			}

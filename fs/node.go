@@ -51,9 +51,10 @@ type overlay struct {
 	pendingPT sync.Map
 	// ptw tracks writable passthrough handles, barriers the freezes
 	// holding their writes, freezeMu serialises freezes (ptwrite.go).
-	ptw      ptWriters
-	barriers sync.Map // *node -> *barrier
-	freezeMu sync.Mutex
+	ptw       ptWriters
+	ptWriteOK atomic.Bool // the barrier was verified (ptcheck.go)
+	barriers  sync.Map    // *node -> *barrier
+	freezeMu  sync.Mutex
 
 	unmounted atomic.Bool
 	// prefetching counts read-ahead goroutines (lowerread.go); Unmount

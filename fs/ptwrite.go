@@ -35,7 +35,10 @@ import (
 //     that has it open) and changes its mode to the mode it has; the
 //     overlay holds that SETATTR until the file is copied, so no write of
 //     it is in progress or can start, then answers it without changing
-//     anything. No new writable passthrough is granted while a
+//     anything. The two kernel behaviours this rests on are tried once
+//     per process before the first grant (ptcheck.go); where they do not
+//     hold, writable opens stay daemon-served. No new writable
+//     passthrough is granted while a
 //     view is open or a freeze is under way: those opens are served by the
 //     daemon as before (passthrough with direct I/O when the inode already
 //     has passthrough handles).
@@ -83,7 +86,7 @@ type ptwRec struct {
 // caller has checked the kernel's constraints (no cached opens of n; a
 // backing file, if n has one, open for writing).
 func (ov *overlay) grantWrite(n *node, h *upperFile, size int64) bool {
-	if !ov.passthrough.Load() || ov.opts.PassthroughWriteMax <= 0 || size > ov.opts.PassthroughWriteMax {
+	if !ov.passthrough.Load() || !ov.ptWriteOK.Load() || ov.opts.PassthroughWriteMax <= 0 || size > ov.opts.PassthroughWriteMax {
 		return false
 	}
 	p := &ov.ptw

@@ -8,6 +8,7 @@ import (
 	iofs "io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -362,5 +363,36 @@ func TestPassthroughOpenRacesCopyUp(t *testing.T) {
 		if werr != nil || rerr != nil {
 			t.Fatalf("%s: writable open: %v; read-only open: %v", p, werr, rerr)
 		}
+	}
+}
+
+// TestPTBarrierCheck: the kernel check behind writable passthrough passes
+// here, leaves no mount behind, and a check mount left by a killed daemon
+// is cleared at the next mount.
+func TestPTBarrierCheck(t *testing.T) {
+	e := mountEnv(t, nil, Options{})
+	needPassthrough(t, e)
+	if !e.m.ov.ptWriteOK.Load() {
+		t.Fatalf("barrier check failed: %v", ptCheck.err)
+	}
+	work := filepath.Join(e.upper, workDirName)
+	if err := checkPTBarrier(work); err != nil {
+		t.Fatalf("check again: %v", err)
+	}
+	if ms := mountsUnder(work); len(ms) != 0 {
+		t.Fatalf("check mounts left: %v", ms)
+	}
+	if _, err := os.Stat(filepath.Join(work, ptCheckPrefix+strconv.Itoa(os.Getpid()))); !os.IsNotExist(err) {
+		t.Errorf("check directory left: %v", err)
+	}
+	// A leftover: a mounted check directory in the work directory.
+	e.unmount()
+	left := filepath.Join(work, ptCheckPrefix+"1", "mnt")
+	must(t, os.MkdirAll(left, 0o700))
+	must(t, unix.Mount("leftover", left, "tmpfs", 0, "size=1m"))
+	t.Cleanup(func() { unix.Unmount(left, unix.MNT_DETACH) })
+	e.mount()
+	if ms := mountsUnder(work); len(ms) != 0 {
+		t.Errorf("leftover check mount not cleared: %v", ms)
 	}
 }
