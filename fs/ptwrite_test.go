@@ -376,9 +376,11 @@ func TestPTBarrierCheck(t *testing.T) {
 		t.Fatalf("barrier check failed: %v", ptCheck.err)
 	}
 	work := filepath.Join(e.upper, workDirName)
+	t0 := time.Now()
 	if err := checkPTBarrier(work); err != nil {
 		t.Fatalf("check again: %v", err)
 	}
+	t.Logf("the check took %v", time.Since(t0))
 	if ms := mountsUnder(work); len(ms) != 0 {
 		t.Fatalf("check mounts left: %v", ms)
 	}
