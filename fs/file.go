@@ -160,12 +160,12 @@ func (ov *overlay) truncateGated(fd int, size int64) syscall.Errno {
 // layer once go-fuse has registered the handle (passthrough.go); ctx
 // carries the request identity that links the two.
 func (ov *overlay) newUpperHandle(ctx context.Context, n *node, fd int, writable, noPassthrough bool) (fusefs.FileHandle, uint32) {
-	var uino uint64
-	var size int64
-	if st, err := statFd(fd); err == nil {
-		uino, size = st.ino, st.size
+	st, err := statFd(fd)
+	if err != nil {
+		// No passthrough without the file's status; the handle works.
+		noPassthrough = true
 	}
-	h := &upperFile{n: n, fd: fd, uino: uino, writable: writable}
+	h := &upperFile{n: n, fd: fd, uino: st.ino, writable: writable}
 	fc, _ := ctx.(*fuse.Context)
 	if fc != nil {
 		h.pid = fc.Caller.Pid
@@ -177,7 +177,7 @@ func (ov *overlay) newUpperHandle(ctx context.Context, n *node, fd int, writable
 	}
 	switch {
 	case fc != nil && writable && !noPassthrough && n.cachedOpens == 0 &&
-		(n.ptOpens == 0 || n.backingWritable) && ov.grantWrite(n, h, size):
+		(n.ptOpens == 0 || n.backingWritable) && ov.grantWrite(n, h, &st):
 		// Writable passthrough (ptwrite.go): the kernel writes the
 		// upper file itself.
 		if n.ptOpens == 0 {
@@ -187,7 +187,7 @@ func (ov *overlay) newUpperHandle(ctx context.Context, n *node, fd int, writable
 		h.mode = modePassthrough
 		ov.pendingPT.Store(fc.Cancel, h)
 		return h, fuse.FOPEN_NOFLUSH
-	case fc != nil && !writable && !noPassthrough && size >= ov.opts.PassthroughMinSize && ov.passthrough.Load() && n.cachedOpens == 0:
+	case fc != nil && !writable && !noPassthrough && st.size >= ov.opts.PassthroughMinSize && ov.passthrough.Load() && n.cachedOpens == 0:
 		if n.ptOpens == 0 {
 			n.cacheStale = true
 		}

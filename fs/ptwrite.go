@@ -81,12 +81,12 @@ type ptwRec struct {
 	recent  bool // noted within ptRecent of ctime: trust no equality next time
 }
 
-// grantWrite reports whether writable handle h of n, an upper file of size
-// bytes, may use passthrough, and if so records it. n.mu is held; the
+// grantWrite reports whether writable handle h of n, whose upper file has
+// status st, may use passthrough, and if so records it. n.mu is held; the
 // caller has checked the kernel's constraints (no cached opens of n; a
 // backing file, if n has one, open for writing).
-func (ov *overlay) grantWrite(n *node, h *upperFile, size int64) bool {
-	if !ov.passthrough.Load() || !ov.ptWriteOK.Load() || ov.opts.PassthroughWriteMax <= 0 || size > ov.opts.PassthroughWriteMax {
+func (ov *overlay) grantWrite(n *node, h *upperFile, st *ustat) bool {
+	if !ov.passthrough.Load() || !ov.ptWriteOK.Load() || ov.opts.PassthroughWriteMax <= 0 || st.size > ov.opts.PassthroughWriteMax {
 		return false
 	}
 	p := &ov.ptw
@@ -95,17 +95,13 @@ func (ov *overlay) grantWrite(n *node, h *upperFile, size int64) bool {
 	if p.freezing > 0 || ov.views.active() {
 		return false
 	}
-	st, err := statFd(h.fd)
-	if err != nil {
-		return false
-	}
 	if p.nodes == nil {
 		p.nodes = map[*node]*ptwRec{}
 	}
 	r := p.nodes[n]
 	if r == nil {
 		r = &ptwRec{}
-		r.set(&st, time.Now())
+		r.set(st, time.Now())
 		p.nodes[n] = r
 	}
 	r.handles = append(r.handles, h)

@@ -60,6 +60,20 @@ func (e *env) waitReleased(rel string) {
 	}
 }
 
+// ptWriter writes content to rel and opens it for writing, which must be
+// given passthrough; it is closed at cleanup.
+func (e *env) ptWriter(rel, content string) *os.File {
+	e.t.Helper()
+	e.write(rel, content)
+	f, err := os.OpenFile(e.path(rel), os.O_RDWR, 0)
+	must(e.t, err)
+	e.t.Cleanup(func() { f.Close() })
+	if !e.ptWritable(rel) {
+		e.t.Fatalf("%s: no writable passthrough", rel)
+	}
+	return f
+}
+
 func needPassthrough(t *testing.T, e *env) {
 	t.Helper()
 	if !e.m.Passthrough() {
@@ -156,13 +170,7 @@ func TestPassthroughWriteFreezeConsistent(t *testing.T) {
 func TestPassthroughWriteGeneration(t *testing.T) {
 	e := mountEnv(t, nil, Options{})
 	needPassthrough(t, e)
-	e.write("f", "0123456789")
-	f, err := os.OpenFile(e.path("f"), os.O_RDWR, 0)
-	must(t, err)
-	defer f.Close()
-	if !e.ptWritable("f") {
-		t.Fatal("no writable passthrough")
-	}
+	f := e.ptWriter("f", "0123456789")
 	settle := func() uint64 {
 		time.Sleep(2 * ptRecent)
 		e.m.Generation()
@@ -251,14 +259,8 @@ func TestPassthroughWriteFreezeEdges(t *testing.T) {
 	e := mountEnv(t, nil, Options{})
 	needPassthrough(t, e)
 	must(t, os.MkdirAll(e.path("d/e"), 0o755))
-	e.write("d/e/kept", "kept")
-	e.write("gone", "gone")
-	kept, err := os.OpenFile(e.path("d/e/kept"), os.O_RDWR, 0)
-	must(t, err)
-	defer kept.Close()
-	gone, err := os.OpenFile(e.path("gone"), os.O_RDWR, 0)
-	must(t, err)
-	defer gone.Close()
+	kept := e.ptWriter("d/e/kept", "kept")
+	gone := e.ptWriter("gone", "gone")
 	must(t, os.Remove(e.path("gone")))
 	must(t, os.Rename(e.path("d"), e.path("moved")))
 	must(t, os.Chmod(e.path("moved/e/kept"), 0o600))
@@ -306,13 +308,7 @@ func TestPassthroughWriteFreezeEdges(t *testing.T) {
 func TestPassthroughWriteFreezeShadowed(t *testing.T) {
 	e := mountEnv(t, nil, Options{})
 	needPassthrough(t, e)
-	e.write("f", "before")
-	f, err := os.OpenFile(e.path("f"), os.O_RDWR, 0)
-	must(t, err)
-	defer f.Close()
-	if !e.ptWritable("f") {
-		t.Fatal("no writable passthrough")
-	}
+	f := e.ptWriter("f", "before")
 	if err := unix.Mount("shadow", e.mnt, "tmpfs", 0, "size=1m"); err != nil {
 		t.Skipf("mount tmpfs over the mountpoint: %v", err)
 	}
