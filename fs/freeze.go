@@ -68,13 +68,11 @@ func (m *Mounted) Freeze(ctx context.Context) (*View, error) {
 		releaseBarriers(ov, bs)
 		return nil, fmt.Errorf("fs: freeze: %w", err)
 	}
-	var bytes int64
 	for _, b := range bs {
 		if err = v.preserve(b.uino, b.upperFd, 0, 1<<62); err != nil {
 			err = fmt.Errorf("fs: freeze: copy upper inode %d written through passthrough: %w", b.uino, err)
 			break
 		}
-		bytes += v.savedSize(b.uino)
 	}
 	releaseBarriers(ov, bs)
 	if len(bs) > 0 {
@@ -84,7 +82,7 @@ func (m *Mounted) Freeze(ctx context.Context) (*View, error) {
 		v.Close()
 		return nil, err
 	}
-	ov.log.Info("frozen", "generation", v.gen, "stall", v.stall, "passthrough_files", len(bs), "passthrough_bytes", bytes, "passthrough_stall", v.writeStall)
+	ov.log.Info("frozen", "generation", v.gen, "stall", v.stall, "passthrough_files", len(bs), "passthrough_stall", v.writeStall)
 	return v, nil
 }
 
@@ -353,12 +351,8 @@ func (v *View) preserve(uino uint64, fd int, off, end int64) error {
 		if ci.isSaved(b) {
 			continue
 		}
-		if ci.sidecar < 0 {
-			sc, err := unix.Openat(v.dirfd, "data-"+strconv.FormatUint(uino, 10), unix.O_CREAT|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
-			if err != nil {
-				return fmt.Errorf("sidecar: %w", err)
-			}
-			ci.sidecar = sc
+		if err := v.openSidecar(ci); err != nil {
+			return err
 		}
 		if buf == nil {
 			buf = make([]byte, preserveBlock)
@@ -392,12 +386,8 @@ func (v *View) preserve(uino uint64, fd int, off, end int64) error {
 // copy_file_range and marks the blocks copied. ci.mu is held. Descriptors
 // or file systems that cannot do it copy nothing and are no error.
 func (v *View) copyWhole(ci *capInode, fd int) error {
-	if ci.sidecar < 0 {
-		sc, err := unix.Openat(v.dirfd, "data-"+strconv.FormatUint(ci.uino, 10), unix.O_CREAT|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
-		if err != nil {
-			return fmt.Errorf("sidecar: %w", err)
-		}
-		ci.sidecar = sc
+	if err := v.openSidecar(ci); err != nil {
+		return err
 	}
 	var done int64
 	for done < ci.st.size {
@@ -414,17 +404,17 @@ func (v *View) copyWhole(ci *capInode, fd int) error {
 	return nil
 }
 
-// savedSize is how many bytes of upper inode uino the view saved.
-func (v *View) savedSize(uino uint64) int64 {
-	v.capMu.RLock()
-	ci := v.inodes[uino]
-	v.capMu.RUnlock()
-	if ci == nil {
-		return 0
+// openSidecar makes ci's sidecar file if it has none yet. ci.mu is held.
+func (v *View) openSidecar(ci *capInode) error {
+	if ci.sidecar >= 0 {
+		return nil
 	}
-	ci.mu.Lock()
-	defer ci.mu.Unlock()
-	return int64(ci.nsavedBl) * preserveBlock
+	sc, err := unix.Openat(v.dirfd, "data-"+strconv.FormatUint(ci.uino, 10), unix.O_CREAT|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return fmt.Errorf("sidecar: %w", err)
+	}
+	ci.sidecar = sc
+	return nil
 }
 
 // keepDir keeps the listing of upper directory dir (status st, open at fd)
