@@ -339,6 +339,10 @@ func (l *Local) Delete(ctx context.Context, key string) error {
 	return nil
 }
 
+// ContextReader returns r, failing with ctx's error once ctx ends: a long
+// copy from it stops then.
+func ContextReader(ctx context.Context, r io.Reader) io.Reader { return &ctxReader{ctx: ctx, r: r} }
+
 // ctxReader stops a long copy when its context ends.
 type ctxReader struct {
 	ctx context.Context

@@ -143,6 +143,15 @@ func (emptyReader) Close() error             { return nil }
 // EmptyBody is a ReadCloser with no bytes, for zero-length Gets.
 func EmptyBody() io.ReadCloser { return emptyReader{} }
 
+// CanCompose reports whether s, or the store a Retry wraps, is a Composer.
+func CanCompose(s Store) bool {
+	if r, ok := s.(*Retry); ok {
+		s = r.Store
+	}
+	_, ok := s.(Composer)
+	return ok
+}
+
 // Composer is an optional Store capability: putting an object whose bytes
 // are partly a copy of another object in the same store, which the store
 // copies itself instead of receiving them again. A new snapshot archive

@@ -12,6 +12,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -40,9 +41,13 @@ const (
 	// Truncate forwards the request and relays the server's status and
 	// headers but only half the body, then closes the connection.
 	Truncate
+	// OpaqueETag forwards the request and relays the answer with every
+	// ETag in its body made into one that is not an MD5 (as servers
+	// encrypting with SSE-KMS or SSE-C answer).
+	OpaqueETag
 )
 
-var faultNames = [...]string{"pass", "500", "503 SlowDown", "reset", "500 after acting", "reset after acting", "truncated"}
+var faultNames = [...]string{"pass", "500", "503 SlowDown", "reset", "500 after acting", "reset after acting", "truncated", "opaque ETag"}
 
 func (f Fault) String() string {
 	if int(f) < len(faultNames) {
@@ -244,6 +249,16 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case Truncate:
 		truncate(w, resp)
 		return
+	case OpaqueETag:
+		body, _ := io.ReadAll(resp.Body)
+		body = etagRe.ReplaceAll(body, []byte("${1}opaque-${2}${3}"))
+		for k, vs := range resp.Header {
+			w.Header()[k] = vs
+		}
+		w.Header().Set("Content-Length", fmt.Sprint(len(body)))
+		w.WriteHeader(resp.StatusCode)
+		w.Write(body)
+		return
 	}
 	for k, vs := range resp.Header {
 		w.Header()[k] = vs
@@ -273,6 +288,9 @@ func s3Error(w http.ResponseWriter, r *http.Request, status int, code, msg strin
 		fmt.Fprintf(w, `<?xml version="1.0" encoding="UTF-8"?>`+"\n<Error><Code>%s</Code><Message>%s</Message><RequestId>faultproxy</RequestId></Error>", code, msg)
 	}
 }
+
+// etagRe matches an ETag element of an XML answer, quoted or not.
+var etagRe = regexp.MustCompile(`(<ETag>(?:&#34;|&quot;|")?)([0-9a-fA-F]+)((?:&#34;|&quot;|")?</ETag>)`)
 
 // hangUp closes the client's connection without an answer.
 func hangUp(w http.ResponseWriter) {

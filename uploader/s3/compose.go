@@ -127,6 +127,9 @@ func (s *Store) PutComposed(ctx context.Context, key string, local io.ReaderAt, 
 	if err := uploader.CheckComposeArgs(key, size, src, ranges, opts); err != nil {
 		return uploader.ComposeResult{}, fmt.Errorf("s3: put %s: %w", key, err)
 	}
+	if s.uncheckedCopies.Load() {
+		return uploader.ComposeResult{}, fmt.Errorf("s3: put %s: this server's copied parts cannot be checked: %w", key, errors.ErrUnsupported)
+	}
 	parts, sent, copied := planParts(size, ranges, MinPartSize, s.partSizeFor(size))
 	if copied == 0 || len(parts) > maxParts {
 		info, err := s.Put(ctx, key, io.NewSectionReader(local, 0, size), size, opts)
@@ -160,7 +163,6 @@ func (s *Store) PutComposed(ctx context.Context, key string, local io.ReaderAt, 
 		}
 		return uploader.ComposeResult{}, err
 	}
-	info.Size = size
 	return uploader.ComposeResult{ObjectInfo: info, Sent: sent, Copied: copied}, nil
 }
 
@@ -173,10 +175,10 @@ func (s *Store) copyPart(key string, local io.ReaderAt, src uploader.ComposeSour
 		sumErr  error
 		srcPath = copySource(s.bucket, s.prefix+src.Key)
 	)
-	localMD5 := func() (string, error) {
+	localMD5 := func(ctx context.Context) (string, error) {
 		once.Do(func() {
 			h := md5.New()
-			if _, err := io.Copy(h, io.NewSectionReader(local, p.off, p.n)); err != nil {
+			if _, err := io.Copy(h, uploader.ContextReader(ctx, io.NewSectionReader(local, p.off, p.n))); err != nil {
 				sumErr = uploader.Permanent(fmt.Errorf("read %d bytes at %d: %w", p.n, p.off, err))
 				return
 			}
@@ -185,9 +187,10 @@ func (s *Store) copyPart(key string, local io.ReaderAt, src uploader.ComposeSour
 		return sum, sumErr
 	}
 	return part{n: p.n, done: func() {}, send: func(ctx context.Context, uploadID *string, num int32) (*string, error) {
-		// Hash the local bytes while the server copies.
+		// Hash the local bytes while the server copies (the hash stops
+		// when ctx ends).
 		hashed := make(chan struct{})
-		go func() { localMD5(); close(hashed) }()
+		go func() { localMD5(ctx); close(hashed) }()
 		defer func() { <-hashed }()
 		out, err := s.client.UploadPartCopy(ctx, &awss3.UploadPartCopyInput{
 			Bucket:            aws.String(s.bucket),
@@ -205,15 +208,21 @@ func (s *Store) copyPart(key string, local io.ReaderAt, src uploader.ComposeSour
 			return nil, errors.New("no ETag for the copied part")
 		}
 		etag := out.CopyPartResult.ETag
-		if got := strings.Trim(*etag, `"`); isMD5(got) {
-			want, err := localMD5()
-			if err != nil {
-				return nil, err
-			}
-			if got != want {
-				return nil, uploader.Permanent(fmt.Errorf("part %d, bytes %d-%d copied from %s at %d: MD5 %s, local %s: %w",
-					num, p.off, p.off+p.n-1, src.Key, p.src, got, want, uploader.ErrComposeMismatch))
-			}
+		got := strings.Trim(*etag, `"`)
+		if !isMD5(got) {
+			// Nothing to check the copy against: never trust it, and
+			// stop composing with this server.
+			s.uncheckedCopies.Store(true)
+			return nil, uploader.Permanent(fmt.Errorf("part %d copied from %s: ETag %q is not an MD5, the copy cannot be checked: %w",
+				num, src.Key, got, errors.ErrUnsupported))
+		}
+		want, err := localMD5(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if got != want {
+			return nil, uploader.Permanent(fmt.Errorf("part %d, bytes %d-%d copied from %s at %d: MD5 %s, local %s: %w",
+				num, p.off, p.off+p.n-1, src.Key, p.src, got, want, uploader.ErrComposeMismatch))
 		}
 		return etag, nil
 	}}

@@ -221,3 +221,40 @@ func TestPutComposedFaults(t *testing.T) {
 		t.Errorf("%d incomplete multipart uploads left", n)
 	}
 }
+
+// A server whose copied parts come back with ETags that are not MD5s
+// (SSE-KMS, SSE-C) cannot have its copies checked: the composed put fails
+// with errors.ErrUnsupported, leaves no upload behind, and the store
+// composes no more (no copy is even tried again).
+func TestPutComposedOpaqueETags(t *testing.T) {
+	f := newFaulty(t)
+	through := f.cat.Store()
+	c := newComposed(t, f.raw)
+	f.proxy.SetRule(func(r faultproxy.Request) faultproxy.Fault {
+		if r.Op == "UploadPartCopy" {
+			return faultproxy.OpaqueETag
+		}
+		return faultproxy.Pass
+	})
+	defer f.proxy.SetRule(nil)
+	if _, err := c.put(t, through.(uploader.Composer), "snapshots/new.sqfs"); !errors.Is(err, errors.ErrUnsupported) {
+		t.Fatalf("composed put with unverifiable copies: %v, want errors.ErrUnsupported", err)
+	}
+	if _, err := f.raw.Stat(t.Context(), "snapshots/new.sqfs"); !errors.Is(err, iofs.ErrNotExist) {
+		t.Errorf("object stored anyway: %v", err)
+	}
+	if n := incompleteUploadsOf(t, f.raw); n != 0 {
+		t.Errorf("%d incomplete multipart uploads left", n)
+	}
+	ops, _ := f.proxy.Counts()
+	copies := ops["UploadPartCopy"]
+	if copies == 0 {
+		t.Fatal("no copy was tried")
+	}
+	if _, err := c.put(t, through.(uploader.Composer), "snapshots/new2.sqfs"); !errors.Is(err, errors.ErrUnsupported) {
+		t.Fatalf("second composed put: %v, want errors.ErrUnsupported", err)
+	}
+	if ops, _ = f.proxy.Counts(); ops["UploadPartCopy"] != copies {
+		t.Errorf("copies tried again after the server's ETags proved unverifiable (%d -> %d)", copies, ops["UploadPartCopy"])
+	}
+}

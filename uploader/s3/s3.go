@@ -30,6 +30,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -95,6 +96,12 @@ type Store struct {
 	part   int64
 	conc   int
 	log    *slog.Logger
+
+	// uncheckedCopies is set once the server answered a part copy with
+	// an ETag that is not the part's MD5 (SSE-KMS, SSE-C, some
+	// S3-compatible servers): PutComposed then refuses, and the catalog
+	// uploads archives whole.
+	uncheckedCopies atomic.Bool
 }
 
 var _ uploader.Store = (*Store)(nil)
