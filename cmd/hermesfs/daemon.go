@@ -802,15 +802,24 @@ func (d *daemon) stop(waitBg func()) shutdownResult {
 // reacquireLease takes the writer lease again when it was lost, which
 // happens when the store stayed unreachable past the lease's life: without
 // it, a host would never publish again after an outage of half a minute.
-// If another host holds the lease now, it stays lost (errLeaseHeld); if
-// another host published meanwhile, the conditional LATEST update refuses
-// our next publish, so taking a free lease again is always safe. snapMu
-// must be held: no publish is using the old lease.
+// If another host holds the lease now, it stays lost (errLeaseHeld). If
+// another host published meanwhile (LATEST moved off what our next publish
+// must replace), it stays lost too: we could never publish again, and
+// holding the lease would lock that host out when it restarts. snapMu must
+// be held: no publish is using the old lease.
 func (d *daemon) reacquireLease(ctx context.Context) error {
 	d.mu.Lock()
-	lost := d.leaseState == "lost"
+	lost, expect := d.leaseState == "lost", d.expect
 	d.mu.Unlock()
 	if !lost || d.cfg.ReadOnly {
+		return nil
+	}
+	latest, err := d.cat.Latest(ctx)
+	if err != nil {
+		return err
+	}
+	if latest.Pointer != expect {
+		d.log.Warn("not taking the writer lease again: another host published since", "latest", orNone(latest.Pointer), "ours", orNone(expect))
 		return nil
 	}
 	l, err := d.cat.Lease(ctx, d.leaseHolder())

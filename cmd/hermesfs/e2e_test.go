@@ -853,6 +853,19 @@ func TestE2ELeaseTakenOver(t *testing.T) {
 	if got := localLatest(t, storeDir); got != latest {
 		t.Errorf("LATEST moved from %s to %s after the lease was lost", latest, got)
 	}
+	// The other host publishes, then goes away and releases its lease.
+	// Taking the lease back now would gain us nothing (our publishes
+	// conflict) and lock that host out when it restarts.
+	publishTree(t, uploader.NewCatalog(ls, uploader.CatalogOptions{Host: "elsewhere"}), makeTree(t, 99))
+	if err := ls.Delete(t.Context(), uploader.LeaseKey); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, errOut := h.run("snapshot", mp); code != exitConflict {
+		t.Errorf("snapshot after another host published: exit %d, want %d: %s", code, exitConflict, errOut)
+	}
+	if _, err := ls.Stat(t.Context(), uploader.LeaseKey); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the lease was taken back after another host published: %v", err)
+	}
 	if code := d.stop(syscall.SIGTERM); code != exitConflict {
 		t.Errorf("stop after losing the lease: exit %d, want %d", code, exitConflict)
 	}
