@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 
 	"github.com/hermesfs/hermesfs/uploader"
@@ -103,9 +102,7 @@ func TestE2EDeltaSnapshotsS3(t *testing.T) {
 	if s := take("most data was deleted"); !s.compacted {
 		t.Errorf("an archive of mostly garbage was not compacted:\n%s", d.stderr)
 	}
-	if code := d.stop(syscall.SIGTERM); code != 0 {
-		t.Fatalf("SIGTERM: exit %d\n%s", code, d.stderr)
-	}
+	d.stopOK(t)
 
 	// Every snapshot, on a new host: downloaded, verified, extracted.
 	for i, s := range snaps {
@@ -147,7 +144,5 @@ func TestE2EDeltaSnapshotsS3(t *testing.T) {
 	if diff := diffTrees(snaps[len(snaps)-1].tree, snapshotTree(t, mp2)); diff != "" {
 		t.Errorf("new host mounts another tree:\n%s", diff)
 	}
-	if code := d2.stop(syscall.SIGTERM); code != 0 {
-		t.Fatalf("new host SIGTERM: exit %d\n%s", code, d2.stderr)
-	}
+	d2.stopOK(t)
 }

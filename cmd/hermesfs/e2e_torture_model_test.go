@@ -39,6 +39,7 @@ import (
 	"errors"
 	"fmt"
 	iofs "io/fs"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -226,15 +227,6 @@ func (w *workload) do(fn func() error, worker, kind string, args ...any) error {
 	return w.j.ack(seq)
 }
 
-func fsyncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
-}
-
 func writeSynced(path string, flag int, data []byte) error {
 	f, err := os.OpenFile(path, flag, 0o644)
 	if err != nil {
@@ -296,7 +288,7 @@ func (w *workload) files(r *rand.Rand) error {
 				if err := os.Rename(p+".tmp", p); err != nil {
 					return err
 				}
-				return fsyncDir(dir)
+				return syncDir(dir)
 			}
 			s, err := w.j.begin("files", kind, rel, n)
 			if err != nil {
@@ -314,7 +306,7 @@ func (w *workload) files(r *rand.Rand) error {
 				if err := os.Remove(p); err != nil {
 					return err
 				}
-				return fsyncDir(dir)
+				return syncDir(dir)
 			}, "files", kind, rel); err != nil {
 				return err
 			}
@@ -327,7 +319,7 @@ func (w *workload) files(r *rand.Rand) error {
 				if err := os.Rename(p, w.path(to)); err != nil {
 					return err
 				}
-				return fsyncDir(dir)
+				return syncDir(dir)
 			}, "files", kind, rel, to); err != nil {
 				return err
 			}
@@ -520,22 +512,12 @@ func sha(b []byte) string {
 }
 
 func (m *tortureModel) hashFileMap(fm map[string]string) string {
-	keys := slices.Sorted(mapsKeys(fm))
+	keys := slices.Sorted(maps.Keys(fm))
 	h := sha256.New()
 	for _, k := range keys {
 		fmt.Fprintf(h, "%s %s\n", k, fm[k])
 	}
 	return hex.EncodeToString(h.Sum(nil))
-}
-
-func mapsKeys[M ~map[K]V, K comparable, V any](m M) func(func(K) bool) {
-	return func(yield func(K) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
 }
 
 func hashBlob(b []byte) string {
@@ -549,7 +531,7 @@ func hashRows(rows map[int64]string) string {
 	if rows == nil {
 		return "absent"
 	}
-	ids := slices.Sorted(mapsKeys(rows))
+	ids := slices.Sorted(maps.Keys(rows))
 	h := sha256.New()
 	for _, id := range ids {
 		fmt.Fprintf(h, "%d|%s\n", id, rows[id])
@@ -634,7 +616,7 @@ func (m *tortureModel) apply(t *testing.T, h *whist, op *tortureOp, partial *tre
 	switch h.name {
 	case "files":
 		if partial != nil {
-			m.curFiles = maps2(partial.files)
+			m.curFiles = maps.Clone(partial.files)
 		} else {
 			m.applyFiles(m.curFiles, op)
 		}
@@ -661,24 +643,13 @@ func (m *tortureModel) apply(t *testing.T, h *whist, op *tortureOp, partial *tre
 		st.hash = hashBlob(m.curBlob)
 	case "sql":
 		if partial != nil {
-			m.curRows = maps2(partial.rows)
+			m.curRows = maps.Clone(partial.rows)
 		} else {
 			m.curRows = m.applySQL(m.curRows, op)
 		}
 		st.hash = hashRows(m.curRows)
 	}
 	h.states = append(h.states, st)
-}
-
-func maps2[K comparable, V any](m map[K]V) map[K]V {
-	if m == nil {
-		return nil
-	}
-	out := make(map[K]V, len(m))
-	for k, v := range m {
-		out[k] = v
-	}
-	return out
 }
 
 // applyFiles applies op fully to fm (in place).
@@ -720,7 +691,7 @@ func (m *tortureModel) applySQL(rows map[int64]string, op *tortureOp) map[int64]
 		}
 		return rows
 	case "txn":
-		out := maps2(rows)
+		out := maps.Clone(rows)
 		if out == nil {
 			out = map[int64]string{} // cannot happen: init comes first
 		}
@@ -1129,7 +1100,7 @@ func (m *tortureModel) resolve(t *testing.T, s *treeState) {
 func (m *tortureModel) fullEffect(h *whist, op *tortureOp, s *treeState) bool {
 	switch h.name {
 	case "files":
-		fm := maps2(m.curFiles)
+		fm := maps.Clone(m.curFiles)
 		m.applyFiles(fm, op)
 		if len(fm) != len(s.files) {
 			return false

@@ -138,8 +138,6 @@ func openCatalog(ctx context.Context, e *env, fs *flag.FlagSet) (*uploader.Catal
 	return uploader.NewCatalog(s, uploader.CatalogOptions{Host: host, Version: version, Logger: logger}), loc, nil
 }
 
-// verifyArchive is the block-level check of a downloaded snapshot, run by
-// the catalog after the size and sha256 matched.
 // openArchive opens the archive file at path (opts.Name defaults to path).
 // The caller closes the file once done with the reader; a corrupt archive
 // carries the exit code exitCorrupt.
@@ -164,6 +162,8 @@ func openArchive(path string, opts archive.ReaderOptions) (*archive.Reader, *os.
 	return r, f, nil
 }
 
+// verifyArchive is the block-level check of a downloaded snapshot, run by
+// the catalog after the size and sha256 matched.
 func verifyArchive(ctx context.Context, f *os.File, m uploader.Manifest) error {
 	r, err := archive.Open(f, m.Size, archive.ReaderOptions{Name: m.ID})
 	if err != nil {
