@@ -60,7 +60,7 @@ func checkCopies(t *testing.T, newPath, basePath string, res PackResult) {
 	if total != res.CopiedBytes {
 		t.Errorf("copies add up to %d bytes, CopiedBytes %d", total, res.CopiedBytes)
 	}
-	if res.Base == BaseAppended {
+	if res.Base == BaseAppended && res.SharedBytes > 0 {
 		if len(res.Copies) == 0 || res.Copies[0].Offset != superblockSize || res.Copies[0].BaseOffset != superblockSize ||
 			res.Copies[0].Length < res.SharedBytes {
 			t.Errorf("appended archive: first copy %+v does not cover the %d shared bytes", res.Copies, res.SharedBytes)
@@ -327,6 +327,24 @@ func TestAppendToBaseWithoutSums(t *testing.T) {
 		}
 	}
 	compareTrees(t, scanTree(t, src), scanArchive(t, r), compareOpts{nsec: true, owners: true, dirMtime: true, devices: true})
+
+	// Blocks copied from it into a new archive (not appended: what
+	// `hermesfs pack --base` does), stored uncompressed among them (the
+	// noise), get their sums learnt from their content too.
+	p2, res2 := packBase(t, WithBase(os.DirFS(src), base), PackOptions{})
+	if res2.ReusedBytes == 0 {
+		t.Errorf("nothing reused: %+v", res2)
+	}
+	r2 := openFile(t, p2)
+	if err := r2.Verify(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range r2.entries {
+		if e.Mode.IsRegular() && !r2.fileSumOf(e.Ino).known() {
+			t.Errorf("copied into a new archive: %s: no content sum recorded", e.Name)
+		}
+	}
+	compareTrees(t, scanTree(t, src), scanArchive(t, r2), compareOpts{nsec: true, owners: true, dirMtime: true, devices: true})
 }
 
 // Bases that cannot be appended to: blocks are still copied where the
@@ -410,4 +428,23 @@ func TestAppendKeepsRewrittenContent(t *testing.T) {
 	if err := r.Verify(t.Context()); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// A base with an empty data region and no compressor options (nothing but
+// directories, stored uncompressed) is appended to with no copy range at
+// all, not an empty one.
+func TestAppendToEmptyBase(t *testing.T) {
+	src := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(src, "a", "b"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	basePath, _ := packToFile(t, src, PackOptions{Compression: None})
+	base := openFile(t, basePath)
+	writeFile(t, filepath.Join(src, "a", "new.txt"), text(5000, 1), 0o644)
+	p, res := packBase(t, WithBase(os.DirFS(src), base), PackOptions{Compression: None, Base: base})
+	if res.Base != BaseAppended || res.SharedBytes != 0 || len(res.Copies) != 0 {
+		t.Errorf("%s, %d shared bytes, copies %+v; want appended, nothing to copy", res.Base, res.SharedBytes, res.Copies)
+	}
+	checkCopies(t, p, basePath, res)
+	compareTrees(t, scanTree(t, src), scanArchive(t, openFile(t, p)), compareOpts{nsec: true, owners: true, dirMtime: true, devices: true})
 }

@@ -463,6 +463,9 @@ func (o *output) appendExtent(b []byte, kind extentKind, crc uint32, s sum) {
 
 // copied records that n bytes at dst are the base's bytes at src.
 func (o *output) copied(dst, src, n uint64) {
+	if n == 0 {
+		return
+	}
 	if k := len(o.copies) - 1; k >= 0 {
 		last := &o.copies[k]
 		if uint64(last.Offset+last.Length) == dst && uint64(last.BaseOffset+last.Length) == src {
@@ -514,7 +517,7 @@ func (p *packer) packTo(ctx context.Context, f packFile) (res PackResult, err er
 		out.write(blk, kindCompOpts, 0)
 	}
 	if b := p.base; b != nil && b.appending {
-		if err := b.copyPrefix(out); err != nil {
+		if err := b.copyPrefix(ctx, out); err != nil {
 			return res, err
 		}
 		p.log.Debug("pack: base copied", "bytes", b.end-b.start, "elapsed", time.Since(start))

@@ -176,7 +176,9 @@ func (p *packer) plan(ctx context.Context) error {
 			}
 		}
 	}
-	p.scanFragments()
+	if err := p.scanFragments(ctx); err != nil {
+		return err
+	}
 	if !b.canAppend {
 		return nil
 	}
@@ -211,11 +213,14 @@ func (p *packer) plan(ctx context.Context) error {
 // scanFragments learns, once per pack, how many bytes of each earlier
 // fragment block the small files to be packed use, so that reuseFragment
 // can tell whether copying the block whole is worth it.
-func (p *packer) scanFragments() {
+func (p *packer) scanFragments(ctx context.Context) error {
 	p.liveFrag = map[oldFragment]int64{}
 	for _, n := range p.order {
 		if n.size == 0 || n.size >= int64(p.bs) {
 			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return err
 		}
 		p.source(n)
 		r, ino := p.effectiveSource(n)
@@ -226,6 +231,7 @@ func (p *packer) scanFragments() {
 			p.liveFrag[oldFragment{r, l.frag}] += n.size
 		}
 	}
+	return nil
 }
 
 // effectiveSource is the archive and inode a file's content will be copied
@@ -326,7 +332,7 @@ func (d *dataWriter) inPlace(n *node, fd *fileData) error {
 // copyPrefix writes the base's data region into the new archive, checking
 // every block against the base's checksums on the way, and records it as
 // copied. out must stand at the region's start.
-func (b *baseState) copyPrefix(out *output) error {
+func (b *baseState) copyPrefix(ctx context.Context, out *output) error {
 	if out.pos != b.start {
 		return fmt.Errorf("internal error: prefix starts at %d, output at %d", b.start, out.pos)
 	}
@@ -335,6 +341,9 @@ func (b *baseState) copyPrefix(out *output) error {
 	i := ex.find(b.start)
 	buf := make([]byte, 4<<20)
 	for off := b.start; off < b.end; {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		// Whole extents, up to the buffer's size (one extent may be
 		// bigger only if it is a whole block larger than the buffer,
 		// which blocks never are).

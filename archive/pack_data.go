@@ -258,9 +258,16 @@ func (d *dataWriter) release(j *job) {
 func (d *dataWriter) process(bc blockCompressor, j *job) {
 	switch j.kind {
 	case jobRaw:
-		if !j.sum.known() && j.src != nil {
+		if !j.sum.known() && j.src != nil && j.word&dataUncompBit != 0 {
 			// The source archive records no sums: learn this block's
-			// from its content, so the new archive does.
+			// from its content, so the new archive does. A block
+			// stored uncompressed is its content.
+			if len(j.out) != j.wantLen {
+				j.err = fmt.Errorf("reuse block of %s: %d bytes stored, want %d", j.src.name, len(j.out), j.wantLen)
+				return
+			}
+			j.sum = chunkSum(j.out)
+		} else if !j.sum.known() && j.src != nil {
 			b, err := j.src.dec.decompress(d.comp.get()[:0], j.out, j.src.bs)
 			if err == nil && len(b) != j.wantLen {
 				err = fmt.Errorf("block decompressed to %d bytes, want %d", len(b), j.wantLen)

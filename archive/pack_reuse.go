@@ -234,7 +234,9 @@ func (d *dataWriter) reuseFragment(n *node, fd *fileData, r *Reader, l *fileLayo
 		return true, d.adoptTail(n, fd, r, l, idx)
 	}
 	if d.p.liveFrag == nil {
-		d.p.scanFragments()
+		if err := d.p.scanFragments(d.ctx); err != nil {
+			return false, err
+		}
 	}
 	used := r.fragmentUse()
 	if l.frag >= len(used) || float64(d.p.liveFrag[key]) < fragmentLive*float64(used[l.frag]) {
