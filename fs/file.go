@@ -147,7 +147,7 @@ func (ov *overlay) truncateGated(fd int, size int64) syscall.Errno {
 		if err != nil {
 			return errnoOf(err)
 		}
-		if err := ov.views.preserveTruncate(st.ino, fd, size); err != nil {
+		if err := ov.views.preserve(st.ino, fd, size, 1<<62); err != nil {
 			ov.log.Error("freeze: saving truncated bytes failed", "err", err)
 			return syscall.EIO
 		}
@@ -176,8 +176,7 @@ func (ov *overlay) newUpperHandle(ctx context.Context, n *node, fd int, writable
 		n.writers++
 	}
 	switch {
-	case fc != nil && writable && !noPassthrough && n.cachedOpens == 0 &&
-		(n.ptOpens == 0 || n.backingWritable) && ov.grantWrite(n, h, &st):
+	case fc != nil && writable && !noPassthrough && n.cachedOpens == 0 && ov.grantWrite(n, h, &st):
 		// Writable passthrough (ptwrite.go): the kernel writes the
 		// upper file itself.
 		if n.ptOpens == 0 {
@@ -196,7 +195,12 @@ func (ov *overlay) newUpperHandle(ctx context.Context, n *node, fd int, writable
 		ov.pendingPT.Store(fc.Cancel, h)
 		return h, fuse.FOPEN_NOFLUSH
 	case fc != nil && n.ptOpens > 0:
+		// Its mmap reaches the backing file: a writable one is the
+		// node's, which freezes copy whole (ptwrite.go).
 		n.ptOpens++
+		if n.ptWrite {
+			ov.ptw.join(n, h.pid)
+		}
 		h.mode = modePassthrough
 		ov.pendingPT.Store(fc.Cancel, h)
 		return h, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NOFLUSH
@@ -230,7 +234,6 @@ type upperFile struct {
 	writable bool
 	mode     ioMode // guarded by n.mu
 	attached bool   // holds a reference on n's backing file; guarded by n.mu
-	ptWrite  bool   // writable passthrough: the kernel writes the file (ptwrite.go)
 	pid      uint32 // the process (thread) that opened it
 }
 
@@ -255,7 +258,7 @@ func (h *upperFile) Write(ctx context.Context, data []byte, off int64) (uint32, 
 	ov.gate.enter()
 	defer ov.gate.leave()
 	if ov.views.active() {
-		if err := ov.views.preserve(h.uino, h.fd, off, int64(len(data))); err != nil {
+		if err := ov.views.preserve(h.uino, h.fd, off, off+int64(len(data))); err != nil {
 			ov.log.Error("freeze: saving overwritten bytes failed", "err", err)
 			return 0, syscall.EIO
 		}
@@ -288,7 +291,7 @@ func (h *upperFile) Allocate(ctx context.Context, off, size uint64, mode uint32)
 		if mode&(unix.FALLOC_FL_COLLAPSE_RANGE|unix.FALLOC_FL_INSERT_RANGE) != 0 {
 			end = 1 << 62
 		}
-		if err := ov.views.preserve(h.uino, h.fd, int64(off), end-int64(off)); err != nil {
+		if err := ov.views.preserve(h.uino, h.fd, int64(off), end); err != nil {
 			return syscall.EIO
 		}
 	}
@@ -318,7 +321,7 @@ func (h *upperFile) Release(ctx context.Context) syscall.Errno {
 		n.writers--
 	}
 	if h.mode == modePassthrough {
-		n.ptOpens--
+		n.ov.ptClosed(n)
 	} else {
 		n.cachedOpens--
 	}
@@ -327,10 +330,6 @@ func (h *upperFile) Release(ctx context.Context) syscall.Errno {
 		h.attached = false
 	}
 	n.mu.Unlock()
-	if h.ptWrite {
-		// Before the descriptor goes: the changes are noted through it.
-		h.n.ov.dropWrite(h)
-	}
 	unix.Close(h.fd)
 	return 0
 }

@@ -74,6 +74,9 @@ func (m *Mounted) Freeze(ctx context.Context) (*View, error) {
 			break
 		}
 	}
+	if len(bs) > 0 && err == nil {
+		ov.settlePTWrites(bs)
+	}
 	releaseBarriers(ov, bs)
 	if len(bs) > 0 {
 		v.writeStall = time.Since(start)
@@ -665,18 +668,11 @@ func (ov *overlay) born(uino uint64) {
 	}
 }
 
-func (s *viewSet) preserve(uino uint64, fd int, off, n int64) error {
+// preserve saves, for every open view, the frozen bytes of file uino (open
+// at fd) in [off, end) before they change.
+func (s *viewSet) preserve(uino uint64, fd int, off, end int64) error {
 	for _, v := range s.snapshot() {
-		if err := v.preserve(uino, fd, off, off+n); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func (s *viewSet) preserveTruncate(uino uint64, fd int, size int64) error {
-	for _, v := range s.snapshot() {
-		if err := v.preserve(uino, fd, size, 1<<62); err != nil {
+		if err := v.preserve(uino, fd, off, end); err != nil {
 			return err
 		}
 	}

@@ -152,6 +152,11 @@ func TestFreezeExactUnderChurn(t *testing.T) {
 	}
 	deadline := time.Now().Add(3 * time.Second)
 	views := 0
+	stopWriters := sync.OnceFunc(func() {
+		close(stop)
+		wg.Wait()
+	})
+	defer stopWriters() // before the mount goes, whatever fails
 	for time.Now().Before(deadline) {
 		pause.Lock()
 		want := stateOfDir(t, e.mnt)
@@ -169,7 +174,6 @@ func TestFreezeExactUnderChurn(t *testing.T) {
 		}
 		views++
 	}
-	close(stop)
-	wg.Wait()
+	stopWriters()
 	t.Logf("%d views checked", views)
 }

@@ -112,9 +112,10 @@ type node struct {
 	// passthrough, held by backingRefs open handles; 0 if none.
 	backingID   int32
 	backingRefs int
-	// backingWritable: the backing file was registered from a writable
-	// descriptor, so passthrough handles may write through it.
-	backingWritable bool
+	// ptWrite: the passthrough handles of this node share a writable
+	// backing file (decided by the first of them, a writable open given
+	// passthrough); the node is in overlay.ptw until the last one closes.
+	ptWrite bool
 }
 
 var (

@@ -1,7 +1,10 @@
 package fs
 
 import (
+	"strconv"
+
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
 )
 
 // FUSE passthrough. The kernel allows one backing file per inode, and while
@@ -50,9 +53,12 @@ func (r *rawFS) attach(cancel <-chan struct{}, st fuse.Status, out *fuse.OpenOut
 	h := v.(*upperFile)
 	if st == fuse.OK {
 		r.ov.attachBacking(h, out)
-	} else if h.ptWrite {
-		r.ov.dropWrite(h)
+		return
 	}
+	// The open failed after Open counted it.
+	h.n.mu.Lock()
+	r.ov.ptClosed(h.n)
+	h.n.mu.Unlock()
 }
 
 // attachBacking gives handle h (a passthrough handle) a reference on its
@@ -64,25 +70,32 @@ func (ov *overlay) attachBacking(h *upperFile, out *fuse.OpenOut) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.backingID == 0 {
-		id, errno := ov.server.RegisterBackingFd(&fuse.BackingMap{Fd: int32(h.fd)})
+		fd := h.fd
+		if n.ptWrite && !h.writable {
+			// The first passthrough open of n to arrive here is not the
+			// writable one that decided the mode: register the file
+			// for writing all the same.
+			if rw, err := unix.Open("/proc/self/fd/"+strconv.Itoa(h.fd), unix.O_RDWR|unix.O_CLOEXEC, 0); err == nil {
+				defer unix.Close(rw)
+				fd = rw
+			} else {
+				ov.log.Warn("passthrough: cannot open the upper file for writing", "ino", n.ino, "err", err)
+			}
+		}
+		id, errno := ov.server.RegisterBackingFd(&fuse.BackingMap{Fd: int32(fd)})
 		if errno != 0 {
 			if ov.passthrough.Swap(false) {
 				ov.log.Warn("FUSE passthrough refused by the kernel; serving reads through the daemon", "err", errno)
 			}
 			// Only the first passthrough handle of a node registers:
 			// no other passthrough handle of n is open.
-			n.ptOpens--
+			ov.ptClosed(n)
 			n.cachedOpens++
 			h.mode = modeCached
 			out.OpenFlags &^= fuse.FOPEN_DIRECT_IO
-			if h.ptWrite {
-				ov.dropWrite(h)
-				h.ptWrite = false
-			}
 			return
 		}
 		n.backingID = id
-		n.backingWritable = h.writable
 	}
 	n.backingRefs++
 	h.attached = true
@@ -99,6 +112,5 @@ func (ov *overlay) detachBacking(n *node) {
 			ov.log.Warn("unregister backing file", "err", errno)
 		}
 		n.backingID = 0
-		n.backingWritable = false
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -46,67 +47,125 @@ import (
 //     written through passthrough the overlay compares the upper file's
 //     size, mtime and ctime with what it noted before, whenever the
 //     generation is asked for, at each freeze and when the last handle
-//     closes. A note taken within ptRecent of the file's ctime does not
-//     prove that a later write in the same clock tick changed it, so the
-//     next note counts the file as changed whatever it finds.
+//     closes. A note taken within ptRecent (the coarse clock's tick that
+//     stamps file times) of the file's ctime does not prove that a later
+//     write in the same tick changed it, so the next note counts the file
+//     as changed whatever it finds. A freeze, whose instant must be exact,
+//     holds its barriers past that tick and notes again.
 //
 // Shared writable mmap of such a file writes the upper file directly, as it
 // does for any passthrough handle (the -shm of SQLite, which it rebuilds
 // from the WAL).
 
 // ptRecent is how close to a file's ctime a note must not be taken to be
-// trusted: more than the coarse clock's tick that stamps file times.
-const ptRecent = 50 * time.Millisecond
+// trusted: the coarse clock's tick that stamps file times (jiffies), plus a
+// margin for the two clocks' skew; 50 ms if the tick cannot be read.
+var ptRecent = func() time.Duration {
+	var ts unix.Timespec
+	if err := unix.ClockGetres(unix.CLOCK_REALTIME_COARSE, &ts); err != nil || ts.Nano() <= 0 || ts.Nano() > int64(50*time.Millisecond) {
+		return 50 * time.Millisecond
+	}
+	return time.Duration(ts.Nano()) + time.Millisecond
+}()
 
 // ptBarrierWait bounds how long Freeze waits for the kernel to stop the
 // writes of one file (a write in progress must finish first).
 const ptBarrierWait = 30 * time.Second
 
-// ptWriters tracks the nodes with writable passthrough handles.
+// ptWriters tracks the nodes whose passthrough handles share a writable
+// backing file (node.ptWrite): every freeze stops and copies them. A node
+// is in it from the writable open that gave it passthrough until its last
+// passthrough handle, of any access mode, closes: a read-only handle kept
+// open keeps the backing file, and another open's mmap writes to it.
 type ptWriters struct {
 	mu sync.Mutex
-	// freezing counts freezes under way: no writable passthrough is
-	// granted while one is.
+	// freezing counts freezes under way: no node joins while one is.
 	freezing int
 	nodes    map[*node]*ptwRec
 }
 
-// ptwRec is one node's writable passthrough handles and the status of its
-// upper file when its changes were last noted.
+// ptwRec is one node's record: a descriptor of its upper file, the
+// processes that opened it in passthrough, and the file's status when its
+// changes were last noted.
 type ptwRec struct {
-	handles []*upperFile
-	size    int64
-	mtime   unix.Timespec
-	ctime   unix.Timespec
-	recent  bool // noted within ptRecent of ctime: trust no equality next time
+	fd     int
+	pids   []uint32
+	size   int64
+	mtime  unix.Timespec
+	ctime  unix.Timespec
+	recent bool // noted within ptRecent of ctime: trust no equality next time
 }
 
 // grantWrite reports whether writable handle h of n, whose upper file has
-// status st, may use passthrough, and if so records it. n.mu is held; the
-// caller has checked the kernel's constraints (no cached opens of n; a
-// backing file, if n has one, open for writing).
+// status st, may use passthrough, and records it. n.mu is held and n has
+// no cached opens. A node already in passthrough joins only if its backing
+// file is writable; a node not yet in it only if no view is open or being
+// taken (a view could not see its writes) and the file is small enough.
 func (ov *overlay) grantWrite(n *node, h *upperFile, st *ustat) bool {
-	if !ov.passthrough.Load() || !ov.ptWriteOK.Load() || ov.opts.PassthroughWriteMax <= 0 || st.size > ov.opts.PassthroughWriteMax {
+	if !ov.passthrough.Load() || !ov.ptWriteOK.Load() || ov.opts.PassthroughWriteMax <= 0 {
 		return false
 	}
 	p := &ov.ptw
+	if n.ptOpens > 0 {
+		if n.ptWrite {
+			p.join(n, h.pid)
+		}
+		return n.ptWrite
+	}
+	if st.size > ov.opts.PassthroughWriteMax {
+		return false
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.freezing > 0 || ov.views.active() {
 		return false
 	}
+	fd, err := unix.FcntlInt(uintptr(h.fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return false
+	}
 	if p.nodes == nil {
 		p.nodes = map[*node]*ptwRec{}
 	}
+	r := &ptwRec{fd: fd, pids: []uint32{h.pid}}
+	r.set(st, time.Now())
+	p.nodes[n] = r
+	n.ptWrite = true
+	return true
+}
+
+// join notes that process pid opened n, a node in passthrough with a
+// writable backing file.
+func (p *ptWriters) join(n *node, pid uint32) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if r := p.nodes[n]; r != nil && !slices.Contains(r.pids, pid) {
+		r.pids = append(r.pids, pid)
+	}
+}
+
+// ptClosed counts one passthrough handle of n gone (released, or never
+// opened); with the last, n leaves ptw, its changes noted. n.mu is held.
+func (ov *overlay) ptClosed(n *node) {
+	n.ptOpens--
+	if n.ptOpens > 0 || !n.ptWrite {
+		return
+	}
+	n.ptWrite = false
+	p := &ov.ptw
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	r := p.nodes[n]
 	if r == nil {
-		r = &ptwRec{}
-		r.set(st, time.Now())
-		p.nodes[n] = r
+		return
 	}
-	r.handles = append(r.handles, h)
-	h.ptWrite = true
-	return true
+	if st, err := statFd(r.fd); err == nil {
+		ov.noteLocked(n, r, &st, time.Now())
+	} else {
+		ov.changed(n.ino, 0)
+	}
+	unix.Close(r.fd)
+	delete(p.nodes, n)
 }
 
 func (r *ptwRec) set(st *ustat, now time.Time) {
@@ -123,6 +182,45 @@ func (ov *overlay) noteLocked(n *node, r *ptwRec, st *ustat, now time.Time) {
 	r.set(st, now)
 }
 
+// settlePTWrites is called by a freeze that has noted the files behind
+// barriers bs and holds them: it waits until none of them was written
+// within ptRecent, so that a write after the barriers are released gets a
+// later ctime, and clears their recent marks. Nothing could write them
+// since that note, so a file that still looks the same has not changed:
+// the next note after the freeze is exact, and a file written just before
+// the freeze is not counted as changed after it.
+func (ov *overlay) settlePTWrites(bs []*barrier) {
+	p := &ov.ptw
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var wait time.Duration
+	for _, b := range bs {
+		if r := p.nodes[b.n]; r != nil && r.recent && b.fd >= 0 {
+			wait = max(wait, time.Until(time.Unix(r.ctime.Unix()).Add(ptRecent)))
+		}
+	}
+	if wait > 0 {
+		time.Sleep(wait)
+	}
+	now := time.Now()
+	for _, b := range bs {
+		r := p.nodes[b.n]
+		if r == nil || !r.recent || b.fd < 0 {
+			continue
+		}
+		st, err := statFd(r.fd)
+		if err != nil {
+			ov.changed(b.n.ino, 0)
+			continue
+		}
+		if st.size == r.size && st.mtime == r.mtime && st.ctime == r.ctime {
+			r.set(&st, now)
+		} else {
+			ov.noteLocked(b.n, r, &st, now)
+		}
+	}
+}
+
 // notePTWrites counts the files written through passthrough since the last
 // note as changed.
 func (ov *overlay) notePTWrites() {
@@ -131,40 +229,13 @@ func (ov *overlay) notePTWrites() {
 	defer p.mu.Unlock()
 	now := time.Now()
 	for n, r := range p.nodes {
-		st, err := statFd(r.handles[0].fd)
+		st, err := statFd(r.fd)
 		if err != nil {
 			ov.changed(n.ino, 0)
 			continue
 		}
 		ov.noteLocked(n, r, &st, now)
 	}
-}
-
-// dropWrite forgets writable passthrough handle h (released, or refused
-// by the kernel), noting its changes if it was n's last.
-func (ov *overlay) dropWrite(h *upperFile) {
-	p := &ov.ptw
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	r := p.nodes[h.n]
-	if r == nil {
-		return
-	}
-	for i, o := range r.handles {
-		if o == h {
-			r.handles = append(r.handles[:i], r.handles[i+1:]...)
-			break
-		}
-	}
-	if len(r.handles) > 0 {
-		return
-	}
-	if st, err := statFd(h.fd); err == nil {
-		ov.noteLocked(h.n, r, &st, time.Now())
-	} else {
-		ov.changed(h.n.ino, 0)
-	}
-	delete(p.nodes, h.n)
 }
 
 // barrier stops the passthrough writes of one node for a freeze: the
@@ -222,8 +293,8 @@ func (m *Mounted) stopPTWrites(ctx context.Context) ([]*barrier, error) {
 	p.mu.Lock()
 	p.freezing++
 	for n, r := range p.nodes {
-		// A duplicate: the handle may be released meanwhile.
-		fd, err := unix.FcntlInt(uintptr(r.handles[0].fd), unix.F_DUPFD_CLOEXEC, 0)
+		// A duplicate: the node may leave meanwhile.
+		fd, err := unix.FcntlInt(uintptr(r.fd), unix.F_DUPFD_CLOEXEC, 0)
 		if err != nil {
 			p.mu.Unlock()
 			for _, t := range ts {
@@ -231,11 +302,7 @@ func (m *Mounted) stopPTWrites(ctx context.Context) ([]*barrier, error) {
 			}
 			return nil, fmt.Errorf("stop passthrough writes: %w", err)
 		}
-		t := target{n: n, fd: fd}
-		for _, h := range r.handles {
-			t.pids = append(t.pids, h.pid)
-		}
-		ts = append(ts, t)
+		ts = append(ts, target{n: n, fd: fd, pids: slices.Clone(r.pids)})
 	}
 	p.mu.Unlock()
 	if len(ts) == 0 {
@@ -422,12 +489,11 @@ func releaseBarriers(ov *overlay, bs []*barrier) {
 	}
 }
 
-// open reports whether n still has writable passthrough handles.
+// open reports whether n is still in passthrough with a writable backing.
 func (p *ptWriters) open(n *node) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	r := p.nodes[n]
-	return r != nil && len(r.handles) > 0
+	return p.nodes[n] != nil
 }
 
 // resumePTWrites ends a freeze's hold on new writable passthrough grants.

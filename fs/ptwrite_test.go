@@ -17,16 +17,16 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// ptWritable reports whether the mount has a writable passthrough handle
-// of the file at rel.
+// ptWritable reports whether the file at rel is open in passthrough with a
+// writable backing file.
 func (e *env) ptWritable(rel string) bool {
 	e.t.Helper()
 	ino := e.ino(rel)
 	p := &e.m.ov.ptw
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for n, r := range p.nodes {
-		if n.ino == ino && len(r.handles) > 0 {
+	for n := range p.nodes {
+		if n.ino == ino {
 			return true
 		}
 	}
@@ -392,5 +392,57 @@ func TestPTBarrierCheck(t *testing.T) {
 	e.mount()
 	if ms := mountsUnder(work); len(ms) != 0 {
 		t.Errorf("leftover check mount not cleared: %v", ms)
+	}
+}
+
+// TestPassthroughWriteBackingOutlivesWriter: a read-only open that shares
+// the writable backing file of a passthrough writer keeps the file among
+// those a freeze stops and copies after the writer closes; a writable open
+// during the view then reaches that backing file through mmap, and the
+// view must not see what it writes.
+func TestPassthroughWriteBackingOutlivesWriter(t *testing.T) {
+	e := mountEnv(t, nil, Options{})
+	needPassthrough(t, e)
+	w := e.ptWriter("f", strings.Repeat("a", 8192))
+	r, err := os.Open(e.path("f"))
+	must(t, err)
+	defer r.Close()
+	must(t, w.Close())
+	n := e.m.ov.root.GetChild("f").Operations().(*node)
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		n.mu.Lock()
+		left := n.ptOpens
+		n.mu.Unlock()
+		if left == 1 {
+			break // the writer's RELEASE is in
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d passthrough handles, want the reader's only", left)
+		}
+	}
+	if !e.ptWritable("f") {
+		t.Fatal("the file left the writers' record while a passthrough handle shares its writable backing")
+	}
+	v, err := e.m.Freeze(t.Context())
+	must(t, err)
+	defer v.Close()
+	if v.WriteStall() <= 0 {
+		t.Error("the freeze did not stop and copy the file")
+	}
+	m, err := os.OpenFile(e.path("f"), os.O_RDWR, 0)
+	must(t, err)
+	defer m.Close()
+	b, err := unix.Mmap(int(m.Fd()), 0, 8192, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	must(t, err)
+	copy(b, "changed after the freeze")
+	must(t, unix.Msync(b, unix.MS_SYNC))
+	must(t, unix.Munmap(b))
+	got, err := iofs.ReadFile(v, "f")
+	must(t, err)
+	if string(got) != strings.Repeat("a", 8192) {
+		t.Errorf("the view shows a write made after the freeze: %.30q", got)
+	}
+	if live := e.read("f"); !strings.HasPrefix(live, "changed after the freeze") {
+		t.Errorf("the mount lost the write: %.30q", live)
 	}
 }

@@ -129,12 +129,16 @@ func (v *View) Close() error {
 }
 
 func (v *View) release() error {
+	// v.mu is not held while capMu is taken: a reader listing a
+	// directory holds capMu and then takes v.mu (checkOpen). Mutations no
+	// longer see the view (Close drained them), and readers see closed.
 	v.mu.Lock()
-	defer v.mu.Unlock()
 	if v.closed {
+		v.mu.Unlock()
 		return nil
 	}
 	v.closed = true
+	v.mu.Unlock()
 	v.capMu.Lock()
 	defer v.capMu.Unlock()
 	for _, ci := range v.inodes {
