@@ -210,9 +210,6 @@ func (d *daemon) boot(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	for _, name := range []string{"next.sqfs", "seed.sqfs"} {
-		os.Remove(filepath.Join(d.sd.packDir(), name))
-	}
 	d.ov, err = d.parts.mount(ctx, d, lower)
 	if err != nil {
 		return fmt.Errorf("mount %s: %w", cfg.Mountpoint, err)
@@ -226,6 +223,12 @@ func (d *daemon) boot(ctx context.Context) error {
 		if err := sd.save(d.st); err != nil {
 			return err
 		}
+	}
+	// Only now that the state (and what decideBase made of them) is saved:
+	// next.sqfs may be the proof that LATEST is ours, needed again if this
+	// boot fails before the save.
+	for _, name := range []string{"next.sqfs", "seed.sqfs"} {
+		os.Remove(filepath.Join(d.sd.packDir(), name))
 	}
 	return nil
 }
