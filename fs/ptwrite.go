@@ -38,11 +38,12 @@ import (
 //     it is in progress or can start, then answers it without changing
 //     anything. The two kernel behaviours this rests on are tried once
 //     per process before the first grant (ptcheck.go); where they do not
-//     hold, writable opens stay daemon-served. No new writable
-//     passthrough is granted while a
-//     view is open or a freeze is under way: those opens are served by the
-//     daemon as before (passthrough with direct I/O when the inode already
-//     has passthrough handles).
+//     hold, writable opens stay daemon-served. A file enters writable
+//     passthrough only while no view is open and no freeze is under way
+//     (its writable opens are served by the daemon otherwise), and stays
+//     among the files every freeze stops and copies until its last
+//     passthrough handle, of any access mode, is closed: every such handle
+//     shares the writable backing file, and its mmap writes to it.
 //   - Generation. Changes are counted when the daemon makes them; for files
 //     written through passthrough the overlay compares the upper file's
 //     size, mtime and ctime with what it noted before, whenever the
