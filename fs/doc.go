@@ -148,8 +148,8 @@
 // writes go on (ptwrite.go).
 //
 // What nothing has changed, the view reads from the upper layer when it
-// first needs it, and keeps: a listing under View.capMu, a status under the
-// inode's attrMu, the same locks the keeping takes, so a change cannot
+// first needs it, and keeps: a listing in its directory's slot, a status
+// under the inode's attrMu, which the keeping takes too, so a change cannot
 // begin in between; whatever reaches the view after that was kept before
 // it changed. The view finds an upper object through its path in the
 // frozen tree, as moved by later renames, checked by inode number, or its
@@ -191,12 +191,13 @@
 // never the other way round; a copy-up reads and writes its copy outside the
 // gate and holds it only to rename it into place, so a freeze never waits for
 // a large copy. A mutation keeps for views while it holds the gate, taking
-// View.capMu or a captured inode's attrMu without holding the rename lock
-// (viewSet.renameMu); a view takes capMu or attrMu, then the rename lock to
-// find what it reads, never the other way round. View.mu guards the rename
-// log and pins; capInode.mu serialises the saving of one file's blocks
-// against View reads. FUSE methods return only
-// syscall.Errno; the FUSE request context is cancelled by any signal to the
+// a directory's listing slot or a captured inode's attrMu without holding
+// the rename lock (viewSet.renameMu); a view takes a slot or attrMu, then
+// the rename lock to find what it reads, never the other way round.
+// View.capMu guards only the view's maps and is never held across a
+// listing. View.mu guards the rename log and pins; capInode.mu serialises
+// the saving of one file's blocks against View reads. FUSE methods return
+// only syscall.Errno; the FUSE request context is cancelled by any signal to the
 // caller, so work that must complete (copy-up, a Guard's audit append) does
 // not follow it.
 //

@@ -98,7 +98,7 @@ func (ov *overlay) capture() (*View, error) {
 		gen:    ov.gen.Load(),
 		lower:  ov.lower,
 		inos:   ov.inos.snapshot(),
-		dirs:   map[uint64]*vdir{},
+		dirs:   map[uint64]*dirSlot{},
 		inodes: map[uint64]*capInode{},
 		born:   map[uint64]bool{},
 		dirfd:  -1,
@@ -424,22 +424,14 @@ func (v *View) openSidecar(ci *capInode) error {
 // before its entries change, unless it is kept already.
 func (v *View) keepDir(st *ustat, fd int) error {
 	v.capMu.RLock()
-	done := v.dirs[st.ino] != nil || v.born[st.ino]
+	born := v.born[st.ino]
 	v.capMu.RUnlock()
-	if done {
+	if born {
 		return nil
 	}
-	v.capMu.Lock()
-	if v.dirs[st.ino] != nil {
-		v.capMu.Unlock()
-		return nil
-	}
-	d, stats, err := v.listDir(fd, "upper directory "+strconv.FormatUint(st.ino, 10))
-	if err == nil {
-		v.dirs[st.ino] = d
-	}
-	v.capMu.Unlock()
-	v.keepAll(stats)
+	_, err := v.keptListing(st.ino, func() (*vdir, []ustat, error) {
+		return v.listDir(fd, "upper directory "+strconv.FormatUint(st.ino, 10))
+	})
 	return err
 }
 

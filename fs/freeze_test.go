@@ -11,8 +11,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"testing/fstest"
@@ -530,4 +532,95 @@ func TestFreezeWaitsForWrites(t *testing.T) {
 	close(stop)
 	<-done
 	<-done
+}
+
+// TestViewListingHoldsOnlyItsDirectory: while a view reads the listing of
+// one upper directory, a change of that directory waits for it (and stays
+// out of the view), while writes and creates elsewhere go on.
+func TestViewListingHoldsOnlyItsDirectory(t *testing.T) {
+	e := mountEnv(t, nil, Options{})
+	must(t, os.Mkdir(e.path("busy"), 0o755))
+	for i := range 50 {
+		e.write(fmt.Sprintf("busy/f%02d", i), "x")
+	}
+	must(t, os.Mkdir(e.path("other"), 0o755))
+	e.write("other/f", "before")
+	var st unix.Stat_t
+	must(t, unix.Stat(filepath.Join(e.upper, "busy"), &st))
+	busy := st.Ino
+
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	testHookListing = func(uino uint64) {
+		if uino == busy {
+			once.Do(func() { close(entered); <-release })
+		}
+	}
+	t.Cleanup(func() { testHookListing = nil })
+	releaseOnce := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(releaseOnce)
+
+	v, err := e.m.Freeze(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	type listed struct {
+		names []string
+		err   error
+	}
+	lc := make(chan listed, 1)
+	go func() {
+		ents, err := iofs.ReadDir(v, "busy")
+		var names []string
+		for _, de := range ents {
+			names = append(names, de.Name())
+		}
+		lc <- listed{names, err}
+	}()
+	select {
+	case <-entered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the view never started listing busy/")
+	}
+
+	elsewhere := make(chan error, 1)
+	go func() {
+		err := os.WriteFile(e.path("other/f"), []byte("after"), 0o644)
+		if err == nil {
+			err = os.WriteFile(e.path("other/g"), []byte("new"), 0o644)
+		}
+		elsewhere <- err
+	}()
+	select {
+	case err := <-elsewhere:
+		must(t, err)
+	case <-time.After(30 * time.Second):
+		releaseOnce()
+		t.Fatal("a write and a create in another directory waited for the view's listing of busy/")
+	}
+
+	created := make(chan error, 1)
+	go func() { created <- os.WriteFile(e.path("busy/new"), []byte("new"), 0o644) }()
+	select {
+	case err := <-created:
+		t.Fatalf("a create in busy/ finished (%v) while the view was still listing it", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	releaseOnce()
+	l := <-lc
+	must(t, l.err)
+	if len(l.names) != 50 || slices.Contains(l.names, "new") {
+		t.Errorf("view lists busy/ as %v, want the 50 files of the freeze", l.names)
+	}
+	must(t, <-created)
+	if got := e.read("busy/new"); got != "new" {
+		t.Errorf("busy/new = %q through the mount", got)
+	}
+	if b, err := iofs.ReadFile(v, "other/f"); err != nil || string(b) != "before" {
+		t.Errorf("view other/f = %q, %v; want the frozen %q", b, err, "before")
+	}
+	if _, err := iofs.Stat(v, "other/g"); !errors.Is(err, iofs.ErrNotExist) {
+		t.Errorf("view has other/g, created after the freeze (%v)", err)
+	}
 }

@@ -37,14 +37,13 @@ type View struct {
 	inos       map[uint64]inoRec
 	root       *ventry // the upper root
 
-	// capMu guards the maps below. A view reads an upper directory
-	// nothing has changed since the freeze holding it exclusively, and a
-	// mutation keeps a listing before a change under it too, so the two
-	// never interleave.
+	// capMu guards the maps below; it is never held across a listing.
 	capMu sync.RWMutex
 	// dirs are the listings of upper directories, by upper inode
-	// number: kept before their first change, or read by the view.
-	dirs map[uint64]*vdir
+	// number: kept before their first change, or read by the view. A
+	// slot enters the map when its listing starts, so the view and
+	// mutations of that one directory take turns (see keptListing).
+	dirs map[uint64]*dirSlot
 	// inodes are the upper inodes the view or a mutation has met since
 	// the freeze, by upper inode number.
 	inodes map[uint64]*capInode
@@ -129,9 +128,9 @@ func (v *View) Close() error {
 }
 
 func (v *View) release() error {
-	// v.mu is not held while capMu is taken: a reader listing a
-	// directory holds capMu and then takes v.mu (checkOpen). Mutations no
-	// longer see the view (Close drained them), and readers see closed.
+	// v.mu and capMu are taken one after the other, never nested.
+	// Mutations no longer see the view (Close drained them), and readers
+	// see closed.
 	v.mu.Lock()
 	if v.closed {
 		v.mu.Unlock()
@@ -316,27 +315,73 @@ func (v *View) info(o *vobj) (*vinfo, error) {
 
 // listing returns the listing at the freeze of upper directory e, at path
 // p in the frozen tree: the one kept by its first change, or, if nothing
-// changed it yet, read now, holding capMu so that no change can begin
-// meanwhile (a change keeps the listing first, under capMu).
+// changed it yet, read now (a change of it waits meanwhile: keptListing).
 func (v *View) listing(e *ventry, p string) (*vdir, error) {
-	v.capMu.RLock()
-	d := v.dirs[e.uino]
-	v.capMu.RUnlock()
-	if d != nil {
-		return d, nil
+	return v.keptListing(e.uino, func() (*vdir, []ustat, error) {
+		if testHookListing != nil {
+			testHookListing(e.uino)
+		}
+		return v.readDir(e.uino, p)
+	})
+}
+
+// testHookListing, if set by a test, runs as a view starts reading the
+// listing of an upper directory (by inode number), holding its slot.
+var testHookListing func(uino uint64)
+
+// dirSlot holds the listing of one upper directory once done is closed;
+// a failed listing leaves the map (err says why to those who waited).
+type dirSlot struct {
+	done chan struct{}
+	d    *vdir
+	err  error
+}
+
+// keptListing returns the listing of upper directory uino at the freeze,
+// reading it with read if nobody has yet. Its slot is in the map while
+// read runs, so a change of that directory (which keeps the listing
+// first) waits for it, and the view waits for a change's keeping; both
+// run read with the directory unchanged since the freeze. Changes of
+// other directories and files do not wait: capMu is not held across the
+// listing. If the read of whoever got the slot fails, a waiter reads
+// itself: a view's failure (closed, directory gone) is not a mutation's.
+func (v *View) keptListing(uino uint64, read func() (*vdir, []ustat, error)) (*vdir, error) {
+	for {
+		v.capMu.RLock()
+		s := v.dirs[uino]
+		v.capMu.RUnlock()
+		if s == nil {
+			v.capMu.Lock()
+			if s = v.dirs[uino]; s == nil {
+				s = &dirSlot{done: make(chan struct{})}
+				v.dirs[uino] = s
+				v.capMu.Unlock()
+				return v.fillSlot(uino, s, read)
+			}
+			v.capMu.Unlock()
+		}
+		<-s.done
+		if s.err == nil {
+			return s.d, nil
+		}
 	}
-	v.capMu.Lock()
-	if d = v.dirs[e.uino]; d != nil {
+}
+
+// fillSlot runs read for the slot of uino it just put in the map.
+func (v *View) fillSlot(uino uint64, s *dirSlot, read func() (*vdir, []ustat, error)) (*vdir, error) {
+	d, stats, err := read()
+	if err != nil {
+		v.capMu.Lock()
+		delete(v.dirs, uino)
 		v.capMu.Unlock()
-		return d, nil
 	}
-	d, stats, err := v.readDir(e.uino, p)
-	if err == nil {
-		v.dirs[e.uino] = d
+	s.d, s.err = d, err
+	close(s.done)
+	if err != nil {
+		return nil, err
 	}
-	v.capMu.Unlock()
 	v.keepAll(stats)
-	return d, err
+	return d, nil
 }
 
 // readDir lists upper directory uino, unchanged since the freeze, where it
