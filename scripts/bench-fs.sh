@@ -5,7 +5,8 @@
 # BENCH_DIR by scripts/genhome/cached.sh), scripts/fsbench packs the home,
 # mounts it as the lower layer of the overlay and runs each workload on the
 # mount and on native disk in the same run, printing overlay/native ratios:
-# stat and read every file (cold: page cache dropped, and warm), 5k files
+# stat and read every file (cold: page cache dropped, and warm), open and
+# close every file (what the OPEN round trip alone costs), 5k files
 # created the Hermes way (temp + fsync + rename), 3,000 SQLite autocommit
 # inserts in WAL mode, 4 KiB random writes to a copied-up file (again with
 # writable passthrough raised to cover it, and the freeze it then costs),
