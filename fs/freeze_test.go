@@ -536,7 +536,7 @@ func TestFreezeWaitsForWrites(t *testing.T) {
 
 // TestViewListingHoldsOnlyItsDirectory: while a view reads the listing of
 // one upper directory, a change of that directory waits for it (and stays
-// out of the view), while writes and creates elsewhere go on.
+// out of the view), while writes, creates and renames elsewhere go on.
 func TestViewListingHoldsOnlyItsDirectory(t *testing.T) {
 	e := mountEnv(t, nil, Options{})
 	must(t, os.Mkdir(e.path("busy"), 0o755))
@@ -590,6 +590,9 @@ func TestViewListingHoldsOnlyItsDirectory(t *testing.T) {
 		if err == nil {
 			err = os.WriteFile(e.path("other/g"), []byte("new"), 0o644)
 		}
+		if err == nil {
+			err = atomicWrite(e.path("other/f"), []byte("replaced"))
+		}
 		elsewhere <- err
 	}()
 	select {
@@ -597,7 +600,7 @@ func TestViewListingHoldsOnlyItsDirectory(t *testing.T) {
 		must(t, err)
 	case <-time.After(30 * time.Second):
 		releaseOnce()
-		t.Fatal("a write and a create in another directory waited for the view's listing of busy/")
+		t.Fatal("a write, a create or a rename in another directory waited for the view's listing of busy/")
 	}
 
 	created := make(chan error, 1)

@@ -318,15 +318,13 @@ func (v *View) info(o *vobj) (*vinfo, error) {
 // changed it yet, read now (a change of it waits meanwhile: keptListing).
 func (v *View) listing(e *ventry, p string) (*vdir, error) {
 	return v.keptListing(e.uino, func() (*vdir, []ustat, error) {
-		if testHookListing != nil {
-			testHookListing(e.uino)
-		}
 		return v.readDir(e.uino, p)
 	})
 }
 
 // testHookListing, if set by a test, runs as a view starts reading the
-// listing of an upper directory (by inode number), holding its slot.
+// listing of an upper directory (by inode number), holding its slot and
+// its descriptor.
 var testHookListing func(uino uint64)
 
 // dirSlot holds the listing of one upper directory once done is closed;
@@ -384,23 +382,39 @@ func (v *View) fillSlot(uino uint64, s *dirSlot, read func() (*vdir, []ustat, er
 	return d, nil
 }
 
-// readDir lists upper directory uino, unchanged since the freeze, where it
-// is now: at p as moved by later renames (which wait meanwhile).
+// readDir lists upper directory uino, unchanged since the freeze (its
+// slot is held: no change of its entries can begin), where it is now.
 func (v *View) readDir(uino uint64, p string) (*vdir, []ustat, error) {
+	fd, err := v.frozenDir(uino, p)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer v.ov.u.put(fd)
+	if testHookListing != nil {
+		testHookListing(uino)
+	}
+	return v.listDir(fd, p)
+}
+
+// frozenDir opens upper directory uino, at p in the frozen tree, where it
+// is now: at p as moved by later renames (which wait meanwhile), checked
+// by inode number. The descriptor stays right whatever moves the
+// directory later; the caller puts it back (upper.put).
+func (v *View) frozenDir(uino uint64, p string) (int, error) {
 	unlock := v.ov.views.lockRenames()
 	defer unlock()
 	if err := v.checkOpen(); err != nil {
-		return nil, nil, err
+		return -1, err
 	}
 	fd, err := v.ov.u.dir(translate(p, v.renameLog()))
 	if err != nil {
-		return nil, nil, fmt.Errorf("upper directory %q: %w", p, err)
+		return -1, fmt.Errorf("upper directory %q: %w", p, err)
 	}
-	defer v.ov.u.put(fd)
 	if st, err := statFd(fd); err != nil || st.ino != uino {
-		return nil, nil, fmt.Errorf("upper directory %q (inode %d) is gone", p, uino)
+		v.ov.u.put(fd)
+		return -1, fmt.Errorf("upper directory %q (inode %d) is gone", p, uino)
 	}
-	return v.listDir(fd, p)
+	return fd, nil
 }
 
 func (v *View) checkOpen() error {
@@ -438,21 +452,11 @@ func (v *View) attrs(e *ventry, p string) (*ustat, error) {
 // moved or went.
 func (v *View) statEntries(d *vdir, uino uint64, p string) {
 	d.statOnce.Do(func() {
-		unlock := v.ov.views.lockRenames()
-		fd, err := -1, v.checkOpen()
-		if err == nil {
-			fd, err = v.ov.u.dir(translate(p, v.renameLog()))
-		}
-		// The descriptor stays right whatever moves the directory
-		// later; entries are checked by inode number.
-		unlock()
+		fd, err := v.frozenDir(uino, p)
 		if err != nil {
 			return
 		}
 		defer v.ov.u.put(fd)
-		if st, err := statFd(fd); err != nil || st.ino != uino {
-			return
-		}
 		for i := range d.ents {
 			e := &d.ents[i]
 			ci := v.node(e.uino, e.kind)
