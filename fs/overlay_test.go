@@ -625,12 +625,83 @@ func TestCorruptLower(t *testing.T) {
 	if !errors.Is(err, syscall.EIO) {
 		t.Fatalf("read of a corrupt block: %v, want EIO", err)
 	}
-	// Copy-up must not spread the damage either.
-	if err := os.WriteFile(e.path("data"), []byte("x"), 0o644); err != nil {
-		t.Logf("truncating write: %v", err)
+	// A truncating write needs none of the old content: it copies up.
+	e.write("data", "x")
+	if got := e.read("data"); got != "x" {
+		t.Errorf("after a truncating write: %q", got)
 	}
-	f2, err := os.OpenFile(e.path("data"), os.O_WRONLY|os.O_APPEND, 0)
-	if err == nil {
-		f2.Close()
+}
+
+// TestCopyUpContent copies up a lower file of several copy-up chunks, with a
+// hole and a short last chunk, at its first write; and refuses (EIO, the
+// file left as it was, nothing left in the work directory) one whose
+// content is damaged in a later chunk.
+func TestCopyUpContent(t *testing.T) {
+	needFuse(t)
+	src := tempDir(t)
+	const size = 5*copyUpBuf + 12345
+	good := randBytes(size, 7)
+	clear(good[2*copyUpBuf : 3*copyUpBuf]) // a whole chunk of zeros: a hole
+	bad := randBytes(size, 8)
+	must(t, os.WriteFile(filepath.Join(src, "good"), good, 0o644))
+	must(t, os.WriteFile(filepath.Join(src, "bad"), bad, 0o644))
+	img := filepath.Join(tempDir(t), "img.sqfs")
+	f, err := os.Create(img)
+	must(t, err)
+	if _, err := archive.PackDir(t.Context(), f, src, archive.PackOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	// Random bytes are stored as they are: damage bad's fourth chunk.
+	raw, err := os.ReadFile(img)
+	must(t, err)
+	damage := 3*copyUpBuf + 777
+	at := bytes.Index(raw, bad[damage:damage+64])
+	if at < 0 {
+		t.Fatal("bad's block not found in the image")
+	}
+	raw[at] ^= 0xff
+	must(t, os.WriteFile(img, raw, 0o644))
+	e := mountEnv(t, openLower(t, img), Options{})
+
+	fd, err := unix.Open(e.path("good"), unix.O_WRONLY, 0)
+	must(t, err)
+	_, err = unix.Pwrite(fd, []byte("!"), copyUpBuf+5)
+	unix.Close(fd)
+	must(t, err)
+	good[copyUpBuf+5] = '!'
+	var st unix.Stat_t
+	must(t, unix.Stat(filepath.Join(e.upper, "good"), &st))
+	if st.Size != size {
+		t.Errorf("upper copy has %d bytes, want %d", st.Size, size)
+	}
+	if st.Blocks*512 > size-copyUpBuf/2 {
+		t.Errorf("upper copy uses %d bytes of disk for %d with a %d-byte hole", st.Blocks*512, size, copyUpBuf)
+	}
+	if got, err := os.ReadFile(e.path("good")); err != nil || !bytes.Equal(got, good) {
+		t.Errorf("good after copy-up: %d bytes, %v; want its lower content with one byte written", len(got), err)
+	}
+
+	if fd, err := unix.Open(e.path("bad"), unix.O_WRONLY|unix.O_APPEND, 0); !errors.Is(err, syscall.EIO) {
+		if err == nil {
+			unix.Close(fd)
+		}
+		t.Fatalf("open for append of a file with a damaged block: %v, want EIO", err)
+	}
+	if _, err := os.Lstat(filepath.Join(e.upper, "bad")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a failed copy-up left bad in the upper layer (%v)", err)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(e.upper, workDirName)); len(ents) != 0 {
+		t.Errorf("a failed copy-up left %d entries in the work directory", len(ents))
+	}
+	fr, err := os.Open(e.path("bad"))
+	must(t, err)
+	defer fr.Close()
+	head := make([]byte, copyUpBuf)
+	if _, err := fr.ReadAt(head, 0); err != nil || !bytes.Equal(head, bad[:copyUpBuf]) {
+		t.Errorf("bad's undamaged first chunk after the failed copy-up: %v", err)
+	}
+	if _, err := fr.ReadAt(head, int64(damage)); !errors.Is(err, syscall.EIO) {
+		t.Errorf("read of bad's damaged chunk: %v, want EIO", err)
 	}
 }
