@@ -175,18 +175,13 @@ func (ov *overlay) newUpperHandle(ctx context.Context, n *node, fd int, writable
 	if writable {
 		n.writers++
 	}
+	// Writable passthrough (ptwrite.go): the kernel writes the upper file
+	// itself; read-only passthrough for files of PassthroughMinSize on.
+	passthrough := fc != nil && !noPassthrough && n.cachedOpens == 0 &&
+		(writable && ov.grantWrite(n, h, &st) ||
+			!writable && st.size >= ov.opts.PassthroughMinSize && ov.passthrough.Load())
 	switch {
-	case fc != nil && writable && !noPassthrough && n.cachedOpens == 0 && ov.grantWrite(n, h, &st):
-		// Writable passthrough (ptwrite.go): the kernel writes the
-		// upper file itself.
-		if n.ptOpens == 0 {
-			n.cacheStale = true
-		}
-		n.ptOpens++
-		h.mode = modePassthrough
-		ov.pendingPT.Store(fc.Cancel, h)
-		return h, fuse.FOPEN_NOFLUSH
-	case fc != nil && !writable && !noPassthrough && st.size >= ov.opts.PassthroughMinSize && ov.passthrough.Load() && n.cachedOpens == 0:
+	case passthrough:
 		if n.ptOpens == 0 {
 			n.cacheStale = true
 		}
