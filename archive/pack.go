@@ -192,8 +192,7 @@ type node struct {
 	src     *fileSource // the file said it is an earlier archive's content
 	checked bool        // src was asked for
 	inBase  Inode       // the inode of the base holding the same content
-	sum     sum         // content sum, when summed before packing
-	summed  bool
+	sum     sum         // content sum, when summed before packing (else zero)
 }
 
 func (n *node) inode() *node {

@@ -171,7 +171,7 @@ func (p *packer) plan(ctx context.Context) error {
 				return err
 			}
 			if !skipped {
-				n.sum, n.summed = s, true
+				n.sum = s
 				n.inBase = b.lookup(s, n.size)
 			}
 		}

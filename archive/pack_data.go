@@ -258,29 +258,20 @@ func (d *dataWriter) release(j *job) {
 func (d *dataWriter) process(bc blockCompressor, j *job) {
 	switch j.kind {
 	case jobRaw:
-		if !j.sum.known() && j.src != nil && j.word&dataUncompBit != 0 {
-			// The source archive records no sums: learn this block's
-			// from its content, so the new archive does. A block
-			// stored uncompressed is its content.
-			if len(j.out) != j.wantLen {
-				j.err = fmt.Errorf("reuse block of %s: %d bytes stored, want %d", j.src.name, len(j.out), j.wantLen)
-				return
-			}
-			j.sum = chunkSum(j.out)
-		} else if !j.sum.known() && j.src != nil {
-			b, err := j.src.dec.decompress(d.comp.get()[:0], j.out, j.src.bs)
-			if err == nil && len(b) != j.wantLen {
-				err = fmt.Errorf("block decompressed to %d bytes, want %d", len(b), j.wantLen)
-			}
-			if err != nil {
-				j.err = fmt.Errorf("reuse block of %s: %w", j.src.name, err)
-				return
-			}
-			j.sum = chunkSum(b)
-			d.comp.put(b)
+		// A copied block comes here only when its source archive
+		// records no sum for it (submit): learn the sum from its
+		// content, so the new archive records one.
+		buf := d.comp.get()
+		b, err := j.src.blockContent(buf[:0], j.out, j.word)
+		if err == nil && len(b) != j.wantLen {
+			err = fmt.Errorf("block holds %d bytes, want %d", len(b), j.wantLen)
 		}
-		return
-	case jobRawFragment:
+		d.comp.put(buf)
+		if err != nil {
+			j.err = fmt.Errorf("reuse block of %s: %w", j.src.name, err)
+			return
+		}
+		j.sum = chunkSum(b)
 		return
 	case jobFragment:
 		for _, t := range j.tails {
@@ -422,7 +413,7 @@ func (d *dataWriter) produceFile(n *node) error {
 	if p.base != nil && p.base.appending && n.inBase != 0 {
 		return d.inPlace(n, fd)
 	}
-	if n.summed {
+	if n.sum.known() {
 		// Summed before packing (its size is one of the base's) and not
 		// found there; maybe a duplicate of a file written already.
 		if prior := d.byHash[n.sum]; prior != nil && prior.size == n.size {
@@ -621,7 +612,7 @@ func (d *dataWriter) laterCandidates() []*node {
 		}
 		earlier := seen[n.size]
 		seen[n.size] = true
-		if earlier && n.src == nil && n.inBase == 0 && !n.summed {
+		if earlier && n.src == nil && n.inBase == 0 && !n.sum.known() {
 			later = append(later, n)
 			d.prehash[n] = &prehash{done: make(chan struct{})}
 		}

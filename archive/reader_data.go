@@ -105,28 +105,18 @@ func (r *Reader) block(off uint64, w uint32, want int, kind extentKind, exact bo
 
 // loadBlock reads, checks and decompresses one data or fragment block.
 func (r *Reader) loadBlock(off uint64, w uint32, kind extentKind) ([]byte, error) {
-	n := uint64(w &^ dataUncompBit)
-	if n == 0 || n > uint64(r.bs) {
-		return nil, r.corruptf(off, kind.String(), "size word %#x", w)
-	}
-	if off > r.sb.BytesUsed || n > r.sb.BytesUsed-off {
-		return nil, r.corruptf(off, kind.String(), "%d bytes beyond the image", n)
-	}
-	raw, err := r.readAt(off, n, kind.String())
-	if err != nil {
-		return nil, err
-	}
-	if err := r.check(off, raw, kind.String()); err != nil {
-		return nil, err
-	}
+	_, b, err := r.loadBlockInto(nil, nil, off, w, kind)
+	return b, err
+}
+
+// blockContent returns the content of a data or fragment block whose
+// stored bytes are raw and size word w: raw itself when it is stored
+// uncompressed, else raw decompressed into dst.
+func (r *Reader) blockContent(dst, raw []byte, w uint32) ([]byte, error) {
 	if w&dataUncompBit != 0 {
 		return raw, nil
 	}
-	out, err := r.dec.decompress(make([]byte, 0, r.bs), raw, r.bs)
-	if err != nil {
-		return nil, r.corruptf(off, kind.String(), "decompress: %v", err)
-	}
-	return out, nil
+	return r.dec.decompress(dst, raw, r.bs)
 }
 
 // fragment returns fragment block i, decompressed.

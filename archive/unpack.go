@@ -552,13 +552,10 @@ func (r *Reader) loadBlockInto(raw, dst []byte, off uint64, w uint32, kind exten
 	if err := r.check(off, raw, kind.String()); err != nil {
 		return raw, nil, err
 	}
-	if w&dataUncompBit != 0 {
-		return raw, raw, nil
-	}
-	if cap(dst) < r.bs {
+	if w&dataUncompBit == 0 && cap(dst) < r.bs {
 		dst = make([]byte, 0, r.bs)
 	}
-	out, err := r.dec.decompress(dst[:0], raw, r.bs)
+	out, err := r.blockContent(dst[:0], raw, w)
 	if err != nil {
 		return raw, nil, r.corruptf(off, kind.String(), "decompress: %v", err)
 	}

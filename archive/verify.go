@@ -103,13 +103,10 @@ func (r *Reader) verifyExtents(buf []byte, i, j int, words map[uint64]uint32) er
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			c := b
-			if w&dataUncompBit == 0 {
-				var err error
-				if c, err = r.dec.decompress(nil, b, r.bs); err != nil {
-					errs[k-i] = r.corruptf(ex.off[k], what, "decompress: %v", err)
-					return
-				}
+			c, err := r.blockContent(nil, b, w)
+			if err != nil {
+				errs[k-i] = r.corruptf(ex.off[k], what, "decompress: %v", err)
+				return
 			}
 			if want.known() && chunkSum(c) != want {
 				errs[k-i] = r.corruptf(ex.off[k], what, "content does not match its recorded sum")
