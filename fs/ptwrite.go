@@ -56,7 +56,11 @@ import (
 //
 // Shared writable mmap of such a file writes the upper file directly, as it
 // does for any passthrough handle (the -shm of SQLite, which it rebuilds
-// from the WAL).
+// from the WAL). A store into a page still dirty since an earlier one
+// changes no file time, so a file a freeze copied while it was open is
+// counted as changed at its last close, whatever its status says; one
+// still mapped after that close escapes later snapshots' notes (mapped
+// writes are not stopped or seen).
 
 // ptRecent is how close to a file's ctime a note must not be taken to be
 // trusted: the coarse clock's tick that stamps file times (jiffies), plus a
@@ -95,6 +99,11 @@ type ptwRec struct {
 	mtime  unix.Timespec
 	ctime  unix.Timespec
 	recent bool // noted within ptRecent of ctime: trust no equality next time
+	// frozen: a freeze copied the file while it was open. A store through
+	// a shared writable mapping into a page still dirty since before the
+	// copy changes it without touching its times, so its last close
+	// counts it as changed whatever its status says.
+	frozen bool
 }
 
 // grantWrite reports whether writable handle h of n, whose upper file has
@@ -160,7 +169,7 @@ func (ov *overlay) ptClosed(n *node) {
 	if r == nil {
 		return
 	}
-	if st, err := statFd(r.fd); err == nil {
+	if st, err := statFd(r.fd); err == nil && !r.frozen {
 		ov.noteLocked(n, r, &st, time.Now())
 	} else {
 		ov.changed(n.ino, 0)
@@ -193,16 +202,25 @@ func (ov *overlay) noteLocked(n *node, r *ptwRec, st *ustat, now time.Time) {
 func (ov *overlay) settlePTWrites(bs []*barrier) {
 	p := &ov.ptw
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	var wait time.Duration
 	for _, b := range bs {
-		if r := p.nodes[b.n]; r != nil && r.recent && b.fd >= 0 {
+		r := p.nodes[b.n]
+		if r == nil {
+			continue
+		}
+		r.frozen = true
+		if r.recent && b.fd >= 0 {
 			wait = max(wait, time.Until(time.Unix(r.ctime.Unix()).Add(ptRecent)))
 		}
 	}
+	// Not holding p.mu meanwhile: opens and notes of other files go on
+	// (the barriers keep these files' records in place).
+	p.mu.Unlock()
 	if wait > 0 {
 		time.Sleep(wait)
 	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	now := time.Now()
 	for _, b := range bs {
 		r := p.nodes[b.n]
