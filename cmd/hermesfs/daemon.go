@@ -73,7 +73,10 @@ type daemon struct {
 	lastErr    string
 	lastErrAt  time.Time
 	leaseState string
-	started    time.Time
+	// leaseGone: the lease was lost and another host has published
+	// since; it is never taken again (reacquireLease).
+	leaseGone bool
+	started   time.Time
 
 	// publishedSHA is the sha256 of the archive of LastPublished.
 	publishedSHA string
@@ -807,27 +810,35 @@ func (d *daemon) stop(waitBg func()) shutdownResult {
 // it, a host would never publish again after an outage of half a minute.
 // If another host holds the lease now, it stays lost (errLeaseHeld). If
 // another host published meanwhile (LATEST moved off what our next publish
-// must replace), it stays lost too: we could never publish again, and
-// holding the lease would lock that host out when it restarts. snapMu must
-// be held: no publish is using the old lease.
+// must replace), it is given back and never taken again: we could never
+// publish, and holding it would lock that host out when it restarts.
+// LATEST is read under the new lease, so no host can publish between the
+// check and the take. snapMu must be held: no publish is using the old
+// lease.
 func (d *daemon) reacquireLease(ctx context.Context) error {
 	d.mu.Lock()
-	lost, expect := d.leaseState == "lost", d.expect
+	lost, gone, expect := d.leaseState == "lost", d.leaseGone, d.expect
 	d.mu.Unlock()
-	if !lost || d.cfg.ReadOnly {
-		return nil
-	}
-	latest, err := d.cat.Latest(ctx)
-	if err != nil {
-		return err
-	}
-	if latest.Pointer != expect {
-		d.log.Warn("not taking the writer lease again: another host published since", "latest", orNone(latest.Pointer), "ours", orNone(expect))
+	if !lost || gone || d.cfg.ReadOnly {
 		return nil
 	}
 	l, err := d.cat.Lease(ctx, d.leaseHolder())
 	if err != nil {
 		return err
+	}
+	latest, err := d.cat.Latest(ctx)
+	if err != nil || latest.Pointer != expect {
+		if rerr := l.Release(ctx); rerr != nil {
+			d.log.Warn("could not give the writer lease back", "err", rerr)
+		}
+		if err != nil {
+			return err
+		}
+		d.log.Warn("not keeping the writer lease: another host published since ours was lost", "latest", orNone(latest.Pointer), "ours", orNone(expect))
+		d.mu.Lock()
+		d.leaseGone = true
+		d.mu.Unlock()
+		return nil
 	}
 	d.mu.Lock()
 	d.lease, d.leaseState = l, "held"

@@ -25,6 +25,19 @@ func (d *daemon) snapshotLocked(ctx context.Context, reason string) (snapshotRes
 	if d.cfg.ReadOnly {
 		return snapshotResult{}, errors.New("read-only mount: it never publishes")
 	}
+	d.mu.Lock()
+	unchanged := d.ov.Generation() == d.publishedGen && !d.pending
+	last, expect := d.st.LastPublished, d.expect
+	d.mu.Unlock()
+	if unchanged {
+		// Nothing to publish needs no lease: a host whose lease was
+		// lost has nothing to resolve either.
+		d.log.Debug("snapshot: nothing changed", "reason", reason, "last", orNone(last))
+		if last == "" {
+			last = expect // LATEST: what the mount shows
+		}
+		return snapshotResult{ID: last, Unchanged: true}, nil
+	}
 	if err := d.reacquireLease(ctx); err != nil && !errors.Is(err, errLeaseHeld) {
 		// The store is still unreachable: what fails is the upload, not
 		// a conflict with another host (that is errLeaseHeld, below).
@@ -34,19 +47,10 @@ func (d *daemon) snapshotLocked(ctx context.Context, reason string) (snapshotRes
 		return snapshotResult{}, err
 	}
 	d.mu.Lock()
-	gen, lost := d.ov.Generation(), d.leaseState == "lost"
-	unchanged := gen == d.publishedGen && !d.pending
-	last, expect, base := d.st.LastPublished, d.expect, d.st.Base
+	lost, base := d.leaseState == "lost", d.st.Base
 	d.mu.Unlock()
 	if lost {
 		return snapshotResult{}, withCode(exitConflict, errLeaseLost)
-	}
-	if unchanged {
-		d.log.Debug("snapshot: nothing changed", "reason", reason, "last", orNone(last))
-		if last == "" {
-			last = expect // LATEST: what the mount shows
-		}
-		return snapshotResult{ID: last, Unchanged: true}, nil
 	}
 	d.mu.Lock()
 	d.inProgress = true

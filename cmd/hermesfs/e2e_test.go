@@ -820,8 +820,49 @@ func TestE2ELeaseTakenOver(t *testing.T) {
 	if code, _, errOut := h.run("snapshot", mp); code != 0 {
 		t.Fatalf("snapshot: %d %s", code, errOut)
 	}
-	// Another host takes the lease over, as it would after our lease went
-	// stale (a long network partition): it rewrites the lease object.
+	ls := takeLeaseOver(t, h, d, mp, storeDir)
+	latest := localLatest(t, storeDir)
+	// The mount is still served; publishing has stopped.
+	writeFile(t, filepath.Join(mp, "after.txt"), "kept locally", 0o644)
+	if code, _, errOut := h.run("snapshot", mp); code != exitConflict {
+		t.Errorf("snapshot after losing the lease: exit %d, want %d: %s", code, exitConflict, errOut)
+	}
+	if got := localLatest(t, storeDir); got != latest {
+		t.Errorf("LATEST moved from %s to %s after the lease was lost", latest, got)
+	}
+	// The other host publishes, then goes away and releases its lease.
+	// Taking the lease back now would gain us nothing (our publishes
+	// conflict) and lock that host out when it restarts.
+	publishTree(t, uploader.NewCatalog(ls, uploader.CatalogOptions{Host: "elsewhere"}), makeTree(t, 99))
+	if err := ls.Delete(t.Context(), uploader.LeaseKey); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, errOut := h.run("snapshot", mp); code != exitConflict {
+		t.Errorf("snapshot after another host published: exit %d, want %d: %s", code, exitConflict, errOut)
+	}
+	rec, _, err := uploader.NewCatalog(ls, uploader.CatalogOptions{}).ReadLease(t.Context())
+	if err == nil && !rec.Released {
+		t.Errorf("the lease was kept after another host published: %+v", rec)
+	} else if err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	if code := d.stop(syscall.SIGTERM); code != exitConflict {
+		t.Errorf("stop after losing the lease: exit %d, want %d", code, exitConflict)
+	}
+	if got := mustRead(t, filepath.Join(h.state, "upper", "after.txt")); got != "kept locally" {
+		t.Errorf("local change not kept: %q", got)
+	}
+	if st, _ := readState(h.state); !st.Unpublished {
+		t.Errorf("state.json should record unpublished changes: %+v", st)
+	}
+}
+
+// takeLeaseOver has another host take the writer lease of the local store
+// at storeDir over, as it would after our lease went stale (a long network
+// partition): it rewrites the lease object. It returns once the daemon d,
+// mounted at mp, reports the lease lost.
+func takeLeaseOver(t *testing.T, h *host, d *daemonProc, mp, storeDir string) *uploader.Local {
+	t.Helper()
 	now := time.Now().UTC()
 	rec := fmt.Sprintf(`{"holder":"intruder","host":"elsewhere","token":"t","generation":99,"acquired":%q,"renewed":%q,"expires":%q,"write":"w"}`,
 		now.Format(time.RFC3339Nano), now.Format(time.RFC3339Nano), now.Add(time.Hour).Format(time.RFC3339Nano))
@@ -844,36 +885,33 @@ func TestE2ELeaseTakenOver(t *testing.T) {
 	if r.Lease != "lost" || !strings.Contains(r.LastError, "lease") {
 		t.Fatalf("status after a takeover: lease %q, last error %q\n%s", r.Lease, r.LastError, d.stderr)
 	}
-	latest := localLatest(t, storeDir)
-	// The mount is still served; publishing has stopped.
-	writeFile(t, filepath.Join(mp, "after.txt"), "kept locally", 0o644)
-	if code, _, errOut := h.run("snapshot", mp); code != exitConflict {
-		t.Errorf("snapshot after losing the lease: exit %d, want %d: %s", code, exitConflict, errOut)
+	return ls
+}
+
+// A host that lost the lease with nothing to publish, after another host
+// published and went away: its snapshots are "nothing changed" and it
+// stops cleanly (exit 0), with no conflict to resolve at the next start.
+func TestE2ELeaseLostIdle(t *testing.T) {
+	need(t, "/dev/fuse")
+	storeDir := e2eDir(t, "store")
+	mp := e2eDir(t, "home")
+	h := newHost(t, "file://"+storeDir)
+	d := h.mount(mp, "--interval", "0")
+	writeFile(t, filepath.Join(mp, "before.txt"), "published", 0o644)
+	if code, _, errOut := h.run("snapshot", mp); code != 0 {
+		t.Fatalf("snapshot: %d %s", code, errOut)
 	}
-	if got := localLatest(t, storeDir); got != latest {
-		t.Errorf("LATEST moved from %s to %s after the lease was lost", latest, got)
-	}
-	// The other host publishes, then goes away and releases its lease.
-	// Taking the lease back now would gain us nothing (our publishes
-	// conflict) and lock that host out when it restarts.
+	ls := takeLeaseOver(t, h, d, mp, storeDir)
 	publishTree(t, uploader.NewCatalog(ls, uploader.CatalogOptions{Host: "elsewhere"}), makeTree(t, 99))
 	if err := ls.Delete(t.Context(), uploader.LeaseKey); err != nil {
 		t.Fatal(err)
 	}
-	if code, _, errOut := h.run("snapshot", mp); code != exitConflict {
-		t.Errorf("snapshot after another host published: exit %d, want %d: %s", code, exitConflict, errOut)
+	if code, _, errOut := h.run("snapshot", mp); code != 0 {
+		t.Errorf("snapshot with nothing changed after losing the lease: exit %d, want 0: %s", code, errOut)
 	}
-	if _, err := ls.Stat(t.Context(), uploader.LeaseKey); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("the lease was taken back after another host published: %v", err)
-	}
-	if code := d.stop(syscall.SIGTERM); code != exitConflict {
-		t.Errorf("stop after losing the lease: exit %d, want %d", code, exitConflict)
-	}
-	if got := mustRead(t, filepath.Join(h.state, "upper", "after.txt")); got != "kept locally" {
-		t.Errorf("local change not kept: %q", got)
-	}
-	if st, _ := readState(h.state); !st.Unpublished {
-		t.Errorf("state.json should record unpublished changes: %+v", st)
+	d.stopOK(t)
+	if st, err := readState(h.state); err != nil || st.Unpublished || !st.CleanShutdown {
+		t.Errorf("state after an idle stop: %+v %v", st, err)
 	}
 }
 
