@@ -484,16 +484,32 @@ func (v *View) statCaptured(ci *capInode, p string) (ustat, error) {
 			return st, nil
 		}
 	}
-	v.mu.Lock()
-	pinFd, pinned := ci.pinFd, ci.pinned
-	v.mu.Unlock()
-	switch {
-	case pinFd >= 0:
-		return statFd(pinFd)
-	case pinned != "":
-		return statxAt(v.dirfd, pinned)
+	fd, err := v.openPin(ci)
+	if err != nil {
+		return ustat{}, err
 	}
-	return ustat{}, fmt.Errorf("upper inode %d (%s at the freeze) is gone", ci.uino, p)
+	if fd < 0 {
+		return ustat{}, fmt.Errorf("upper inode %d (%s at the freeze) is gone", ci.uino, p)
+	}
+	defer unix.Close(fd)
+	return statFd(fd)
+}
+
+// openPin opens ci's pin (its descriptor again, or its link in the view's
+// directory), or returns -1 when it has none. It holds v.mu, which Close
+// takes to mark the view closed before it drops pins.
+func (v *View) openPin(ci *capInode) (int, error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	switch {
+	case v.closed:
+		return -1, iofs.ErrClosed
+	case ci.pinFd >= 0:
+		return unix.FcntlInt(uintptr(ci.pinFd), unix.F_DUPFD_CLOEXEC, 0)
+	case ci.pinned != "":
+		return unix.Openat(v.dirfd, ci.pinned, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	}
+	return -1, nil
 }
 
 // vinfo is an io/fs.FileInfo of the view.
@@ -712,24 +728,10 @@ func (v *View) Open(name string) (iofs.File, error) {
 func (v *View) openCaptured(cf *capInode, p string) (int, error) {
 	unlock := v.ov.views.lockRenames()
 	defer unlock()
-	v.mu.Lock()
-	if v.closed {
-		v.mu.Unlock()
-		return -1, iofs.ErrClosed
-	}
-	if cf.pinFd >= 0 {
-		fd, err := unix.Dup(cf.pinFd)
-		v.mu.Unlock()
+	if fd, err := v.openPin(cf); fd >= 0 || err != nil {
 		return fd, err
 	}
-	if cf.pinned != "" {
-		fd, err := unix.Openat(v.dirfd, cf.pinned, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		v.mu.Unlock()
-		return fd, err
-	}
-	renames := v.renames
-	v.mu.Unlock()
-	dir, name := splitRel(translate(p, renames))
+	dir, name := splitRel(translate(p, v.renameLog()))
 	if dfd, err := v.ov.u.dir(dir); err == nil {
 		fd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 		v.ov.u.put(dfd)
@@ -741,13 +743,8 @@ func (v *View) openCaptured(cf *capInode, p string) (int, error) {
 		}
 	}
 	// An unlink racing with this open pins the file first: look again.
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if cf.pinFd >= 0 {
-		return unix.Dup(cf.pinFd)
-	}
-	if cf.pinned != "" {
-		return unix.Openat(v.dirfd, cf.pinned, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if fd, err := v.openPin(cf); fd >= 0 || err != nil {
+		return fd, err
 	}
 	return -1, fmt.Errorf("captured file %s is gone", p)
 }
