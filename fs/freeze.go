@@ -226,18 +226,19 @@ func (v *View) node(uino uint64, kind uint32) *capInode {
 
 // frozenNode returns the captured inode uino for a mutation about to
 // change it, or nil if the overlay created it after the freeze (it cannot
-// be part of the view). kept reports that its status is kept already.
-func (v *View) frozenNode(uino uint64, kind uint32) (ci *capInode, kept bool) {
+// be part of the view). Its keep and keepWith do nothing once its status
+// is kept.
+func (v *View) frozenNode(uino uint64, kind uint32) *capInode {
 	v.capMu.RLock()
 	ci, born := v.inodes[uino], v.born[uino]
 	v.capMu.RUnlock()
 	switch {
 	case born:
-		return nil, false
+		return nil
 	case ci != nil:
-		return ci, ci.attrsKept.Load()
+		return ci
 	}
-	return v.node(uino, kind), false
+	return v.node(uino, kind)
 }
 
 // preserveBlock is the granularity at which frozen bytes are saved: the
@@ -320,14 +321,12 @@ func (ci *capInode) markSaved(b int64) {
 // preserve keeps the status of file uino, open at fd and about to change,
 // and saves its frozen bytes in [off, end) that are not saved yet.
 func (v *View) preserve(uino uint64, fd int, off, end int64) error {
-	ci, kept := v.frozenNode(uino, syscall.S_IFREG)
+	ci := v.frozenNode(uino, syscall.S_IFREG)
 	if ci == nil {
 		return nil
 	}
-	if !kept {
-		if err := ci.keepWith(func() (ustat, error) { return statFd(fd) }); err != nil {
-			return err
-		}
+	if err := ci.keepWith(func() (ustat, error) { return statFd(fd) }); err != nil {
+		return err
 	}
 	end = min(end, ci.st.size)
 	if ci.kind != syscall.S_IFREG || off >= end || off < 0 {
@@ -566,7 +565,7 @@ func (s *viewSet) renamed(from, to string, exchange bool) {
 // before it changes.
 func (ov *overlay) keepStat(st *ustat) {
 	for _, v := range ov.views.snapshot() {
-		if ci, kept := v.frozenNode(st.ino, st.mode&syscall.S_IFMT); ci != nil && !kept {
+		if ci := v.frozenNode(st.ino, st.mode&syscall.S_IFMT); ci != nil {
 			ci.keep(st)
 		}
 	}
@@ -576,7 +575,7 @@ func (ov *overlay) keepStat(st *ustat) {
 // changes.
 func (ov *overlay) keepFd(uino uint64, fd int) error {
 	for _, v := range ov.views.snapshot() {
-		if ci, kept := v.frozenNode(uino, syscall.S_IFREG); ci != nil && !kept {
+		if ci := v.frozenNode(uino, syscall.S_IFREG); ci != nil {
 			if err := ci.keepWith(func() (ustat, error) { return statFd(fd) }); err != nil {
 				return err
 			}
@@ -678,13 +677,11 @@ func (s *viewSet) preserve(uino uint64, fd int, off, end int64) error {
 // stay.
 func (s *viewSet) beforeDestroy(dfd int, name string, st *ustat) error {
 	for _, v := range s.snapshot() {
-		ci, kept := v.frozenNode(st.ino, st.mode&syscall.S_IFMT)
+		ci := v.frozenNode(st.ino, st.mode&syscall.S_IFMT)
 		if ci == nil {
 			continue
 		}
-		if !kept {
-			ci.keep(st)
-		}
+		ci.keep(st)
 		if ci.kind == syscall.S_IFREG {
 			if err := v.pin(dfd, name, ci); err != nil {
 				return err
