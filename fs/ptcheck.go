@@ -35,11 +35,30 @@ var ptCheck struct {
 	err  error
 }
 
+// ptCheckTimeout bounds the check: a kernel that never lets its write or
+// chmod finish must not keep Mount from returning.
+const ptCheckTimeout = 20 * time.Second
+
 // ptBarrierHolds runs checkPTBarrier once per process, in a directory under
-// work (a path).
+// work (a path). A check that does not finish in time fails, and its mount
+// is detached (the next mount of the upper layer clears the directory).
 func ptBarrierHolds(work string) error {
-	ptCheck.once.Do(func() { ptCheck.err = checkPTBarrier(work) })
+	ptCheck.once.Do(func() {
+		done := make(chan error, 1)
+		go func() { done <- checkPTBarrier(work) }()
+		select {
+		case ptCheck.err = <-done:
+		case <-time.After(ptCheckTimeout):
+			ptCheck.err = fmt.Errorf("the check did not finish in %s", ptCheckTimeout)
+			unix.Unmount(filepath.Join(ptCheckDir(work), "mnt"), unix.MNT_DETACH)
+		}
+	})
 	return ptCheck.err
+}
+
+// ptCheckDir is this process's check directory under work.
+func ptCheckDir(work string) string {
+	return filepath.Join(work, ptCheckPrefix+strconv.Itoa(os.Getpid()))
 }
 
 // ptCheckFS is the check mount: a root with one file, "f", backed by a
@@ -135,7 +154,7 @@ func (h *ptCheckHandle) Release(ctx context.Context) syscall.Errno {
 // checkPTBarrier mounts the check file system under work and tries the
 // barrier (see above). nil means writable passthrough is safe to use.
 func checkPTBarrier(work string) (err error) {
-	dir := filepath.Join(work, ptCheckPrefix+strconv.Itoa(os.Getpid()))
+	dir := ptCheckDir(work)
 	os.RemoveAll(dir)
 	mnt := filepath.Join(dir, "mnt")
 	if err := os.MkdirAll(mnt, 0o700); err != nil {
@@ -152,6 +171,9 @@ func checkPTBarrier(work string) (err error) {
 		MountOptions: fuse.MountOptions{FsName: FsName + "-check", Name: FsName + "-check", DisableXAttrs: true, DirectMount: true},
 	})
 	if err != nil {
+		// go-fuse can fail after the mount is made (it did not
+		// answer): never leave it.
+		unix.Unmount(mnt, unix.MNT_DETACH)
 		return fmt.Errorf("check mount: %w", err)
 	}
 	defer func() {
