@@ -226,12 +226,13 @@ func (d *daemon) boot(ctx context.Context) error {
 		if err := sd.save(d.st); err != nil {
 			return err
 		}
-	}
-	// Only now that the state (and what decideBase made of them) is saved:
-	// next.sqfs may be the proof that LATEST is ours, needed again if this
-	// boot fails before the save.
-	for _, name := range []string{"next.sqfs", "seed.sqfs"} {
-		os.Remove(filepath.Join(d.sd.packDir(), name))
+		// Only now that the state (and what decideBase made of them) is
+		// saved: next.sqfs may be the proof that LATEST is ours, needed
+		// again if this boot fails before the save. A read-only mount
+		// saves nothing and leaves it to the writer.
+		for _, name := range []string{"next.sqfs", "seed.sqfs"} {
+			os.Remove(filepath.Join(d.sd.packDir(), name))
+		}
 	}
 	return nil
 }

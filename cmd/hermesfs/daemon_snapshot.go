@@ -176,7 +176,10 @@ func (d *daemon) snapshotOnce(ctx context.Context, parent, expect string) (snaps
 	}
 	pr, err := d.cat.Publish(ctx, out, meta, expect)
 	if err != nil {
-		os.Remove(out)
+		// Kept: the publish may have moved LATEST before it failed
+		// (its last read lost), and then this archive is what proves
+		// at the next start that LATEST is ours (packedHere). The next
+		// pack replaces it; a boot that saved its state removes it.
 		return r, fmt.Errorf("publish: %w", err)
 	}
 	r.UploadTime = time.Since(t2)

@@ -1061,6 +1061,11 @@ func TestE2ECrashBeforeFirstLatest(t *testing.T) {
 		t.Fatal("LATEST exists: the kill came too late to test anything")
 	}
 	syscall.Unmount(mp, syscall.MNT_DETACH)
+	// A read-only mount in between leaves the proof to the writer.
+	h.mount(mp, "--read-only").stopOK(t)
+	if _, err := os.Stat(filepath.Join(h.state, "pack", "next.sqfs")); err != nil {
+		t.Fatalf("the crash's archive is gone after a read-only mount: %v", err)
+	}
 
 	d2 := h.mount(mp, "--interval", "0")
 	if got := mustRead(t, filepath.Join(mp, "a")); got != "a" {
