@@ -94,6 +94,7 @@ func TestMountConfigEnvAndValidate(t *testing.T) {
 		func(c *mountConfig) { c.Mountpoint = "" },
 		func(c *mountConfig) { c.WritePassthroughMax = "-5M" },
 		func(c *mountConfig) { c.WritePassthroughMax = "lots" },
+		func(c *mountConfig) { c.WritePassthroughMax = "17179869184G" }, // overflows int64
 	} {
 		c := newMountConfig()
 		c.Mountpoint = "/m"

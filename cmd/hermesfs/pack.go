@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	iofs "io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -158,6 +159,9 @@ func parseSize(s string) (int64, error) {
 	n, err := strconv.ParseInt(t, 10, 64)
 	if err != nil || n <= 0 {
 		return 0, fmt.Errorf("%q is not a size (e.g. 128K)", s)
+	}
+	if n > math.MaxInt64/mult {
+		return 0, fmt.Errorf("%q is too large a size", s)
 	}
 	return n * mult, nil
 }
