@@ -125,16 +125,16 @@ func (b *bench) run() error {
 	if err := os.Symlink(b.home, src); err != nil {
 		return err
 	}
-	bigDir := filepath.Join(b.work, "bigsrc")
-	os.MkdirAll(bigDir, 0o755)
-	if err := writePatterned(filepath.Join(bigDir, "big.bin"), int64(b.bigMiB)<<20); err != nil {
-		return err
-	}
 	img := filepath.Join(b.work, "lower.sqfs")
 	if b.image != "" {
 		img = b.image
 	}
 	if _, err := os.Stat(img); b.image == "" || err != nil {
+		bigDir := filepath.Join(b.work, "bigsrc")
+		os.MkdirAll(bigDir, 0o755)
+		if err := writePatterned(filepath.Join(bigDir, "big.bin"), int64(b.bigMiB)<<20); err != nil {
+			return err
+		}
 		start := time.Now()
 		if err := packTree(b.home, bigDir, img); err != nil {
 			return err
@@ -175,8 +175,9 @@ func (b *bench) run() error {
 		// What an OPEN round trip alone costs per file, and the
 		// ratio reading every file could reach if nothing else did.
 		openN, openO := b.warm("open+close every file (warm)", "info", func(root string) error { return openAll(root) }, b.home, rootLower)
-		if readN > 0 && openN > 0 && files > 0 {
-			extra := openO - openN
+		walkN, walkO := b.warm("walk every directory (warm)", "info", func(root string) error { return openAllIf(root, false) }, b.home, rootLower)
+		if readN > 0 && openN > 0 && walkN > 0 && files > 0 {
+			extra := (openO - walkO) - (openN - walkN)
 			fmt.Printf("# opening a file through the mount costs %s more than natively; with only that, read every file (warm) would be %.2f\n",
 				dur(extra/time.Duration(files)), float64(readN+extra)/float64(readN))
 		}
@@ -483,9 +484,12 @@ func readAll(root string) error {
 }
 
 // openAll opens and closes every regular file under root, reading nothing.
-func openAll(root string) error {
+func openAll(root string) error { return openAllIf(root, true) }
+
+// openAllIf is openAll, or with open false only the walk it makes.
+func openAllIf(root string, open bool) error {
 	return filepath.WalkDir(root, func(p string, d iofs.DirEntry, err error) error {
-		if err != nil || !d.Type().IsRegular() || skipBig(root, p) {
+		if err != nil || !open || !d.Type().IsRegular() || skipBig(root, p) {
 			return err
 		}
 		fd, err := unix.Open(p, unix.O_RDONLY|unix.O_CLOEXEC, 0)
@@ -734,9 +738,6 @@ func readFile(p string) error {
 	return err
 }
 
-// freezeStall dirties mib MiB in fresh upper files, then freezes while a
-// writer keeps writing: it reports how long Freeze took, how long the gate
-// was closed, and the longest a single 4 KiB write waited.
 // freezeWithWriter measures a freeze while rel, just written, is open for
 // writing: written through passthrough (within -ptwrite-max), the freeze
 // stops its writes and copies it whole; written through the daemon, it
@@ -767,6 +768,9 @@ func (b *bench) freezeWithWriter(rel string) error {
 	return nil
 }
 
+// freezeStall dirties mib MiB in fresh upper files, then freezes while a
+// writer keeps writing: it reports how long Freeze took, how long the gate
+// was closed, and the longest a single 4 KiB write waited.
 func (b *bench) freezeStall(mib int) error {
 	dir := filepath.Join(b.mnt, fmt.Sprintf("dirty-%d", mib))
 	os.MkdirAll(dir, 0o755)
