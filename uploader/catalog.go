@@ -387,7 +387,7 @@ func (c *Catalog) PublishReport(ctx context.Context, in PublishInput) (Published
 // the rest of f, if the store can and the source is as its manifest says.
 func (c *Catalog) putComposed(ctx context.Context, m Manifest, f *os.File, d *Delta) (ComposeResult, error) {
 	comp, ok := c.store.(Composer)
-	if !ok || !CanCompose(c.store) {
+	if !ok || !comp.CanCompose() {
 		return ComposeResult{}, fmt.Errorf("store cannot copy: %w", errors.ErrUnsupported)
 	}
 	sm, err := c.Manifest(ctx, d.Source)

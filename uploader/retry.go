@@ -335,6 +335,12 @@ var _ Composer = (*Retry)(nil)
 // PutComposed implements Composer when the wrapped store does, retrying
 // like Put (local is re-read from the start on each attempt); otherwise it
 // fails with errors.ErrUnsupported.
+// CanCompose reports whether the wrapped store can compose now.
+func (r *Retry) CanCompose() bool {
+	c, ok := r.Store.(Composer)
+	return ok && c.CanCompose()
+}
+
 func (r *Retry) PutComposed(ctx context.Context, key string, local io.ReaderAt, size int64, src ComposeSource, ranges []ComposeRange, opts PutOptions) (ComposeResult, error) {
 	c, ok := r.Store.(Composer)
 	if !ok {

@@ -143,15 +143,6 @@ func (emptyReader) Close() error             { return nil }
 // EmptyBody is a ReadCloser with no bytes, for zero-length Gets.
 func EmptyBody() io.ReadCloser { return emptyReader{} }
 
-// CanCompose reports whether s, or the store a Retry wraps, is a Composer.
-func CanCompose(s Store) bool {
-	if r, ok := s.(*Retry); ok {
-		s = r.Store
-	}
-	_, ok := s.(Composer)
-	return ok
-}
-
 // Composer is an optional Store capability: putting an object whose bytes
 // are partly a copy of another object in the same store, which the store
 // copies itself instead of receiving them again. A new snapshot archive
@@ -178,6 +169,9 @@ type Composer interface {
 	// caller can fall back to Put. A store may put plainly when too few
 	// bytes can be copied to be worth it; ComposeResult says what it did.
 	PutComposed(ctx context.Context, key string, local io.ReaderAt, size int64, src ComposeSource, ranges []ComposeRange, opts PutOptions) (ComposeResult, error)
+	// CanCompose reports whether PutComposed may copy at all now; when it
+	// is false, callers need not prepare a composed put.
+	CanCompose() bool
 }
 
 // ComposeSource is the object a composed put copies from.

@@ -123,11 +123,15 @@ func planParts(size int64, ranges []uploader.ComposeRange, minPart, partSize int
 // server-side copies and sent parts. It puts plainly when nothing can be
 // copied (no range of at least MinPartSize) or when the parts would
 // exceed S3's limit of 10,000.
+// CanCompose reports whether PutComposed may copy: not once the server
+// answered a part copy with an ETag that is not an MD5.
+func (s *Store) CanCompose() bool { return !s.uncheckedCopies.Load() }
+
 func (s *Store) PutComposed(ctx context.Context, key string, local io.ReaderAt, size int64, src uploader.ComposeSource, ranges []uploader.ComposeRange, opts uploader.PutOptions) (uploader.ComposeResult, error) {
 	if err := uploader.CheckComposeArgs(key, size, src, ranges, opts); err != nil {
 		return uploader.ComposeResult{}, fmt.Errorf("s3: put %s: %w", key, err)
 	}
-	if s.uncheckedCopies.Load() {
+	if !s.CanCompose() {
 		return uploader.ComposeResult{}, fmt.Errorf("s3: put %s: this server's copied parts cannot be checked: %w", key, errors.ErrUnsupported)
 	}
 	parts, sent, copied := planParts(size, ranges, MinPartSize, s.partSizeFor(size))
@@ -212,7 +216,9 @@ func (s *Store) copyPart(key string, local io.ReaderAt, src uploader.ComposeSour
 		if !isMD5(got) {
 			// Nothing to check the copy against: never trust it, and
 			// stop composing with this server.
-			s.uncheckedCopies.Store(true)
+			if !s.uncheckedCopies.Swap(true) {
+				s.log.Warn("composing snapshots from earlier ones is off for this store: it answers part copies with ETags that are not MD5s, so copies cannot be checked; archives are uploaded whole", "etag", got)
+			}
 			return nil, uploader.Permanent(fmt.Errorf("part %d copied from %s: ETag %q is not an MD5, the copy cannot be checked: %w",
 				num, src.Key, got, errors.ErrUnsupported))
 		}

@@ -257,4 +257,7 @@ func TestPutComposedOpaqueETags(t *testing.T) {
 	if ops, _ = f.proxy.Counts(); ops["UploadPartCopy"] != copies {
 		t.Errorf("copies tried again after the server's ETags proved unverifiable (%d -> %d)", copies, ops["UploadPartCopy"])
 	}
+	if through.(uploader.Composer).CanCompose() {
+		t.Error("the store still says it can compose")
+	}
 }
