@@ -404,6 +404,12 @@ func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno 
 			return errnoOf(err)
 		}
 	}
+	if e.upper && !dir {
+		// Before any change: a file open views cannot keep stays.
+		if err := ov.views.beforeDestroy(dfd, name, &e.ust); err != nil {
+			return errnoOf(err)
+		}
+	}
 	if e.lowerIno != 0 {
 		if err := ov.u.addWhiteout(dfd, name); err != nil {
 			return errnoOf(err)
@@ -415,9 +421,6 @@ func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno 
 				return errnoOf(err)
 			}
 		} else {
-			if err := ov.views.beforeDestroy(dfd, name, &e.ust); err != nil {
-				return errnoOf(err)
-			}
 			if e.ust.nlink <= 1 {
 				if ch := n.GetChild(name); ch != nil {
 					if cn, ok := ch.Operations().(*node); ok {

@@ -181,6 +181,13 @@ func (n *node) Rename(ctx context.Context, name string, newParent fusefs.InodeEm
 		}
 	}
 
+	if de.upper && !srcDir {
+		// Before any change: a file renamed over that open views
+		// cannot keep stays.
+		if err := ov.views.beforeDestroy(dfd, newName, &de.ust); err != nil {
+			return errnoOf(err)
+		}
+	}
 	if srcDir {
 		if err := ov.markMovingDir(sfd, name, src); err != nil {
 			return errnoOf(err)
@@ -188,11 +195,6 @@ func (n *node) Rename(ctx context.Context, name string, newParent fusefs.InodeEm
 	}
 	if se.lowerIno != 0 {
 		if err := ov.u.addWhiteout(sfd, name); err != nil {
-			return errnoOf(err)
-		}
-	}
-	if de.upper && !srcDir {
-		if err := ov.views.beforeDestroy(dfd, newName, &de.ust); err != nil {
 			return errnoOf(err)
 		}
 	}
