@@ -73,6 +73,7 @@ func (m *Mounted) Freeze(ctx context.Context) (*View, error) {
 			err = fmt.Errorf("fs: freeze: copy upper inode %d written through passthrough: %w", b.uino, err)
 			break
 		}
+		cleanPages(b.upperFd)
 	}
 	if len(bs) > 0 && err == nil {
 		ov.settlePTWrites(bs)

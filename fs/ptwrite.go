@@ -56,11 +56,10 @@ import (
 //
 // Shared writable mmap of such a file writes the upper file directly, as it
 // does for any passthrough handle (the -shm of SQLite, which it rebuilds
-// from the WAL). A store into a page still dirty since an earlier one
-// changes no file time, so a file a freeze copied while it was open is
-// counted as changed at its last close, whatever its status says; one
-// still mapped after that close escapes later snapshots' notes (mapped
-// writes are not stopped or seen).
+// from the WAL). A store into a page already dirty changes no file time,
+// so a freeze starts the writeback of each such file after copying it
+// (cleanPages): writeback write-protects the mapped pages, and the next
+// store faults and stamps the file as changed.
 
 // ptRecent is how close to a file's ctime a note must not be taken to be
 // trusted: the coarse clock's tick that stamps file times (jiffies), plus a
@@ -99,11 +98,6 @@ type ptwRec struct {
 	mtime  unix.Timespec
 	ctime  unix.Timespec
 	recent bool // noted within ptRecent of ctime: trust no equality next time
-	// frozen: a freeze copied the file while it was open. A store through
-	// a shared writable mapping into a page still dirty since before the
-	// copy changes it without touching its times, so its last close
-	// counts it as changed whatever its status says.
-	frozen bool
 }
 
 // grantWrite reports whether writable handle h of n, whose upper file has
@@ -169,7 +163,7 @@ func (ov *overlay) ptClosed(n *node) {
 	if r == nil {
 		return
 	}
-	if st, err := statFd(r.fd); err == nil && !r.frozen {
+	if st, err := statFd(r.fd); err == nil {
 		ov.noteLocked(n, r, &st, time.Now())
 	} else {
 		ov.changed(n.ino, 0)
@@ -205,11 +199,7 @@ func (ov *overlay) settlePTWrites(bs []*barrier) {
 	var wait time.Duration
 	for _, b := range bs {
 		r := p.nodes[b.n]
-		if r == nil {
-			continue
-		}
-		r.frozen = true
-		if r.recent && b.fd >= 0 {
+		if r != nil && r.recent && b.fd >= 0 {
 			wait = max(wait, time.Until(time.Unix(r.ctime.Unix()).Add(ptRecent)))
 		}
 	}
@@ -238,6 +228,15 @@ func (ov *overlay) settlePTWrites(bs []*barrier) {
 			ov.noteLocked(b.n, r, &st, now)
 		}
 	}
+}
+
+// cleanPages starts the writeback of the dirty pages of the upper file open
+// at fd (after waiting for any under way), which write-protects them where
+// they are mapped: the next store through a shared mapping faults and
+// updates the file's times, which the notes compare. Without it, a store
+// into a page dirty since before a freeze would change the file unseen.
+func cleanPages(fd int) {
+	unix.SyncFileRange(fd, 0, 0, unix.SYNC_FILE_RANGE_WAIT_BEFORE|unix.SYNC_FILE_RANGE_WRITE)
 }
 
 // notePTWrites counts the files written through passthrough since the last

@@ -211,9 +211,10 @@ func TestPassthroughWriteGeneration(t *testing.T) {
 }
 
 // TestPassthroughWriteMmapAcrossFreeze: a store through a shared writable
-// mapping into a page dirty since before a freeze changes the file without
-// touching its times; the file's last close still counts it as changed,
-// or the daemon would take the last snapshot for the whole of it.
+// mapping into a page that was dirty before a freeze still moves the
+// generation (the freeze cleans the pages, so the store faults and stamps
+// the file), or the daemon would take the last snapshot for the whole of
+// it.
 func TestPassthroughWriteMmapAcrossFreeze(t *testing.T) {
 	e := mountEnv(t, nil, Options{})
 	needPassthrough(t, e)
@@ -232,7 +233,7 @@ func TestPassthroughWriteMmapAcrossFreeze(t *testing.T) {
 	must(t, f.Close())
 	e.waitReleased("f")
 	if got := e.m.Generation(); got == g {
-		t.Error("a file written through a shared mapping across a freeze was not counted as changed at its last close")
+		t.Error("a store through a shared mapping into a page dirty since before a freeze did not move the generation")
 	}
 	if live := e.read("f"); !strings.HasPrefix(live, "stored after the freeze") {
 		t.Errorf("the mount shows %.30q", live)
