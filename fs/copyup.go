@@ -4,9 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
-	"sync"
-	"sync/atomic"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -227,69 +224,34 @@ func (ov *overlay) copyLowerTo(ctx context.Context, tmp string, ino archive.Inod
 }
 
 // copyContent copies size bytes of lower inode ino into fd, leaving holes
-// where the content is zeros. Chunks are read (decompressed) and written by
-// up to copyUpWorkers goroutines at once, each at its own offset: a large
-// file's copy-up is bound by decompression, which uses every core this way.
+// where the content is zeros. Each chunk spans several archive blocks,
+// which readLower decompresses in parallel: a large file's copy-up is
+// bound by decompression.
 func (ov *overlay) copyContent(ctx context.Context, fd int, ino archive.Inode, size int64) error {
-	chunks := (size + copyUpBuf - 1) / copyUpBuf
-	workers := int(min(chunks, int64(copyUpWorkers())))
-	var (
-		next     atomic.Int64 // the next chunk to copy
-		failed   atomic.Bool
-		firstErr error
-		errOnce  sync.Once
-		wg       sync.WaitGroup
-	)
-	fail := func(err error) {
-		errOnce.Do(func() { firstErr = err })
-		failed.Store(true)
-	}
-	copyChunks := func() {
-		defer wg.Done()
-		buf := make([]byte, copyUpBuf)
-		for !failed.Load() {
-			i := next.Add(1) - 1
-			if i >= chunks {
-				return
-			}
-			if err := ctx.Err(); err != nil {
-				fail(err)
-				return
-			}
-			off := i * copyUpBuf
-			want := min(int64(len(buf)), size-off)
-			k, err := ov.lower.ReadAt(ino, buf[:want], off)
-			if int64(k) == want {
-				err = nil // io.EOF with the last bytes
-			} else if err == nil {
-				err = fmt.Errorf("short read at %d", off+int64(k))
-			}
-			if err != nil {
-				fail(err)
-				return
-			}
-			if !allZero(buf[:k]) {
-				if err := pwriteAll(fd, buf[:k], off); err != nil {
-					fail(err)
-					return
-				}
+	buf := make([]byte, copyUpBuf)
+	for off := int64(0); off < size; {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		want := min(int64(len(buf)), size-off)
+		k, err := ov.readLower(ino, buf[:want], off)
+		if int64(k) == want {
+			err = nil // io.EOF with the last bytes
+		} else if err == nil {
+			err = fmt.Errorf("short read at %d", off+int64(k))
+		}
+		if err != nil {
+			return err
+		}
+		if !allZero(buf[:k]) {
+			if err := pwriteAll(fd, buf[:k], off); err != nil {
+				return err
 			}
 		}
-	}
-	wg.Add(workers)
-	for range workers - 1 {
-		go copyChunks()
-	}
-	copyChunks()
-	wg.Wait()
-	if firstErr != nil {
-		return firstErr
+		off += int64(k)
 	}
 	return unix.Ftruncate(fd, size)
 }
-
-// copyUpWorkers is how many goroutines copy one file's content up.
-func copyUpWorkers() int { return min(runtime.GOMAXPROCS(0), 4) }
 
 func allZero(b []byte) bool {
 	for len(b) >= 8 {
