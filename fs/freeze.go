@@ -51,12 +51,14 @@ func (m *Mounted) Freeze(ctx context.Context) (*View, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fs: freeze: %w", err)
 	}
+	// Noted before the gate closes, not while every mutation waits: the
+	// barriers hold these files already.
+	ov.notePTWrites()
 	if err := ov.gate.freeze(ctx); err != nil {
 		releaseBarriers(ov, bs)
 		return nil, fmt.Errorf("fs: freeze: %w", err)
 	}
 	closed := time.Now()
-	ov.notePTWrites()
 	v, err := ov.capture()
 	if err == nil {
 		ov.views.add(v)
