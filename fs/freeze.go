@@ -338,9 +338,11 @@ func (v *View) preserve(uino uint64, fd int, off, end int64) error {
 	ci.mu.Lock()
 	defer ci.mu.Unlock()
 	if off == 0 && ci.nsavedBl == 0 && end == ci.st.size && end > 4*preserveBlock {
-		// A whole file (a freeze copying a file written through
-		// passthrough): copied by the kernel; what it could not copy
-		// is left to the loop below.
+		// The whole file, nothing saved yet (a freeze copying a file
+		// written through passthrough, a truncation to zero, an
+		// O_TRUNC open): copied by the kernel, which costs no read
+		// into the daemon; what it could not copy (a file system or
+		// descriptor without copy_file_range) the loop below saves.
 		if err := v.copyWhole(ci, fd); err != nil {
 			return err
 		}
