@@ -157,9 +157,11 @@ const (
 	defaultGuardMaxBytes  = 4 << 20
 	defaultMaxWrite       = 1 << 20
 	defaultPassthroughMin = 1 << 20
-	defaultPassthroughMax = 32 << 20
 	defaultReadAhead      = 1 << 20
 )
+
+// DefaultPassthroughWriteMax is PassthroughWriteMax when it is zero.
+const DefaultPassthroughWriteMax = 32 << 20
 
 func (o Options) withDefaults() Options {
 	if o.Logger == nil {
@@ -181,7 +183,7 @@ func (o Options) withDefaults() Options {
 		o.PassthroughMinSize = defaultPassthroughMin
 	}
 	if o.PassthroughWriteMax == 0 {
-		o.PassthroughWriteMax = defaultPassthroughMax
+		o.PassthroughWriteMax = DefaultPassthroughWriteMax
 	}
 	if o.MaxWrite == 0 {
 		o.MaxWrite = defaultMaxWrite

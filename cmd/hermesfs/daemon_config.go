@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/hermesfs/hermesfs/fs"
 )
 
 // mountConfig is everything `hermesfs mount` can be told. Flags map onto its
@@ -88,7 +90,7 @@ func newMountConfig() *mountConfig {
 		MemoryLimit: 2200,
 		UserLimit:   1375,
 
-		WritePassthroughMax: "32M",
+		WritePassthroughMax: strconv.Itoa(fs.DefaultPassthroughWriteMax>>20) + "M",
 	}
 }
 
