@@ -193,8 +193,12 @@ func (s *Store) copyPart(key string, local io.ReaderAt, src uploader.ComposeSour
 	return part{n: p.n, done: func() {}, send: func(ctx context.Context, uploadID *string, num int32) (*string, error) {
 		// Hash the local bytes while the server copies (the hash stops
 		// when ctx ends).
+		// A copy that cannot be checked stops it early (stopHash); any
+		// other failure lets it finish, for the retry to use.
+		hctx, stopHash := context.WithCancel(ctx)
+		defer stopHash()
 		hashed := make(chan struct{})
-		go func() { localMD5(ctx); close(hashed) }()
+		go func() { localMD5(hctx); close(hashed) }()
 		defer func() { <-hashed }()
 		out, err := s.client.UploadPartCopy(ctx, &awss3.UploadPartCopyInput{
 			Bucket:            aws.String(s.bucket),
@@ -216,6 +220,7 @@ func (s *Store) copyPart(key string, local io.ReaderAt, src uploader.ComposeSour
 		if !isMD5(got) {
 			// Nothing to check the copy against: never trust it, and
 			// stop composing with this server.
+			stopHash()
 			if !s.uncheckedCopies.Swap(true) {
 				s.log.Warn("composing snapshots from earlier ones is off for this store: it answers part copies with ETags that are not MD5s, so copies cannot be checked; archives are uploaded whole", "etag", got)
 			}
