@@ -29,6 +29,10 @@ type UnpackOptions struct {
 	// Workers is the number of goroutines decompressing and writing file
 	// content. Default runtime.GOMAXPROCS(0).
 	Workers int
+	// Dir, if set, is the directory inode whose subtree is extracted
+	// instead of the whole archive (dir then takes its attributes).
+	// Progress still counts the whole archive's content as the total.
+	Dir Inode
 }
 
 // Unpack extracts the whole archive into dir, which must not exist or be
@@ -160,7 +164,14 @@ func (u *unpacker) run() error {
 		wg.Go(u.worker)
 	}
 
-	root, err := u.r.Stat(u.r.Root())
+	start := u.r.Root()
+	if u.opts.Dir != 0 {
+		start = u.opts.Dir
+	}
+	root, err := u.r.Stat(start)
+	if err == nil && !root.Mode.IsDir() {
+		err = fmt.Errorf("inode %d is not a directory", start)
+	}
 	if err == nil {
 		err = u.dir(fd, root, ".")
 	}
