@@ -27,6 +27,11 @@ Examples:
   hermesfs restore ~/hermes-copy
   hermesfs restore --snapshot 20261122T134501.123Z-box-1a2b3c4d /tmp/old
   hermesfs restore --store s3://my-bucket/alice ./alice
+  hermesfs restore --snapshot ID --path memories/MEMORY.md ./MEMORY.md
+
+With --path, only that file (DIR is then the file to create, or an existing
+directory to create it in) or directory subtree (DIR must be new or empty) is
+extracted, and only the parts of the archive it needs are fetched, by range.
 
 Without hermesfs, the same is (see the README):
   aws s3 cp s3://my-bucket/alice/LATEST -           # prints the id
@@ -37,6 +42,7 @@ Without hermesfs, the same is (see the README):
 		flags: func(fs *flag.FlagSet) {
 			addStoreFlags(fs)
 			fs.String("snapshot", "", "snapshot id to restore (default: the newest that verifies)")
+			fs.String("path", "", "extract only this file or directory of the snapshot (e.g. memories/MEMORY.md), reading just its part of the archive from the store")
 		},
 		run: runRestore,
 	})
@@ -55,6 +61,9 @@ func runRestore(ctx context.Context, e *env, fs *flag.FlagSet, args []string) er
 		if err := uploader.ValidID(id); err != nil {
 			return usageError("--snapshot: %v", err)
 		}
+	}
+	if p := fs.Lookup("path").Value.String(); p != "" {
+		return restorePath(ctx, e, fs, id, p, dir)
 	}
 	// Refuse a non-empty target before downloading anything.
 	if ents, err := os.ReadDir(dir); err == nil && len(ents) > 0 {

@@ -22,6 +22,8 @@ snapshot id. The exit code is the daemon's: 0 all published, 5 the final
 upload failed (the local changes are kept in the state dir and published by
 the next 'hermesfs mount').
 
+A read-only tree of 'hermesfs browse' is simply unmounted.
+
 If no daemon answers but something is still mounted there (the daemon was
 killed), the mount is detached and the message says so; local changes stay in
 the state dir for the next mount.
@@ -34,6 +36,9 @@ Example:
 		run: func(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error {
 			if len(args) != 1 {
 				return usageError("want one MOUNTPOINT")
+			}
+			if done, err := umountBrowse(e, args[0]); done {
+				return err
 			}
 			loc, err := locateDaemon(e, args[0], stateDir)
 			if err != nil {

@@ -63,6 +63,7 @@ type Request struct {
 	Method string
 	Path   string // /bucket/key
 	URI    string // path and query
+	Range  string // the Range header ("bytes=0-1023"), if any
 }
 
 // Rule picks the fault for a request. It is called serially.
@@ -206,7 +207,7 @@ func Op(r *http.Request) string {
 }
 
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	req := Request{Op: Op(r), Method: r.Method, Path: r.URL.Path, URI: r.URL.RequestURI()}
+	req := Request{Op: Op(r), Method: r.Method, Path: r.URL.Path, URI: r.URL.RequestURI(), Range: r.Header.Get("Range")}
 	p.mu.Lock()
 	p.seq++
 	req.Seq = p.seq

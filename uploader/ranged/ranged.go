@@ -87,7 +87,7 @@ type Stats struct {
 }
 
 // ErrCorrupt marks a chunk whose bytes do not match its digest.
-var ErrCorrupt = errors.New("chunk does not match its digest")
+var ErrCorrupt = fmt.Errorf("chunk does not match its digest: %w", uploader.ErrCorrupt)
 
 // Cache is a bounded cache of chunks of store objects.
 type Cache struct {
