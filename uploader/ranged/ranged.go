@@ -233,8 +233,9 @@ type Object struct {
 	chunkSize int64
 	sums      [][sha256.Size]byte // nil: not verified here
 
-	mu      sync.Mutex
-	lastEnd int64 // where the previous read ended, to spot sequential reads
+	mu       sync.Mutex
+	lastEnd  int64 // where the previous read ended, to spot sequential reads
+	runStart int64 // where the current run of sequential reads started
 }
 
 // Size is the object's size.
@@ -316,14 +317,18 @@ func (o *Object) readChunk(ctx context.Context, idx int64, p []byte, in int64) (
 	}
 }
 
-// readAhead fetches the chunks after a read in the background when the
-// read continued the previous one.
+// readAhead fetches the chunks after a read in the background once reads
+// have gone on sequentially for at least a chunk: a few small reads in a
+// row (an archive's superblock, then its tables) are not a stream.
 func (o *Object) readAhead(off, end int64) {
 	o.mu.Lock()
-	seq := off == o.lastEnd && off > 0
+	if off != o.lastEnd {
+		o.runStart = off
+	}
 	o.lastEnd = end
+	stream := end-o.runStart >= o.chunkSize
 	o.mu.Unlock()
-	if !seq || o.c.opts.ReadAhead < 0 {
+	if !stream || o.c.opts.ReadAhead < 0 {
 		return
 	}
 	next := (end + o.chunkSize - 1) / o.chunkSize
@@ -339,26 +344,46 @@ func (o *Object) chunkLen(idx int64) int64 {
 // prefetch fetches chunk idx of o in the background unless it is cached,
 // being fetched, or the background is busy.
 func (c *Cache) prefetch(o *Object, idx int64) {
-	k := chunkKey{o.key, idx}
-	c.mu.Lock()
-	_, cached := c.chunks[k]
-	_, busy := c.inflight[k]
-	closed := c.closed
-	c.mu.Unlock()
-	if cached || busy || closed {
-		return
-	}
 	select {
 	case c.bgSem <- struct{}{}:
 	default:
 		return
 	}
+	_, f, err := c.claim(o, idx)
+	if f == nil || err != nil {
+		<-c.bgSem
+		return
+	}
 	c.bg.Go(func() {
 		defer func() { <-c.bgSem }()
-		if _, err := c.ensure(c.bgCtx, o, idx); err != nil && c.bgCtx.Err() == nil {
+		if _, err := c.fill(c.bgCtx, o, idx, f); err != nil && c.bgCtx.Err() == nil {
 			c.log.Debug("read-ahead failed", "key", o.key, "chunk", idx, "err", err)
 		}
 	})
+}
+
+// claim looks chunk idx of o up: its path if cached; else a fetch the
+// caller now owns and must fill (f non-nil); else "" and nil when another
+// fetch of it is in flight, which the caller may wait for (wait).
+func (c *Cache) claim(o *Object, idx int64) (path string, f *fetch, err error) {
+	k := chunkKey{o.key, idx}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return "", nil, fmt.Errorf("ranged: %s: cache closed", o.key)
+	}
+	if el, ok := c.chunks[k]; ok {
+		c.lru.MoveToFront(el)
+		c.hits.Add(1)
+		return el.Value.(*chunk).path, nil, nil
+	}
+	if c.inflight[k] != nil {
+		return "", nil, nil
+	}
+	f = &fetch{done: make(chan struct{})}
+	c.inflight[k] = f
+	c.misses.Add(1)
+	return "", f, nil
 }
 
 // ensure returns the path of chunk idx of o in the cache, fetching it
@@ -366,56 +391,60 @@ func (c *Cache) prefetch(o *Object, idx int64) {
 func (c *Cache) ensure(ctx context.Context, o *Object, idx int64) (string, error) {
 	k := chunkKey{o.key, idx}
 	for {
+		path, f, err := c.claim(o, idx)
+		switch {
+		case err != nil:
+			return "", err
+		case path != "":
+			return path, nil
+		case f != nil:
+			// The fetch outlives a caller that gives up: others may wait on it.
+			return c.fill(context.WithoutCancel(ctx), o, idx, f)
+		}
 		c.mu.Lock()
-		if c.closed {
-			c.mu.Unlock()
-			return "", fmt.Errorf("ranged: %s: cache closed", o.key)
-		}
-		if el, ok := c.chunks[k]; ok {
-			c.lru.MoveToFront(el)
-			c.mu.Unlock()
-			c.hits.Add(1)
-			return el.Value.(*chunk).path, nil
-		}
-		f, waiting := c.inflight[k]
-		if !waiting {
-			f = &fetch{done: make(chan struct{})}
-			c.inflight[k] = f
-		}
+		f = c.inflight[k]
 		c.mu.Unlock()
-		if waiting {
-			select {
-			case <-f.done:
-			case <-ctx.Done():
-				return "", ctx.Err()
-			}
-			if f.err != nil {
-				return "", f.err
-			}
-			continue // cached now (or already evicted: fetch again)
+		if f == nil {
+			continue // done in between: look again
 		}
-		c.misses.Add(1)
-		// The fetch outlives a caller that gives up: others may wait on it.
-		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.opts.FetchTimeout)
-		path, size, err := c.fetch(fctx, o, idx)
-		cancel()
-		c.mu.Lock()
-		delete(c.inflight, k)
-		if err == nil {
-			if c.closed {
-				os.Remove(path)
-				err = fmt.Errorf("ranged: %s: cache closed", o.key)
-			} else {
-				c.chunks[k] = c.lru.PushFront(&chunk{k: k, path: path, size: size})
-				c.used += size
-				c.evictLocked()
-			}
+		select {
+		case <-f.done:
+		case <-ctx.Done():
+			return "", ctx.Err()
 		}
-		f.err = err
-		c.mu.Unlock()
-		close(f.done)
-		return path, err
+		if f.err != nil {
+			return "", f.err
+		}
+		// Cached now (or already evicted: fetch again).
 	}
+}
+
+// fill runs the fetch f claimed for chunk idx of o and publishes its
+// outcome to the cache and to those waiting on f.
+func (c *Cache) fill(ctx context.Context, o *Object, idx int64, f *fetch) (string, error) {
+	k := chunkKey{o.key, idx}
+	fctx, cancel := context.WithTimeout(ctx, c.opts.FetchTimeout)
+	path, size, err := c.fetch(fctx, o, idx)
+	cancel()
+	c.mu.Lock()
+	delete(c.inflight, k)
+	if err == nil {
+		if c.closed {
+			os.Remove(path)
+			err = fmt.Errorf("ranged: %s: cache closed", o.key)
+		} else {
+			c.chunks[k] = c.lru.PushFront(&chunk{k: k, path: path, size: size})
+			c.used += size
+			c.evictLocked()
+		}
+	}
+	f.err = err
+	c.mu.Unlock()
+	close(f.done)
+	if err != nil {
+		return "", err
+	}
+	return path, nil
 }
 
 // evictLocked drops least recently used chunks until the cache fits,
