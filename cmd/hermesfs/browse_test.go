@@ -265,3 +265,63 @@ func TestBrowseS3(t *testing.T) {
 		t.Errorf("browse output: %q", out.String())
 	}
 }
+
+// A browse tree on a local store stops cleanly when its context ends (the
+// signal path), and bad flags lose nothing.
+func TestBrowseStopsOnSignal(t *testing.T) {
+	need(t, "/dev/fuse")
+	storeDir := t.TempDir()
+	s, err := uploader.NewLocal(storeDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := publishTree(t, uploader.NewCatalog(s, uploader.CatalogOptions{Host: "box"}), makeTree(t, 7))
+	environ := map[string]string{"HERMESFS_STORE": "file://" + storeDir}
+	mp := e2eDir(t, "mnt")
+	for _, args := range [][]string{
+		{"browse"},
+		{"browse", "--cache-size", "lots", mp},
+		{"browse", "--chunk-size", "1", mp},
+		{"browse", filepath.Join(mp, "missing")},
+	} {
+		if code, _, errOut := runCLIEnv(t, environ, args...); code != exitUsage {
+			t.Errorf("%v: exit %d, want %d: %s", args, code, exitUsage, errOut)
+		}
+	}
+
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var out, errOut syncBuffer
+	e := &env{stdout: &out, stderr: &errOut, getenv: func(k string) string { return environ[k] }}
+	exited := make(chan int, 1)
+	go func() { exited <- e.main(ctx, []string{"browse", "--cache-size", "1M", mp}) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(out.String(), "ready ") {
+		select {
+		case code := <-exited:
+			t.Fatalf("browse exited %d: %s", code, errOut.String())
+		case <-time.After(10 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			cancel()
+			t.Fatalf("browse not ready after 30s: %s", errOut.String())
+		}
+	}
+	b, err := os.ReadFile(filepath.Join(mp, "latest", "memories", "MEMORY.md"))
+	if err != nil || !strings.HasPrefix(string(b), "version 7\n") {
+		t.Errorf("MEMORY.md of %s: %q, %v", m.ID, b, err)
+	}
+	cancel()
+	select {
+	case code := <-exited:
+		if code != exitOK {
+			t.Fatalf("browse exited %d on its signal: %s", code, errOut.String())
+		}
+	case <-time.After(30 * time.Second):
+		syscall.Unmount(mp, syscall.MNT_DETACH)
+		t.Fatal("browse still running 30s after its signal")
+	}
+	if isMountpoint(mp) {
+		t.Fatal("still mounted after browse exited")
+	}
+}
