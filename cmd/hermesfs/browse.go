@@ -48,7 +48,8 @@ Examples:
 			addStoreFlags(fs)
 			fs.String("cache-size", "1G", "bound on the local cache of archive chunks")
 			fs.String("chunk-size", "256K", "unit of the ranged reads and of the cache, for archives whose manifest has no chunk digests")
-			fs.String("cache-dir", "", "directory for the cache (default: a new temporary directory, removed at exit)")
+			fs.String("cache-dir", "", "where to make the cache's directory, removed at exit (default: the temporary directory)")
+			fs.Duration("read-timeout", ranged.DefaultFetchTimeout, "give up on a chunk the store has not delivered in this long (retries included): the read fails with EIO")
 			fs.Duration("refresh", 30*time.Second, "list the store again when the root is read after this long")
 			fs.Bool("debug", false, "log every FUSE request")
 		},
@@ -79,12 +80,17 @@ func runBrowse(ctx context.Context, e *env, fset *flag.FlagSet, args []string) e
 	if refresh <= 0 {
 		return usageError("--refresh must be positive")
 	}
+	readTimeout := fset.Lookup("read-timeout").Value.(flag.Getter).Get().(time.Duration)
+	if readTimeout <= 0 {
+		return usageError("--read-timeout must be positive")
+	}
 	cat, loc, err := openCatalog(ctx, e, fset)
 	if err != nil {
 		return err
 	}
 	log := cliLogger(e).With("component", "browse")
-	cache, err := ranged.New(cat.Store(), ranged.Options{Dir: fset.Lookup("cache-dir").Value.String(), MaxBytes: size, ChunkSize: chunk, Logger: log})
+	cache, err := ranged.New(cat.Store(), ranged.Options{Dir: fset.Lookup("cache-dir").Value.String(), MaxBytes: size, ChunkSize: chunk,
+		FetchTimeout: readTimeout, Logger: log})
 	if err != nil {
 		return err
 	}

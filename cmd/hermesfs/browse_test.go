@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -323,5 +326,66 @@ func TestBrowseStopsOnSignal(t *testing.T) {
 	}
 	if isMountpoint(mp) {
 		t.Fatal("still mounted after browse exited")
+	}
+}
+
+// A manifest with chunk digests has every fetched chunk checked: restore
+// --path works with the right ones and fails as corrupt with wrong ones.
+func TestRestorePathChunkDigests(t *testing.T) {
+	storeDir := t.TempDir()
+	s, err := uploader.NewLocal(storeDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := publishTree(t, uploader.NewCatalog(s, uploader.CatalogOptions{Host: "box"}), makeTree(t, 3))
+	environ := map[string]string{"HERMESFS_STORE": "file://" + storeDir}
+	data, err := os.ReadFile(filepath.Join(storeDir, uploader.ArchiveKey(m.ID)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const cs = 64 << 10
+	var sums []string
+	for off := 0; off < len(data); off += cs {
+		sum := sha256.Sum256(data[off:min(len(data), off+cs)])
+		sums = append(sums, hex.EncodeToString(sum[:]))
+	}
+	writeManifest := func(sums []string) {
+		t.Helper()
+		b, err := json.Marshal(struct {
+			uploader.Manifest
+			ChunkSize int64    `json:"chunk_size"`
+			Chunks    []string `json:"chunks"`
+		}{m, cs, sums})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(storeDir, uploader.ManifestKey(m.ID)), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeManifest(sums)
+	dst := filepath.Join(t.TempDir(), "MEMORY.md")
+	if code, _, errOut := runCLIEnv(t, environ, "restore", "--path", "memories/MEMORY.md", dst); code != exitOK {
+		t.Fatalf("restore --path with chunk digests: exit %d: %s", code, errOut)
+	}
+	if b, _ := os.ReadFile(dst); !strings.HasPrefix(string(b), "version 3\n") {
+		t.Fatalf("restored %q", b)
+	}
+	bad := slices.Clone(sums)
+	for i := range bad {
+		bad[i] = strings.Repeat("0", 64)
+	}
+	writeManifest(bad)
+	dst2 := filepath.Join(t.TempDir(), "MEMORY.md")
+	code, _, errOut := runCLIEnv(t, environ, "restore", "--path", "memories/MEMORY.md", dst2)
+	if code != exitCorrupt || !strings.Contains(errOut, "digest") {
+		t.Fatalf("restore --path with wrong chunk digests: exit %d: %s", code, errOut)
+	}
+	if _, err := os.Lstat(dst2); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a failed restore --path left %s: %v", dst2, err)
+	}
+	writeManifest(append(slices.Clone(sums), sums[0]))
+	if code, _, errOut := runCLIEnv(t, environ, "restore", "--path", "memories/MEMORY.md", dst2); code == exitOK || !strings.Contains(errOut, "chunk digests") {
+		t.Fatalf("restore --path with too many chunk digests: exit %d: %s", code, errOut)
 	}
 }

@@ -46,15 +46,14 @@ const (
 	DefaultChunkSize = 256 << 10
 	DefaultReadAhead = 4
 	// DefaultFetchTimeout bounds one chunk's fetch, retries included.
-	DefaultFetchTimeout = 2 * time.Minute
+	DefaultFetchTimeout = 30 * time.Second
 )
 
 // Options configures a Cache. The zero value works.
 type Options struct {
-	// Dir keeps the cached chunks. "" makes a new directory under the
-	// system's temporary directory, removed by Close. A given Dir must be
-	// used by one Cache at a time; Close leaves it in place but empties it
-	// of the chunks this cache wrote.
+	// Dir is where the cache makes its directory of chunks (default the
+	// system's temporary directory). Close removes that directory; a
+	// process that dies leaves a "hermesfs-chunks-*" directory behind.
 	Dir string
 	// MaxBytes bounds the bytes of cached chunks (default 1 GiB). The
 	// chunks being read right now may exceed it for a moment.
@@ -65,7 +64,8 @@ type Options struct {
 	// ReadAhead is how many chunks after a sequential read are fetched in
 	// the background (default 4; negative: none).
 	ReadAhead int
-	// FetchTimeout bounds one chunk's fetch (default 2 minutes).
+	// FetchTimeout bounds one chunk's fetch, retries included (default
+	// 30s); a read waiting on it then fails.
 	FetchTimeout time.Duration
 	Logger       *slog.Logger
 }
@@ -91,10 +91,9 @@ var ErrCorrupt = fmt.Errorf("chunk does not match its digest: %w", uploader.ErrC
 
 // Cache is a bounded cache of chunks of store objects.
 type Cache struct {
-	store  uploader.Store
-	opts   Options
-	log    *slog.Logger
-	ownDir bool
+	store uploader.Store
+	opts  Options
+	log   *slog.Logger
 
 	mu       sync.Mutex
 	lru      *list.List // of *chunk, most recently used first
@@ -146,15 +145,16 @@ func New(store uploader.Store, o Options) (*Cache, error) {
 	}
 	c := &Cache{store: store, opts: o, log: o.Logger, lru: list.New(),
 		chunks: map[chunkKey]*list.Element{}, inflight: map[chunkKey]*fetch{}, bgSem: make(chan struct{}, 4)}
-	if o.Dir == "" {
-		dir, err := os.MkdirTemp("", "hermesfs-chunks-")
-		if err != nil {
+	if o.Dir != "" {
+		if err := os.MkdirAll(o.Dir, 0o700); err != nil {
 			return nil, fmt.Errorf("ranged: cache dir: %w", err)
 		}
-		c.opts.Dir, c.ownDir = dir, true
-	} else if err := os.MkdirAll(o.Dir, 0o700); err != nil {
+	}
+	dir, err := os.MkdirTemp(o.Dir, "hermesfs-chunks-")
+	if err != nil {
 		return nil, fmt.Errorf("ranged: cache dir: %w", err)
 	}
+	c.opts.Dir = dir
 	c.bgCtx, c.stop = context.WithCancel(context.Background())
 	return c, nil
 }
@@ -172,7 +172,7 @@ func (c *Cache) Stats() Stats {
 }
 
 // Close stops background fetches, waits for them, and removes the cached
-// chunks (and the directory, if New made it). Readers fail afterwards.
+// chunks and their directory. Readers fail afterwards.
 func (c *Cache) Close() error {
 	c.mu.Lock()
 	c.closed = true
@@ -181,21 +181,13 @@ func (c *Cache) Close() error {
 	c.bg.Wait()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	var first error
-	for el := c.lru.Front(); el != nil; el = el.Next() {
-		if err := os.Remove(el.Value.(*chunk).path); err != nil && !errors.Is(err, os.ErrNotExist) && first == nil {
-			first = err
-		}
-	}
 	c.lru.Init()
 	clear(c.chunks)
 	c.used = 0
-	if c.ownDir {
-		if err := os.RemoveAll(c.opts.Dir); err != nil && first == nil {
-			first = err
-		}
+	if err := os.RemoveAll(c.opts.Dir); err != nil {
+		return fmt.Errorf("ranged: remove the cache: %w", err)
 	}
-	return first
+	return nil
 }
 
 // Object returns a reader of the size bytes of store object key. With
