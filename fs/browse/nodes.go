@@ -33,7 +33,22 @@ func (r *rootNode) Getattr(ctx context.Context, f fusefs.FileHandle, out *fuse.A
 	out.Mode = syscall.S_IFDIR | 0o555
 	out.Nlink = 2
 	out.Uid, out.Gid = uint32(os.Getuid()), uint32(os.Getgid())
+	// The root changes when a snapshot is taken: its time is the newest's.
+	if t := r.t.newest(); !t.IsZero() {
+		sec := uint64(t.Unix())
+		out.Mtime, out.Atime, out.Ctime = sec, sec, sec
+	}
+	out.SetTimeout(rootTimeout)
 	return 0
+}
+
+func (t *tree) newest() time.Time {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.listed) == 0 {
+		return time.Time{}
+	}
+	return t.snaps[t.listed[len(t.listed)-1]].created
 }
 
 func (r *rootNode) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
