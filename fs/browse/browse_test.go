@@ -318,3 +318,26 @@ func TestBrowseFollowsTheCatalog(t *testing.T) {
 		t.Fatalf("unknown id: %v", err)
 	}
 }
+
+func TestBrowseUnreadableSnapshot(t *testing.T) {
+	src := &fakeSource{files: map[string]string{}, opened: map[string]int{}}
+	src.add(t, id1, time.Now(), makeTree(t, 1), true)
+	src.mu.Lock()
+	good := src.files[id1]
+	src.files[id1] = filepath.Join(tempDir(t), "gone.sqfs")
+	src.mu.Unlock()
+	mp := mount(t, src, time.Hour)
+	if _, err := os.ReadDir(filepath.Join(mp, id1)); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("entering a snapshot that cannot be opened: %v, want EIO", err)
+	}
+	// A failed open is tried again.
+	src.mu.Lock()
+	src.files[id1] = good
+	src.mu.Unlock()
+	if got := names(t, filepath.Join(mp, id1)); !slices.Contains(got, "memories") {
+		t.Fatalf("after the archive came back: %v", got)
+	}
+	if n := src.count(id1); n != 2 {
+		t.Fatalf("%d opens, want 2", n)
+	}
+}
