@@ -4,18 +4,23 @@
 // after the server acted, and responses cut short. A rule decides each
 // request's fate from its sequence number and operation, so a schedule is
 // deterministic. It also counts requests by S3 operation, which the store
-// benchmark uses to report what a snapshot costs.
+// benchmark uses to report what a snapshot costs, and can shape the link
+// (latency per request, a shared bandwidth cap) so loopback looks like a
+// WAN; see Options.
 package faultproxy
 
 import (
+	"bytes"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Fault is what the proxy does to one request.
@@ -45,9 +50,17 @@ const (
 	// ETag in its body made into one that is not an MD5 (as servers
 	// encrypting with SSE-KMS or SSE-C answer).
 	OpaqueETag
+	// FlipByte forwards the request and relays the answer with the middle
+	// byte of a successful body inverted: a store returning wrong bytes
+	// with a plausible status and length.
+	FlipByte
+	// ShortBody forwards the request and relays the status and headers
+	// with only the first half of the body, its Content-Length saying so
+	// (Content-Range unchanged): a well-framed answer that is short.
+	ShortBody
 )
 
-var faultNames = [...]string{"pass", "500", "503 SlowDown", "reset", "500 after acting", "reset after acting", "truncated", "opaque ETag"}
+var faultNames = [...]string{"pass", "500", "503 SlowDown", "reset", "500 after acting", "reset after acting", "truncated", "opaque ETag", "flipped byte", "short body"}
 
 func (f Fault) String() string {
 	if int(f) < len(faultNames) {
@@ -80,29 +93,48 @@ type Proxy struct {
 	srv       *http.Server
 	ln        net.Listener
 
+	latency   atomic.Int64 // time.Duration
+	down, up  link
+	bytesDown atomic.Int64
+	bytesUp   atomic.Int64
+
 	mu     sync.Mutex
 	rule   Rule
 	seq    int
 	counts map[string]int
 	faults map[Fault]int
+	gets   map[string]int
 	closed atomic.Bool
 }
 
 // Start listens on a free loopback port and forwards to target
-// (http://127.0.0.1:PORT).
+// (http://127.0.0.1:PORT) over an unshaped link.
 func Start(target string) (*Proxy, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	return StartWith(target, Options{})
+}
+
+// StartWith is Start with a shaped link.
+func StartWith(target string, o Options) (*Proxy, error) {
+	return StartOn("127.0.0.1:0", target, o)
+}
+
+// StartOn is StartWith listening on addr (host:port, port 0 for a free one).
+func StartOn(addr, target string, o Options) (*Proxy, error) {
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
 	p := &Proxy{
 		URL:       "http://" + ln.Addr().String(),
 		target:    strings.TrimSuffix(target, "/"),
-		transport: &http.Transport{MaxIdleConnsPerHost: 16, DisableCompression: true},
+		transport: &http.Transport{MaxIdleConnsPerHost: 64, DisableCompression: true},
 		ln:        ln,
 		counts:    map[string]int{},
 		faults:    map[Fault]int{},
+		gets:      map[string]int{},
 	}
+	p.SetLatency(o.Latency)
+	p.SetRate(o.Rate)
 	p.srv = &http.Server{Handler: p}
 	go p.srv.Serve(ln)
 	return p, nil
@@ -137,6 +169,31 @@ func (p *Proxy) Counts() (ops map[string]int, faults map[Fault]int) {
 	return ops, faults
 }
 
+// Stats is what the proxy has counted since the last ResetCounts.
+type Stats struct {
+	Ops       map[string]int `json:"ops"`        // requests per S3 operation
+	Faults    map[string]int `json:"faults"`     // faults injected per kind
+	Gets      map[string]int `json:"gets"`       // GetObject requests per path
+	BytesDown int64          `json:"bytes_down"` // response body bytes relayed
+	BytesUp   int64          `json:"bytes_up"`   // request body bytes relayed
+}
+
+// Stats returns the counters.
+func (p *Proxy) Stats() Stats {
+	ops, faults := p.Counts()
+	st := Stats{Ops: ops, Faults: make(map[string]int, len(faults)), Gets: map[string]int{},
+		BytesDown: p.bytesDown.Load(), BytesUp: p.bytesUp.Load()}
+	for k, v := range faults {
+		st.Faults[k.String()] = v
+	}
+	p.mu.Lock()
+	for k, v := range p.gets {
+		st.Gets[k] = v
+	}
+	p.mu.Unlock()
+	return st
+}
+
 // Total is the number of requests seen since the last ResetCounts.
 func (p *Proxy) Total() int {
 	ops, _ := p.Counts()
@@ -152,6 +209,9 @@ func (p *Proxy) ResetCounts() {
 	p.mu.Lock()
 	clear(p.counts)
 	clear(p.faults)
+	clear(p.gets)
+	p.bytesDown.Store(0)
+	p.bytesUp.Store(0)
 	p.mu.Unlock()
 }
 
@@ -212,6 +272,9 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.seq++
 	req.Seq = p.seq
 	p.counts[req.Op]++
+	if req.Op == "GetObject" {
+		p.gets[req.Path]++
+	}
 	fault := Pass
 	if p.rule != nil {
 		fault = p.rule(req)
@@ -221,6 +284,9 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	p.mu.Unlock()
 
+	if err := sleep(r.Context(), time.Duration(p.latency.Load())); err != nil {
+		return
+	}
 	switch fault {
 	case Error500:
 		s3Error(w, r, http.StatusInternalServerError, "InternalError", "injected fault")
@@ -248,7 +314,25 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		hangUp(w)
 		return
 	case Truncate:
-		truncate(w, resp)
+		p.truncate(w, r, resp)
+		return
+	case FlipByte, ShortBody:
+		body, _ := io.ReadAll(resp.Body)
+		ok := resp.StatusCode/100 == 2 && len(body) > 0
+		if ok && fault == FlipByte {
+			body[len(body)/2] ^= 0xff
+		}
+		if ok && fault == ShortBody {
+			body = body[:len(body)/2]
+		}
+		for k, vs := range resp.Header {
+			w.Header()[k] = vs
+		}
+		w.Header().Del("Transfer-Encoding")
+		w.Header().Set("Content-Length", fmt.Sprint(len(body)))
+		w.WriteHeader(resp.StatusCode)
+		n, _ := copyShaped(r.Context(), &p.down, w, bytes.NewReader(body))
+		p.bytesDown.Add(n)
 		return
 	case OpaqueETag:
 		body, _ := io.ReadAll(resp.Body)
@@ -265,11 +349,16 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header()[k] = vs
 	}
 	w.WriteHeader(resp.StatusCode)
-	io.Copy(w, resp.Body)
+	n, _ := copyShaped(r.Context(), &p.down, w, resp.Body)
+	p.bytesDown.Add(n)
 }
 
 func (p *Proxy) forward(r *http.Request) (*http.Response, error) {
-	out, err := http.NewRequestWithContext(r.Context(), r.Method, p.target+r.URL.RequestURI(), r.Body)
+	var body io.ReadCloser = r.Body
+	if r.ContentLength != 0 {
+		body = &shapedReader{ctx: r.Context(), l: &p.up, r: r.Body, max: p.up.chunk(), n: &p.bytesUp}
+	}
+	out, err := http.NewRequestWithContext(r.Context(), r.Method, p.target+r.URL.RequestURI(), body)
 	if err != nil {
 		return nil, err
 	}
@@ -306,7 +395,7 @@ func hangUp(w http.ResponseWriter) {
 }
 
 // truncate relays resp's head and half its body, then hangs up.
-func truncate(w http.ResponseWriter, resp *http.Response) {
+func (p *Proxy) truncate(w http.ResponseWriter, r *http.Request, resp *http.Response) {
 	conn, buf, err := http.NewResponseController(w).Hijack()
 	if err != nil {
 		panic(http.ErrAbortHandler)
@@ -319,8 +408,9 @@ func truncate(w http.ResponseWriter, resp *http.Response) {
 	resp.Header.Set("Content-Length", fmt.Sprint(len(body)))
 	resp.Header.Write(bw)
 	bw.WriteString("\r\n")
-	bw.Write(body[:len(body)/2])
 	bw.Flush()
+	n, _ := copyShaped(r.Context(), &p.down, conn, bytes.NewReader(body[:len(body)/2]))
+	p.bytesDown.Add(n)
 }
 
 // Every returns a rule that gives every nth request (n, 2n, ...) the next
@@ -342,5 +432,35 @@ func Every(n int, faults ...Fault) Rule {
 		i++
 		faulted[id] = true
 		return f
+	}
+}
+
+// Fraction returns a rule that gives each request of operation op (every
+// operation if op is "") the fault f with probability share, drawn from a
+// generator seeded with seed: the same seed and the same sequence of
+// requests fault the same ones. Retries are drawn afresh, so a client that
+// retries gets through eventually.
+func Fraction(share float64, seed uint64, op string, f Fault) Rule {
+	rng := rand.New(rand.NewPCG(seed, 0x5348415045))
+	return func(r Request) Fault {
+		if op != "" && r.Op != op {
+			return Pass
+		}
+		if rng.Float64() < share {
+			return f
+		}
+		return Pass
+	}
+}
+
+// Ranged returns a rule that gives f to the first n GetObject requests
+// that carry a Range header and passes everything else.
+func Ranged(n int, f Fault) Rule {
+	return func(r Request) Fault {
+		if n > 0 && r.Op == "GetObject" && r.Range != "" {
+			n--
+			return f
+		}
+		return Pass
 	}
 }
