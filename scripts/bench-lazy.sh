@@ -1,0 +1,267 @@
+#!/bin/sh
+# Boot on a new host over a WAN-like link: versitygw on 127.0.0.1 behind the
+# shaped fault proxy (uploader/faultproxy/cmd/shapedproxy: LINK_RATE shared by
+# all connections, LINK_LATENCY added to every request). For each generated
+# home size it publishes a snapshot (straight to versitygw, unshaped), then
+# measures through the link:
+#   - start -> ready on a new host (empty state dir)
+#   - the Hermes startup read set replayed right after ready: config.yaml,
+#     SOUL.md, memories/MEMORY.md and USER.md, the skills/ tree listed and 20
+#     SKILL.md files read, state.db opened with sqlite3 and a query over the 50
+#     newest sessions (with their message counts)
+#   - start -> background fill complete ("lazy"."complete" in
+#     'hermesfs status --json'; a daemon without that field is not lazy, and
+#     its archive is complete at ready), and the daemon's peak RSS (VmHWM)
+#   - a reboot of the first host after its clean stop (its own final
+#     snapshot is the newest): data GETs counted by the proxy (GETs of
+#     archive objects, *.sqfs)
+#   - a second new host after those sessions stopped cleanly (hot set)
+#   - the same new-host boot forced onto the download-then-mount path
+#     (HERMESFS_LAZY=0, and --lazy=false when the binary has it)
+#   - a plain GET of the archive through the same link (curl)
+# Env: SIZES (default "1G 8G"), LINK_RATE (default 50MB, bytes/s, 10^6),
+# LINK_LATENCY (default 20ms), BENCH_DIR (scratch, default
+# /var/tmp/hermesfs-bench), HERMESFS_BIN (default bin/hermesfs).
+set -eu
+cd "$(dirname "$0")/.."
+root=$(pwd)
+SIZES=${SIZES:-1G 8G}
+LINK_RATE=${LINK_RATE:-50MB}
+LINK_LATENCY=${LINK_LATENCY:-20ms}
+BENCH_DIR=${BENCH_DIR:-/var/tmp/hermesfs-bench}
+bin=${HERMESFS_BIN:-$root/bin/hermesfs}
+[ -x "$bin" ] || { echo "bench-lazy: $bin missing (make build)" >&2; exit 1; }
+gobin=$(go env GOPATH)/bin
+vgw=$(command -v versitygw || echo "$gobin/versitygw")
+[ -x "$vgw" ] || { echo "bench-lazy: versitygw missing (scripts/deps.sh test)" >&2; exit 1; }
+for c in sqlite3 curl python3 bc; do
+	command -v $c >/dev/null || { echo "bench-lazy: $c missing" >&2; exit 1; }
+done
+
+mkdir -p "$BENCH_DIR"
+work=$BENCH_DIR/lazy
+pids=""
+cleanup() {
+	for p in $pids; do kill "$p" 2>/dev/null || true; done
+	for m in "$work"/*/mnt-*; do
+		mountpoint -q "$m" 2>/dev/null && umount -l "$m"
+	done
+	for p in $pids; do wait "$p" 2>/dev/null || true; done
+	mkdir -p "$BENCH_DIR/lazy-logs" && cp "$work"/*.log "$BENCH_DIR/lazy-logs/" 2>/dev/null || true
+	rm -rf "$work"
+}
+trap cleanup EXIT INT TERM
+rm -rf "$work"
+mkdir -p "$work/s3"
+
+now() { date +%s.%N; }
+elapsed() { printf '%.3f' "$(echo "$2 - $1" | bc)"; }
+ratio() { printf '%.2f' "$(echo "scale=4; $1 / $2" | bc)"; }
+mib() { printf '%.1f' "$(echo "scale=2; $1 / 1048576" | bc)"; }
+
+# The proxy, built once.
+go build -o "$work/shapedproxy" ./uploader/faultproxy/cmd/shapedproxy
+
+# versitygw on a free loopback port, one bucket.
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+export AWS_ACCESS_KEY_ID=bench AWS_SECRET_ACCESS_KEY=bench-secret AWS_REGION=us-east-1
+"$vgw" --access "$AWS_ACCESS_KEY_ID" --secret "$AWS_SECRET_ACCESS_KEY" --port "127.0.0.1:$port" posix "$work/s3" >"$work/versitygw.log" 2>&1 &
+pids="$pids $!"
+ep=http://127.0.0.1:$port
+s3curl() { curl -sS --fail --aws-sigv4 "aws:amz:us-east-1:s3" --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" -H "x-amz-content-sha256: UNSIGNED-PAYLOAD" "$@"; }
+i=0
+until s3curl -X PUT "$ep/bench" >/dev/null 2>&1; do
+	i=$((i + 1))
+	[ $i -lt 100 ] || { echo "bench-lazy: versitygw did not start" >&2; cat "$work/versitygw.log" >&2; exit 1; }
+	sleep 0.1
+done
+
+# The shaped link in front of it.
+"$work/shapedproxy" -target "$ep" -latency "$LINK_LATENCY" -rate "$LINK_RATE" >"$work/proxy.out" 2>"$work/proxy.log" &
+pids="$pids $!"
+i=0
+until grep -q '^proxy ' "$work/proxy.out"; do
+	i=$((i + 1))
+	[ $i -lt 600 ] || { echo "bench-lazy: shapedproxy did not start" >&2; cat "$work/proxy.log" >&2; exit 1; }
+	sleep 0.05
+done
+pep=$(awk '/^proxy / {print $2}' "$work/proxy.out")
+ctl=$(awk '/^proxy / {print $4}' "$work/proxy.out")
+# data_gets prints "ARCHIVE_GETS ALL_GETS BYTES" counted since the last reset.
+data_gets() {
+	curl -sS "$ctl/stats" | python3 -c 'import json,sys
+s=json.load(sys.stdin); g=s.get("gets") or {}
+print(sum(v for k,v in g.items() if k.endswith(".sqfs")), sum(g.values()), s.get("bytes_down",0))'
+}
+reset_counts() { curl -sS -X POST "$ctl/reset" >/dev/null; }
+
+if "$bin" mount -h 2>&1 | grep -q -- '-lazy'; then
+	haslazy=1
+	oldflag=--lazy=false
+	default="lazy"
+	short=lazy
+else
+	haslazy=0
+	oldflag=
+	default="default (this hermesfs has no lazy boot: it downloads, then mounts)"
+	short=default
+	echo "NOTE: $bin has no --lazy flag: no lazy boot; the default path below is the download-then-mount path"
+fi
+echo "load average before: $(cut -d" " -f1-3 /proc/loadavg)"
+echo "link: $LINK_RATE/s shared, $LINK_LATENCY per request (shapedproxy in front of versitygw posix)"
+export HERMESFS_LOG_LEVEL=info
+
+# start_host NAME [ENV=V...] [-- MOUNT FLAGS]: starts 'hermesfs mount' with
+# state dir and mountpoint under $sw, waits for its ready line. Sets hpid
+# and boot (seconds from start to ready).
+start_host() {
+	name=$1
+	shift
+	envs=""
+	while [ $# -gt 0 ] && [ "$1" != "--" ]; do envs="$envs $1"; shift; done
+	[ $# -gt 0 ] && shift
+	mkdir -p "$sw/mnt-$name"
+	: >"$sw/$name.out"
+	t0=$(now)
+	# shellcheck disable=SC2086
+	env HERMESFS_STATE_DIR="$sw/state-$name" $envs "$bin" mount --interval 0 "$@" "$sw/mnt-$name" >>"$sw/$name.out" 2>>"$sw/$name.log" &
+	hpid=$!
+	pids="$pids $hpid"
+	until grep -q '^ready ' "$sw/$name.out"; do
+		kill -0 "$hpid" 2>/dev/null || { echo "bench-lazy: hermesfs ($name) exited:" >&2; tail -20 "$sw/$name.log" >&2; exit 1; }
+		sleep 0.02
+	done
+	t1=$(now)
+	boot=$(elapsed "$t0" "$t1")
+	snapshot=$(sed -n 's/^ready .* snapshot=\([^ ]*\) .*/\1/p' "$sw/$name.out" | tail -1)
+}
+stop_host() { # $1 pid
+	kill -TERM "$1"
+	wait "$1" || { echo "bench-lazy: hermesfs exited $? on SIGTERM" >&2; exit 1; }
+}
+# readset MOUNT: what Hermes reads when it starts; sets rs (seconds).
+readset() {
+	t0=$(now)
+	cat "$1/config.yaml" "$1/SOUL.md" "$1/memories/MEMORY.md" "$1/memories/USER.md" >/dev/null
+	find "$1/skills" -name SKILL.md | sort | head -n 20 | while read -r f; do cat "$f"; done >/dev/null
+	sqlite3 "$1/state.db" "SELECT s.id, s.title, s.started_at, (SELECT count(*) FROM messages m WHERE m.session_id = s.id) FROM sessions s ORDER BY s.started_at DESC LIMIT 50;" >/dev/null
+	t1=$(now)
+	rs=$(elapsed "$t0" "$t1")
+}
+# lazy_state NAME: "absent", or "COMPLETE PRESENT TOTAL" from status --json.
+lazy_state() {
+	"$bin" status --json --state-dir "$sw/state-$1" "$sw/mnt-$1" 2>/dev/null | python3 -c 'import json,sys
+try: r=json.load(sys.stdin)
+except Exception: print("error"); sys.exit()
+l=r.get("lazy")
+print("absent" if l is None else "%s %d %d" % (str(bool(l.get("complete"))).lower(), l.get("present_bytes",0), l.get("total_bytes",0)))'
+}
+# wait_fill NAME START: waits for the fill; sets fill (seconds since START,
+# the time the host was started), lazy ("absent" or "true ...").
+wait_fill() {
+	lazy=$(lazy_state "$1")
+	while :; do
+		case $lazy in
+		absent | true*) break ;;
+		error) echo "bench-lazy: 'hermesfs status --json' failed for $1" >&2; exit 1 ;;
+		esac
+		sleep 0.1
+		lazy=$(lazy_state "$1")
+	done
+	fill=$(elapsed "$2" "$(now)")
+	# Not lazy: the archive was complete (downloaded, verified) at ready.
+	[ "$lazy" = absent ] && fill=$boot
+	return 0
+}
+hwm() { awk '/^VmHWM/ {printf "%.0f", $2/1024}' "/proc/$1/status"; }
+
+summary=""
+for size in $SIZES; do
+	echo "== home $size"
+	home=$(scripts/genhome/cached.sh "$size" 1)
+	sw=$work/$size
+	mkdir -p "$sw"
+	echo "tree: $(find "$home" -type f | wc -l) files, $(mib "$(du -sb "$home" | cut -f1)") MiB ($home)"
+
+	# Publish: host A over a copy of the home, straight to versitygw.
+	export HERMESFS_STORE="s3://bench/home-$size?endpoint=$ep&region=us-east-1&path_style=true"
+	cp -a "$home" "$sw/mnt-a"
+	start_host a
+	stop_host "$hpid"
+	echo "published (unshaped, not measured): pack + upload + stop done"
+	export HERMESFS_STORE="s3://bench/home-$size?endpoint=$pep&region=us-east-1&path_style=true"
+
+	# Host B: a new host through the link.
+	reset_counts
+	ts=$(now)
+	start_host b
+	bpid=$hpid
+	boot_b=$boot
+	readset "$sw/mnt-b"
+	rs_b=$rs
+	wait_fill b "$ts"
+	fill_b=$fill
+	lazy_b=$lazy
+	rss_b=$(hwm "$bpid")
+	set -- $(data_gets)
+	gets_b=$1
+	archive=$snapshot
+	size_b=$(s3curl -sI "$ep/bench/home-$size/snapshots/$archive.sqfs" | tr -d '\r' | awk 'tolower($1)=="content-length:" {print $2}')
+	if [ "$lazy_b" = absent ]; then
+		echo "$default, new host: ready ${boot_b}s, read set ${rs_b}s after ready, archive complete at ready (no lazy status), peak RSS ${rss_b} MiB, $gets_b archive GETs"
+	else
+		echo "$default, new host: ready ${boot_b}s, read set ${rs_b}s after ready, fill complete ${fill_b}s after start, peak RSS ${rss_b} MiB during the fill, $gets_b archive GETs"
+	fi
+	stop_host "$bpid"
+
+	# Host B again: a reboot after a clean stop.
+	reset_counts
+	start_host b
+	boot_r=$boot
+	readset "$sw/mnt-b"
+	rs_r=$rs
+	set -- $(data_gets)
+	gets_r=$1
+	echo "$default, reboot of host B after a clean stop: ready ${boot_r}s, read set ${rs_r}s, $gets_r archive GETs ($2 GETs in all, $(mib "$3") MiB through the link)"
+	stop_host "$hpid"
+
+	# Host C: a second new host after host B's session.
+	reset_counts
+	start_host c
+	cpid=$hpid
+	boot_c=$boot
+	readset "$sw/mnt-c"
+	rs_c=$rs
+	echo "$default, second new host (after the sessions of host B): ready ${boot_c}s, read set ${rs_c}s after ready"
+	stop_host "$cpid"
+
+	# Host D: a new host on the download-then-mount path.
+	reset_counts
+	start_host d HERMESFS_LAZY=0 -- $oldflag
+	dpid=$hpid
+	boot_d=$boot
+	readset "$sw/mnt-d"
+	rs_d=$rs
+	rss_d=$(hwm "$dpid")
+	echo "download-then-mount (HERMESFS_LAZY=0 $oldflag), new host: ready ${boot_d}s, read set ${rs_d}s after ready, peak RSS ${rss_d} MiB"
+	stop_host "$dpid"
+
+	# A plain GET of the same archive through the same link.
+	t0=$(now)
+	s3curl -o /dev/null "$pep/bench/home-$size/snapshots/$archive.sqfs"
+	t1=$(now)
+	get=$(elapsed "$t0" "$t1")
+	echo "plain GET of the archive ($(mib "$size_b") MiB) through the link: ${get}s ($(echo "scale=1; $size_b / 1000000 / $get" | bc) MB/s)"
+
+	echo "ratios: ready $short / download-then-mount $(ratio "$boot_b" "$boot_d")x;" \
+		"first read set + ready vs download-then-mount $(ratio "$(echo "$boot_b + $rs_b" | bc)" "$(echo "$boot_d + $rs_d" | bc)")x;" \
+		"fill complete / plain GET $(ratio "$fill_b" "$get")x; download-then-mount ready / plain GET $(ratio "$boot_d" "$get")x"
+	summary="$summary
+$size $(mib "$size_b") $boot_b $rs_b $fill_b $rss_b $boot_c $rs_c $gets_r $boot_d $rs_d $get"
+	mkdir -p "$BENCH_DIR/lazy-logs"
+	for f in "$sw"/*.log "$sw"/*.out; do cp "$f" "$BENCH_DIR/lazy-logs/$size-$(basename "$f")" || true; done
+	rm -rf "$sw"
+done
+
+echo "== summary (seconds; MiB)"
+echo "size archive ready readset fill rss ready2 readset2 rebootGETs old_ready old_readset plainGET$summary" | column -t
