@@ -80,7 +80,7 @@ done
 "$work/shapedproxy" -target "$ep" -latency "$LINK_LATENCY" -rate "$LINK_RATE" >"$work/proxy.out" 2>"$work/proxy.log" &
 pids="$pids $!"
 i=0
-until grep -q '^proxy ' "$work/proxy.out"; do
+until grep -qs '^proxy ' "$work/proxy.out"; do
 	i=$((i + 1))
 	[ $i -lt 600 ] || { echo "bench-lazy: shapedproxy did not start" >&2; cat "$work/proxy.log" >&2; exit 1; }
 	sleep 0.05
@@ -139,14 +139,18 @@ stop_host() { # $1 pid
 	kill -TERM "$1"
 	wait "$1" || { echo "bench-lazy: hermesfs exited $? on SIGTERM" >&2; exit 1; }
 }
-# readset MOUNT: what Hermes reads when it starts; sets rs (seconds).
+# readset MOUNT: what Hermes reads when it starts; sets rsn (seconds) and
+# rs (seconds and their split: small files, skills, sqlite3).
 readset() {
 	t0=$(now)
 	cat "$1/config.yaml" "$1/SOUL.md" "$1/memories/MEMORY.md" "$1/memories/USER.md" >/dev/null
-	find "$1/skills" -name SKILL.md | sort | head -n 20 | while read -r f; do cat "$f"; done >/dev/null
-	sqlite3 "$1/state.db" "SELECT s.id, s.title, s.started_at, (SELECT count(*) FROM messages m WHERE m.session_id = s.id) FROM sessions s ORDER BY s.started_at DESC LIMIT 50;" >/dev/null
 	t1=$(now)
-	rs=$(elapsed "$t0" "$t1")
+	find "$1/skills" -name SKILL.md | sort | head -n 20 | while read -r f; do cat "$f"; done >/dev/null
+	t2=$(now)
+	sqlite3 "$1/state.db" "SELECT s.id, s.title, s.started_at, (SELECT count(*) FROM messages m WHERE m.session_id = s.id) FROM sessions s ORDER BY s.started_at DESC LIMIT 50;" >/dev/null
+	t3=$(now)
+	rsn=$(elapsed "$t0" "$t3")
+	rs="${rsn}s (files $(elapsed "$t0" "$t1"), skills $(elapsed "$t1" "$t2"), sqlite3 $(elapsed "$t2" "$t3"))"
 }
 # lazy_state NAME: "absent", or "COMPLETE PRESENT TOTAL" from status --json.
 lazy_state() {
@@ -181,11 +185,12 @@ for size in $SIZES; do
 	home=$(scripts/genhome/cached.sh "$size" 1)
 	sw=$work/$size
 	mkdir -p "$sw"
-	echo "tree: $(find "$home" -type f | wc -l) files, $(mib "$(du -sb "$home" | cut -f1)") MiB ($home)"
+	echo "tree: $(find "$home/" -type f | wc -l) files, $(mib "$(du -sb "$home/" | cut -f1)") MiB ($home)"
 
 	# Publish: host A over a copy of the home, straight to versitygw.
 	export HERMESFS_STORE="s3://bench/home-$size?endpoint=$ep&region=us-east-1&path_style=true"
-	cp -a "$home" "$sw/mnt-a"
+	mkdir "$sw/mnt-a"
+	cp -a "$home/." "$sw/mnt-a/"
 	start_host a
 	stop_host "$hpid"
 	echo "published (unshaped, not measured): pack + upload + stop done"
@@ -199,18 +204,19 @@ for size in $SIZES; do
 	boot_b=$boot
 	readset "$sw/mnt-b"
 	rs_b=$rs
+	rsn_b=$rsn
 	wait_fill b "$ts"
 	fill_b=$fill
 	lazy_b=$lazy
 	rss_b=$(hwm "$bpid")
 	set -- $(data_gets)
-	gets_b=$1
+	gets_b="$1 archive GETs, $(mib "$3") MiB through the link"
 	archive=$snapshot
 	size_b=$(s3curl -sI "$ep/bench/home-$size/snapshots/$archive.sqfs" | tr -d '\r' | awk 'tolower($1)=="content-length:" {print $2}')
 	if [ "$lazy_b" = absent ]; then
-		echo "$default, new host: ready ${boot_b}s, read set ${rs_b}s after ready, archive complete at ready (no lazy status), peak RSS ${rss_b} MiB, $gets_b archive GETs"
+		echo "$default, new host: ready ${boot_b}s, read set ${rs_b} after ready, archive complete at ready (no lazy status), peak RSS ${rss_b} MiB, $gets_b"
 	else
-		echo "$default, new host: ready ${boot_b}s, read set ${rs_b}s after ready, fill complete ${fill_b}s after start, peak RSS ${rss_b} MiB during the fill, $gets_b archive GETs"
+		echo "$default, new host: ready ${boot_b}s, read set ${rs_b} after ready, fill complete ${fill_b}s after start, peak RSS ${rss_b} MiB during the fill, $gets_b"
 	fi
 	stop_host "$bpid"
 
@@ -220,9 +226,10 @@ for size in $SIZES; do
 	boot_r=$boot
 	readset "$sw/mnt-b"
 	rs_r=$rs
+	rsn_r=$rsn
 	set -- $(data_gets)
 	gets_r=$1
-	echo "$default, reboot of host B after a clean stop: ready ${boot_r}s, read set ${rs_r}s, $gets_r archive GETs ($2 GETs in all, $(mib "$3") MiB through the link)"
+	echo "$default, reboot of host B after a clean stop: ready ${boot_r}s, read set ${rs_r}, $gets_r archive GETs ($2 GETs in all, $(mib "$3") MiB through the link)"
 	stop_host "$hpid"
 
 	# Host C: a second new host after host B's session.
@@ -232,7 +239,9 @@ for size in $SIZES; do
 	boot_c=$boot
 	readset "$sw/mnt-c"
 	rs_c=$rs
-	echo "$default, second new host (after the sessions of host B): ready ${boot_c}s, read set ${rs_c}s after ready"
+	rsn_c=$rsn
+	set -- $(data_gets)
+	echo "$default, second new host (after the sessions of host B): ready ${boot_c}s, read set ${rs_c} after ready ($1 archive GETs by then)"
 	stop_host "$cpid"
 
 	# Host D: a new host on the download-then-mount path.
@@ -242,8 +251,9 @@ for size in $SIZES; do
 	boot_d=$boot
 	readset "$sw/mnt-d"
 	rs_d=$rs
+	rsn_d=$rsn
 	rss_d=$(hwm "$dpid")
-	echo "download-then-mount (HERMESFS_LAZY=0 $oldflag), new host: ready ${boot_d}s, read set ${rs_d}s after ready, peak RSS ${rss_d} MiB"
+	echo "download-then-mount (HERMESFS_LAZY=0 $oldflag), new host: ready ${boot_d}s, read set ${rs_d} after ready, peak RSS ${rss_d} MiB"
 	stop_host "$dpid"
 
 	# A plain GET of the same archive through the same link.
@@ -254,10 +264,10 @@ for size in $SIZES; do
 	echo "plain GET of the archive ($(mib "$size_b") MiB) through the link: ${get}s ($(echo "scale=1; $size_b / 1000000 / $get" | bc) MB/s)"
 
 	echo "ratios: ready $short / download-then-mount $(ratio "$boot_b" "$boot_d")x;" \
-		"first read set + ready vs download-then-mount $(ratio "$(echo "$boot_b + $rs_b" | bc)" "$(echo "$boot_d + $rs_d" | bc)")x;" \
+		"first read set + ready vs download-then-mount $(ratio "$(echo "$boot_b + $rsn_b" | bc)" "$(echo "$boot_d + $rsn_d" | bc)")x;" \
 		"fill complete / plain GET $(ratio "$fill_b" "$get")x; download-then-mount ready / plain GET $(ratio "$boot_d" "$get")x"
 	summary="$summary
-$size $(mib "$size_b") $boot_b $rs_b $fill_b $rss_b $boot_c $rs_c $gets_r $boot_d $rs_d $get"
+$size $(mib "$size_b") $boot_b $rsn_b $fill_b $rss_b $boot_c $rsn_c $gets_r $boot_d $rsn_d $get"
 	mkdir -p "$BENCH_DIR/lazy-logs"
 	for f in "$sw"/*.log "$sw"/*.out; do cp "$f" "$BENCH_DIR/lazy-logs/$size-$(basename "$f")" || true; done
 	rm -rf "$sw"
