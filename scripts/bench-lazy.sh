@@ -47,12 +47,18 @@ cleanup() {
 		mountpoint -q "$m" 2>/dev/null && umount -l "$m"
 	done
 	for p in $pids; do wait "$p" 2>/dev/null || true; done
-	mkdir -p "$BENCH_DIR/lazy-logs" && cp "$work"/*.log "$BENCH_DIR/lazy-logs/" 2>/dev/null || true
+	mkdir -p "$BENCH_DIR/lazy-logs"
+	for f in "$work"/*.log "$work"/*/*.log "$work"/*/*.out; do
+		[ -e "$f" ] || continue
+		d=$(basename "$(dirname "$f")")
+		[ "$d" = lazy ] && d= || d=$d-
+		cp "$f" "$BENCH_DIR/lazy-logs/$d$(basename "$f")" || true
+	done
 	rm -rf "$work"
 }
 trap cleanup EXIT INT TERM
-rm -rf "$work"
-mkdir -p "$work/s3"
+rm -rf "$work" "$BENCH_DIR/lazy-logs"
+mkdir -p "$work/s3" "$BENCH_DIR/lazy-logs"
 
 now() { date +%s.%N; }
 elapsed() { printf '%.3f' "$(echo "$2 - $1" | bc)"; }
@@ -268,7 +274,6 @@ for size in $SIZES; do
 		"fill complete / plain GET $(ratio "$fill_b" "$get")x; download-then-mount ready / plain GET $(ratio "$boot_d" "$get")x"
 	summary="$summary
 $size $(mib "$size_b") $boot_b $rsn_b $fill_b $rss_b $boot_c $rsn_c $gets_r $boot_d $rsn_d $get"
-	mkdir -p "$BENCH_DIR/lazy-logs"
 	for f in "$sw"/*.log "$sw"/*.out; do cp "$f" "$BENCH_DIR/lazy-logs/$size-$(basename "$f")" || true; done
 	rm -rf "$sw"
 done
