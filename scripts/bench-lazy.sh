@@ -20,7 +20,8 @@
 #     (HERMESFS_LAZY=0, and --lazy=false when the binary has it)
 #   - a plain GET of the archive through the same link (curl)
 # Env: SIZES (default "1G 8G"), LINK_RATE (default 50MB, bytes/s, 10^6),
-# LINK_LATENCY (default 20ms), BENCH_DIR (scratch, default
+# LINK_LATENCY (default 20ms), FILL_TIMEOUT (seconds a fill may take before
+# the run fails, default 1800), BENCH_DIR (scratch, default
 # /var/tmp/hermesfs-bench), HERMESFS_BIN (default bin/hermesfs).
 set -eu
 cd "$(dirname "$0")/.."
@@ -28,6 +29,7 @@ root=$(pwd)
 SIZES=${SIZES:-1G 8G}
 LINK_RATE=${LINK_RATE:-50MB}
 LINK_LATENCY=${LINK_LATENCY:-20ms}
+FILL_TIMEOUT=${FILL_TIMEOUT:-1800}
 BENCH_DIR=${BENCH_DIR:-/var/tmp/hermesfs-bench}
 bin=${HERMESFS_BIN:-$root/bin/hermesfs}
 [ -x "$bin" ] || { echo "bench-lazy: $bin missing (make build)" >&2; exit 1; }
@@ -170,11 +172,13 @@ print("absent" if l is None else "%s %d %d" % (str(bool(l.get("complete"))).lowe
 # the time the host was started), lazy ("absent" or "true ...").
 wait_fill() {
 	lazy=$(lazy_state "$1")
+	deadline=$(($(date +%s) + FILL_TIMEOUT))
 	while :; do
 		case $lazy in
 		absent | true*) break ;;
 		error) echo "bench-lazy: 'hermesfs status --json' failed for $1" >&2; exit 1 ;;
 		esac
+		[ "$(date +%s)" -lt "$deadline" ] || { echo "bench-lazy: the fill of $1 is not complete after ${FILL_TIMEOUT}s (present, total: ${lazy#* })" >&2; exit 1; }
 		sleep 0.1
 		lazy=$(lazy_state "$1")
 	done
