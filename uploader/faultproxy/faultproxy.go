@@ -1,12 +1,12 @@
 // Package faultproxy is an HTTP proxy on 127.0.0.1 that sits between an S3
 // client and a real S3 server and breaks chosen requests the ways networks
 // and object stores break: 500s, 503 SlowDown, connections reset before or
-// after the server acted, and responses cut short. A rule decides each
-// request's fate from its sequence number and operation, so a schedule is
-// deterministic. It also counts requests by S3 operation, which the store
-// benchmark uses to report what a snapshot costs, and can shape the link
-// (latency per request, a shared bandwidth cap) so loopback looks like a
-// WAN; see Options.
+// after the server acted, responses cut short, and bodies with a byte
+// changed. A rule decides each request's fate from its sequence number,
+// operation and Range, so a schedule is deterministic. It also counts
+// requests by S3 operation, which the store benchmark uses to report what a
+// snapshot costs, and can shape the link (latency per request, a shared
+// bandwidth cap) so loopback looks like a WAN; see Options.
 package faultproxy
 
 import (
