@@ -112,6 +112,14 @@ type Retry struct {
 	Store
 	policy RetryPolicy
 	log    *slog.Logger
+	obs    RetryObserver // nil unless the wrapped store is one
+}
+
+// RetryObserver is implemented by a wrapped Store (Observed) that wants to
+// know of each retry: ObserveRetry is called with the operation ("put",
+// "get", "upload part", ...) before each retry's wait.
+type RetryObserver interface {
+	ObserveRetry(op string)
 }
 
 var _ Store = (*Retry)(nil)
@@ -121,7 +129,8 @@ func WithRetry(s Store, p RetryPolicy, logger *slog.Logger) *Retry {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &Retry{Store: s, policy: p.withDefaults(), log: logger}
+	obs, _ := s.(RetryObserver)
+	return &Retry{Store: s, policy: p.withDefaults(), log: logger, obs: obs}
 }
 
 // Unwrap returns the wrapped store.
@@ -138,6 +147,9 @@ func (r *Retry) do(ctx context.Context, what, key string, op func() error) error
 			return fmt.Errorf("%w (gave up after %d attempts)", err, n+1)
 		}
 		d := r.policy.Delay(n, r.policy.Rand())
+		if r.obs != nil {
+			r.obs.ObserveRetry(what)
+		}
 		r.log.Warn("store request failed; retrying", "op", what, "key", key, "retry", n+1, "of", r.policy.MaxRetries, "delay", d, "err", err)
 		if err := r.policy.Sleep(ctx, d); err != nil {
 			return err
@@ -272,6 +284,9 @@ func (b *resumingBody) resume(cause error) error {
 	}
 	d := b.r.policy.Delay(b.fail, b.r.policy.Rand())
 	b.fail++
+	if b.r.obs != nil {
+		b.r.obs.ObserveRetry("get")
+	}
 	b.r.log.Warn("store read broke; resuming", "key", b.key, "offset", b.off, "retry", b.fail, "delay", d, "err", cause)
 	if err := b.r.policy.Sleep(b.ctx, d); err != nil {
 		return err
