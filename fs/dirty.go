@@ -27,6 +27,7 @@ const maxEpochs = 16
 // unidentified object, which only bumps the generation) that wrote bytes.
 func (ov *overlay) changed(ino uint64, bytes int64) {
 	gen := ov.gen.Add(1)
+	ov.opts.Stats.noteChange()
 	if ino == 0 {
 		return
 	}

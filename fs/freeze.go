@@ -63,6 +63,7 @@ func (m *Mounted) Freeze(ctx context.Context) (*View, error) {
 	if err == nil {
 		ov.views.add(v)
 		ov.dirty.newEpoch(v.gen)
+		ov.opts.Stats.noteFreeze()
 	}
 	v.stall = time.Since(closed)
 	ov.gate.thaw()

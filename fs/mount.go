@@ -99,7 +99,10 @@ func Mount(ctx context.Context, mountpoint string, opts Options) (*Mounted, erro
 			DirectMountFlags: directFlags,
 		},
 	}
-	raw := &rawFS{RawFileSystem: fusefs.NewNodeFS(root, fopts), ov: ov}
+	var raw fuse.RawFileSystem = &rawFS{RawFileSystem: fusefs.NewNodeFS(root, fopts), ov: ov}
+	if opts.Stats != nil {
+		raw = &timedFS{RawFileSystem: raw, s: opts.Stats}
+	}
 	server, err := fuse.NewServer(raw, mountpoint, &fopts.MountOptions)
 	if err != nil {
 		ov.close()

@@ -138,6 +138,10 @@ type Options struct {
 	// reading it into memory. Default 4 MiB.
 	GuardMaxBytes int64
 
+	// Stats, if set, receives the mount's figures for monitoring (see
+	// Stats); nil keeps none and adds nothing to the request path.
+	Stats *Stats
+
 	// MaxWrite is the largest read or write request the kernel sends.
 	// Default 1 MiB.
 	MaxWrite int
