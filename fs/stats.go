@@ -49,7 +49,7 @@ const numBuckets = 19 // len(OpBuckets)
 type opStat struct {
 	calls   atomic.Uint64
 	samples atomic.Uint64
-	sum     atomic.Int64                 // nanoseconds of the samples
+	sum     atomic.Int64                  // nanoseconds of the samples
 	buckets [numBuckets + 1]atomic.Uint64 // per bucket, not cumulative; the last is +Inf
 	_       [64]byte                      // keeps operations off each other's cache lines
 }
