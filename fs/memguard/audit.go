@@ -18,6 +18,9 @@ import (
 const (
 	VerdictAccepted = "accepted"
 	VerdictRejected = "rejected"
+	// VerdictError is never in the audit log: Options.OnVerdict gets it
+	// for a change refused because its decision could not be recorded.
+	VerdictError = "error"
 )
 
 // Event is one line of the audit log: one decision about one change.

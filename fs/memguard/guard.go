@@ -49,6 +49,9 @@ const (
 	ReasonShrink      = "over-limit-shrink"
 	ReasonLimit       = "limit"
 	ReasonInvalidUTF8 = "invalid-utf8"
+	// ReasonAuditLog goes with VerdictError (Options.OnVerdict only): the
+	// decision could not be recorded, and the change was refused.
+	ReasonAuditLog = "audit-log"
 )
 
 // Options configures a Guard. The zero value of every field but AuditLog is
@@ -87,6 +90,13 @@ type Options struct {
 
 	// Now is the clock of audit timestamps. Nil means time.Now.
 	Now func() time.Time
+
+	// OnVerdict, if set, is called with each decision Check records (the
+	// verdict and reason of its audit event), and with VerdictError and
+	// ReasonAuditLog for a change refused because it could not be
+	// recorded. It is for monitoring: it must be quick and must not call
+	// the Guard.
+	OnVerdict func(verdict, reason string)
 }
 
 // Guard is the memory-file policy. It implements the overlay's Guard interface
@@ -101,6 +111,7 @@ type Guard struct {
 	log     *slog.Logger
 	now     func() time.Time
 	proc    string // where process ids are resolved: /proc
+	verdict func(verdict, reason string)
 }
 
 // New checks opts, fills in defaults, and opens (creating if needed) the audit
@@ -123,9 +134,13 @@ func New(opts Options) (*Guard, error) {
 			KindMemory: orDefault(opts.MemoryLimit, DefaultMemoryLimit),
 			KindUser:   orDefault(opts.UserLimit, DefaultUserLimit),
 		},
-		log:  opts.Logger,
-		now:  opts.Now,
-		proc: "/proc",
+		log:     opts.Logger,
+		now:     opts.Now,
+		proc:    "/proc",
+		verdict: opts.OnVerdict,
+	}
+	if g.verdict == nil {
+		g.verdict = func(string, string) {}
 	}
 	if g.log == nil {
 		g.log = slog.New(slog.DiscardHandler)
@@ -273,8 +288,10 @@ func (g *Guard) Check(ctx context.Context, rel string, old, new []byte, pid uint
 	ev.Time = g.now().UTC()
 	if err := g.audit.append(&ev); err != nil {
 		g.log.Error("memory change not recorded, refusing it", "file", rel, "pid", pid, "err", err)
+		g.verdict(VerdictError, ReasonAuditLog)
 		return fmt.Errorf("memguard: check %s: %w: %w", rel, err, syscall.EIO)
 	}
+	g.verdict(ev.Verdict, ev.Reason)
 	attrs := []any{"file", rel, "reason", ev.Reason, "chars_before", ev.CharsBefore,
 		"chars_after", ev.CharsAfter, "limit", limit, "pid", ev.PID, "process", ev.Process}
 	if rej != nil {
