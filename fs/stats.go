@@ -207,6 +207,10 @@ func (s *Stats) FirstChange() time.Time { return unixNano(s.firstChange.Load()) 
 // change.
 func (s *Stats) FrozenFirstChange() time.Time { return unixNano(s.frozenFirst.Load()) }
 
+// TakeFrozenFirstChange is FrozenFirstChange, which it resets to zero:
+// the caller (the one that froze the view) now accounts for those changes.
+func (s *Stats) TakeFrozenFirstChange() time.Time { return unixNano(s.frozenFirst.Swap(0)) }
+
 func unixNano(n int64) time.Time {
 	if n == 0 {
 		return time.Time{}

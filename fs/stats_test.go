@@ -58,6 +58,9 @@ func TestStatsCountsRequests(t *testing.T) {
 	if !st.FirstChange().IsZero() || !st.FrozenFirstChange().Equal(first) {
 		t.Errorf("after a freeze: first change %v (want none), frozen %v (want %v)", st.FirstChange(), st.FrozenFirstChange(), first)
 	}
+	if got := st.TakeFrozenFirstChange(); !got.Equal(first) || !st.FrozenFirstChange().IsZero() {
+		t.Errorf("take: %v, then %v; want %v, then none", got, st.FrozenFirstChange(), first)
+	}
 	e.write("later.txt", "x")
 	if st.FirstChange().IsZero() {
 		t.Error("a change after the freeze is not recorded")

@@ -52,6 +52,8 @@ type daemon struct {
 
 	ov overlay
 
+	met *daemonMetrics // nil without --metrics-addr
+
 	// snapMu serialises snapshots: the periodic tick, `hermesfs snapshot`
 	// and the final one never overlap.
 	snapMu sync.Mutex
@@ -112,10 +114,16 @@ func runDaemon(ctx context.Context, e *env, cfg *mountConfig, p parts) error {
 	d.base = d.root.With("mountpoint", cfg.Mountpoint)
 	d.log = d.base.With("component", "daemon")
 
+	var err error
+	if d.met, err = newDaemonMetrics(d, cfg.MetricsAddr); err != nil {
+		return err
+	}
+	defer d.met.close()
 	if err := d.boot(ctx); err != nil {
 		d.cleanupBoot()
 		return err
 	}
+	d.met.ready()
 	return d.serve(ctx)
 }
 

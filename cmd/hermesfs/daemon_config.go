@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -74,6 +75,10 @@ type mountConfig struct {
 	// Debug logs every FUSE request.
 	Debug bool
 
+	// MetricsAddr, if set, is the HOST:PORT where Prometheus metrics are
+	// served (/metrics). Env HERMESFS_METRICS_ADDR.
+	MetricsAddr string
+
 	// flags holds the store flags (declared by addStoreFlags), read with
 	// storeOptions when the store is opened.
 	flags *flag.FlagSet
@@ -104,6 +109,7 @@ var envFlags = map[string]string{
 	"HERMESFS_LOG_LEVEL":    "log-level",
 
 	"HERMESFS_WRITE_PASSTHROUGH_MAX": "write-passthrough-max",
+	"HERMESFS_METRICS_ADDR":          "metrics-addr",
 }
 
 // addFlags declares c's flags on fs, with c's current values as defaults.
@@ -124,6 +130,7 @@ func (c *mountConfig) addFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.UserLimit, "user-limit", c.UserLimit, "character limit of memories/USER.md when config.yaml sets none")
 	fs.StringVar(&c.WritePassthroughMax, "write-passthrough-max", c.WritePassthroughMax, "largest file written by the kernel straight to local disk (FUSE passthrough; root, Linux >= 6.9), e.g. 32M; 0 for none. Larger files are written through the daemon. Each snapshot stops such files' writes while it copies them (env HERMESFS_WRITE_PASSTHROUGH_MAX)")
 	fs.BoolVar(&c.Debug, "debug", c.Debug, "log every FUSE request")
+	fs.StringVar(&c.MetricsAddr, "metrics-addr", c.MetricsAddr, "serve Prometheus metrics at http://HOST:PORT/metrics (port 0: any free one, logged); off by default (env HERMESFS_METRICS_ADDR)")
 }
 
 // applyEnv sets, from the environment, every flag of fs that has a variable
@@ -177,6 +184,11 @@ func (c *mountConfig) validate() error {
 		c.writePTMax = -1
 	} else if c.writePTMax, err = parseSize(v); err != nil {
 		return usageError("--write-passthrough-max: %v", err)
+	}
+	if c.MetricsAddr != "" {
+		if _, _, err := net.SplitHostPort(c.MetricsAddr); err != nil {
+			return usageError("--metrics-addr %q: want HOST:PORT, e.g. 127.0.0.1:9452 (%v)", c.MetricsAddr, err)
+		}
 	}
 	if _, err := parseLevel(c.LogLevel); err != nil {
 		return usageError("--log-level: %v", err)

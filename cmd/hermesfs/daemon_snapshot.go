@@ -42,6 +42,7 @@ func (d *daemon) snapshotLocked(ctx context.Context, reason string) (snapshotRes
 		// The store is still unreachable: what fails is the upload, not
 		// a conflict with another host (that is errLeaseHeld, below).
 		err = fmt.Errorf("snapshot (%s): the writer lease lapsed while the store was unreachable and cannot be taken again yet: %w", reason, err)
+		d.met.snapshotFailed(mark(err, errLeaseReacquire))
 		d.log.Warn("not publishing", "err", err)
 		d.setErr(err)
 		return snapshotResult{}, err
@@ -50,6 +51,7 @@ func (d *daemon) snapshotLocked(ctx context.Context, reason string) (snapshotRes
 	lost, base := d.leaseState == "lost", d.st.Base
 	d.mu.Unlock()
 	if lost {
+		d.met.snapshotFailed(errLeaseLost)
 		return snapshotResult{}, withCode(exitConflict, errLeaseLost)
 	}
 	d.mu.Lock()
@@ -67,6 +69,7 @@ func (d *daemon) snapshotLocked(ctx context.Context, reason string) (snapshotRes
 	}
 	r, err := d.snapshotOnce(ctx, parent, expect)
 	if err != nil {
+		d.met.snapshotFailed(err)
 		err = fmt.Errorf("snapshot (%s): %w", reason, err)
 		d.log.Error("snapshot failed; local state kept, retrying at the next tick", "err", err)
 		d.setErr(err)
@@ -81,6 +84,7 @@ func (d *daemon) snapshotLocked(ctx context.Context, reason string) (snapshotRes
 		"upload", r.UploadTime.Round(time.Millisecond), "bytes_uploaded", r.BytesUploaded,
 		"bytes_shared", r.shared, "bytes_copied", r.copied, "packed_on", orNone(r.packedOn), "layout", orNone(r.layout),
 		"compacted", r.layout == "compacted", "garbage_bytes", r.garbage, "garbage_ratio", ratio(r.garbage, r.Size))
+	d.met.snapshotPublished(r)
 	sdNotify(d.e.getenv, "STATUS=snapshot "+r.ID+" published")
 
 	t := time.Now()
@@ -141,6 +145,7 @@ func (d *daemon) snapshotOnce(ctx context.Context, parent, expect string) (snaps
 		return r, fmt.Errorf("freeze: %w", err)
 	}
 	r.FreezeStall = time.Since(t0)
+	d.met.snapshotFrozen()
 	viewGen := view.Generation()
 
 	t1 := time.Now()

@@ -178,6 +178,7 @@ func (realParts) mount(ctx context.Context, d *daemon, lowerPath string) (overla
 		// asked while the overlay waits for its verdict.
 		ConfigYAML: func() ([]byte, error) { return fs.ReadFile(upper, lower, "config.yaml") },
 		Logger:     log.With("component", "memguard"),
+		OnVerdict:  d.met.verdictFunc(),
 	})
 	if err != nil {
 		closeLower()
@@ -192,6 +193,7 @@ func (realParts) mount(ctx context.Context, d *daemon, lowerPath string) (overla
 		Debug:    d.cfg.Debug,
 
 		PassthroughWriteMax: d.cfg.writePTMax,
+		Stats:               d.met.fsStats(),
 	}
 	m, err := fs.Mount(ctx, d.cfg.Mountpoint, opts)
 	if err != nil {
@@ -200,6 +202,7 @@ func (realParts) mount(ctx context.Context, d *daemon, lowerPath string) (overla
 		return nil, err
 	}
 	ma := &mountAdapter{Mounted: m, done: make(chan struct{}), lower: lowerFile, guard: guard}
+	d.met.watchParts(lower, m)
 	go func() { m.Wait(); close(ma.done) }()
 	return ma, nil
 }

@@ -135,6 +135,7 @@ func (realParts) openCatalog(ctx context.Context, d *daemon) (catalog, error) {
 	if err != nil {
 		return nil, err
 	}
+	s = d.met.wrapStore(s)
 	// The per-state-dir host id names this writer in snapshot ids,
 	// manifests and the lease, so a restart recognises its own work.
 	return newCatalogAdapter(s, d.host, log, nil), nil

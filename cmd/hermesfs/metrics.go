@@ -1,0 +1,486 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/hermesfs/hermesfs/fs"
+	"github.com/hermesfs/hermesfs/uploader"
+)
+
+// Prometheus metrics of `hermesfs mount --metrics-addr`. The parts keep
+// plain counters and callbacks (fs.Stats, memguard's OnVerdict,
+// uploader.Observed); this file turns them into metrics and serves them.
+// Values that describe the daemon's state are read at scrape time. The
+// README section "Metrics" lists them and the alerts to set.
+//
+// Every method of *daemonMetrics does nothing on a nil receiver: metrics
+// are off unless --metrics-addr is given.
+
+// daemonMetrics is the metrics of one daemon.
+type daemonMetrics struct {
+	d     *daemon
+	reg   *prometheus.Registry
+	stats *fs.Stats
+	ln    net.Listener
+	srv   *http.Server
+	// booted is set once the mount is up: the daemon's state (overlay,
+	// lease) is read at scrape time only from then on.
+	booted atomic.Bool
+
+	snapshots        prometheus.Counter
+	failures         *prometheus.CounterVec
+	duration         prometheus.Histogram
+	packed, uploaded prometheus.Counter
+	copied           prometheus.Counter
+	verdicts         *prometheus.CounterVec
+	storeRequests    *prometheus.CounterVec
+	storeDuration    *prometheus.HistogramVec
+	storeRetries     *prometheus.CounterVec
+	storeRead        prometheus.Counter
+
+	// Providers of subsystems that report progress; nil when absent.
+	provMu         sync.Mutex
+	lazyFill       func() (lazyFillStats, bool)
+	partialCopyUps func() (partialCopyUpStats, bool)
+
+	// The age of unpublished changes (see unpublishedSince): heldSince is
+	// the oldest change of views that failed to publish, inFlight that of
+	// the view being published.
+	mu                  sync.Mutex
+	heldSince, inFlight time.Time
+}
+
+// lazyFillStats is what a LazyFillReporter reports.
+type lazyFillStats struct {
+	TotalBytes, PresentBytes   int64
+	OnDemandChunks, FillChunks uint64
+	Errors                     uint64
+}
+
+// partialCopyUpStats is what a PartialCopyUpReporter reports.
+type partialCopyUpStats struct {
+	InProgress int64
+	Bytes      int64
+}
+
+const metricsNS = "hermesfs"
+
+// newDaemonMetrics returns nil when addr is "" (metrics off); otherwise
+// the metrics, listening on addr and serving /metrics.
+func newDaemonMetrics(d *daemon, addr string) (*daemonMetrics, error) {
+	if addr == "" {
+		return nil, nil
+	}
+	m := &daemonMetrics{d: d, reg: prometheus.NewRegistry(), stats: fs.NewStats()}
+	f := func(name, help string) prometheus.Opts {
+		return prometheus.Opts{Namespace: metricsNS, Name: name, Help: help}
+	}
+	m.snapshots = prometheus.NewCounter(prometheus.CounterOpts(f("snapshots_published_total", "Snapshots published to the store.")))
+	m.failures = prometheus.NewCounterVec(prometheus.CounterOpts(f("snapshot_failures_total",
+		"Snapshots that failed, by cause: freeze, pack, publish, conflict (another host published), lease_lost, lease (the lease could not be taken again), canceled, other.")), []string{"cause"})
+	m.duration = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: metricsNS, Name: "snapshot_duration_seconds",
+		Help:    "Time from freeze to published, of each published snapshot.",
+		Buckets: []float64{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}})
+	m.packed = prometheus.NewCounter(prometheus.CounterOpts(f("snapshot_bytes_packed_total", "File data bytes packed into snapshot archives (before compression).")))
+	m.uploaded = prometheus.NewCounter(prometheus.CounterOpts(f("snapshot_bytes_uploaded_total", "Archive bytes sent to the store.")))
+	m.copied = prometheus.NewCounter(prometheus.CounterOpts(f("snapshot_bytes_copied_total", "Archive bytes the store copied from the previous snapshot instead of receiving them.")))
+	m.verdicts = prometheus.NewCounterVec(prometheus.CounterOpts(f("memory_hook_verdicts_total",
+		"Decisions of the memory write hook on changes to guarded memory files, by verdict (accepted, rejected, error) and reason.")), []string{"verdict", "reason"})
+	m.storeRequests = prometheus.NewCounterVec(prometheus.CounterOpts(f("store_requests_total",
+		"Store requests (each attempt), by operation and outcome (ok, not_found, precondition, canceled, error).")), []string{"op", "outcome"})
+	m.storeDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: metricsNS, Name: "store_request_duration_seconds",
+		Help:    "Store request latency by operation (for a get, until the body starts).",
+		Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}}, []string{"op"})
+	m.storeRetries = prometheus.NewCounterVec(prometheus.CounterOpts(f("store_retries_total", "Store requests retried after a transient failure, by operation.")), []string{"op"})
+	m.storeRead = prometheus.NewCounter(prometheus.CounterOpts(f("store_bytes_downloaded_total", "Bytes read from the store.")))
+	m.reg.MustRegister(m.snapshots, m.failures, m.duration, m.packed, m.uploaded, m.copied,
+		m.verdicts, m.storeRequests, m.storeDuration, m.storeRetries, m.storeRead,
+		stateCollector{m},
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--metrics-addr %s: %w", addr, err)
+	}
+	m.ln = ln
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/" {
+			http.NotFound(w, r)
+			return
+		}
+		fmt.Fprintln(w, "hermesfs: metrics at /metrics")
+	})
+	m.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := m.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			d.log.Error("metrics server stopped", "err", err)
+		}
+	}()
+	d.log.Info("serving metrics", "addr", ln.Addr().String(), "url", "http://"+ln.Addr().String()+"/metrics")
+	return m, nil
+}
+
+// close stops serving.
+func (m *daemonMetrics) close() {
+	if m == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	m.srv.Shutdown(ctx)
+}
+
+// ready says the mount is up: the daemon's state can be read.
+func (m *daemonMetrics) ready() {
+	if m != nil {
+		m.booted.Store(true)
+	}
+}
+
+// fsStats is what the overlay records its figures in (nil: none).
+func (m *daemonMetrics) fsStats() *fs.Stats {
+	if m == nil {
+		return nil
+	}
+	return m.stats
+}
+
+// verdictFunc is memguard's Options.OnVerdict (nil: none).
+func (m *daemonMetrics) verdictFunc() func(verdict, reason string) {
+	if m == nil {
+		return nil
+	}
+	return func(verdict, reason string) {
+		if strings.HasPrefix(reason, "char ") {
+			reason = "char" // "char U+XXXX": one series for all blocked characters
+		}
+		m.verdicts.WithLabelValues(verdict, reason).Inc()
+	}
+}
+
+// wrapStore has s report its requests.
+func (m *daemonMetrics) wrapStore(s uploader.Store) uploader.Store {
+	if m == nil {
+		return s
+	}
+	return uploader.WithObserver(s, storeObserver{m})
+}
+
+type storeObserver struct{ m *daemonMetrics }
+
+func (o storeObserver) StoreRequest(op, outcome string, took time.Duration) {
+	o.m.storeRequests.WithLabelValues(op, outcome).Inc()
+	o.m.storeDuration.WithLabelValues(op).Observe(took.Seconds())
+}
+
+func (o storeObserver) StoreRetry(op string) { o.m.storeRetries.WithLabelValues(opLabel(op)).Inc() }
+
+func (o storeObserver) StoreRead(n int64) { o.m.storeRead.Add(float64(n)) }
+
+// opLabel turns a retried request's name ("upload part 12", "put
+// composed") into a label value of bounded variety ("upload_part",
+// "put_composed").
+func opLabel(op string) string {
+	op = strings.TrimRight(op, " 0123456789")
+	return strings.ReplaceAll(op, " ", "_")
+}
+
+// LazyFillReporter is implemented by a lower layer read lazily from the
+// store: its size, the bytes fetched so far, the chunks fetched because a
+// read needed them and by the background fill, and failed fetches.
+type LazyFillReporter interface {
+	LazyFillStats() (totalBytes, presentBytes int64, onDemandChunks, fillChunks, errors uint64)
+}
+
+// PartialCopyUpReporter is implemented by an overlay whose copy-ups may
+// copy only part of a file: those in progress and the bytes they copied.
+type PartialCopyUpReporter interface {
+	PartialCopyUps() (inProgress, bytes int64)
+}
+
+// watchParts registers the progress reports of the parts that give them:
+// the hermesfs_lazy_* and hermesfs_partial_copyup_* metrics exist only
+// when a part reports them.
+func (m *daemonMetrics) watchParts(parts ...any) {
+	if m == nil {
+		return
+	}
+	for _, p := range parts {
+		if r, ok := p.(LazyFillReporter); ok {
+			m.setLazyFill(func() (lazyFillStats, bool) {
+				var s lazyFillStats
+				s.TotalBytes, s.PresentBytes, s.OnDemandChunks, s.FillChunks, s.Errors = r.LazyFillStats()
+				return s, true
+			})
+		}
+		if r, ok := p.(PartialCopyUpReporter); ok {
+			m.setPartialCopyUps(func() (partialCopyUpStats, bool) {
+				var s partialCopyUpStats
+				s.InProgress, s.Bytes = r.PartialCopyUps()
+				return s, true
+			})
+		}
+	}
+}
+
+// setLazyFill registers the progress of a lazily read lower layer.
+func (m *daemonMetrics) setLazyFill(fn func() (lazyFillStats, bool)) {
+	m.provMu.Lock()
+	m.lazyFill = fn
+	m.provMu.Unlock()
+}
+
+// setPartialCopyUps registers the progress of partial copy-ups.
+func (m *daemonMetrics) setPartialCopyUps(fn func() (partialCopyUpStats, bool)) {
+	m.provMu.Lock()
+	m.partialCopyUps = fn
+	m.provMu.Unlock()
+}
+
+// snapshotFrozen is called after a snapshot's freeze: its view holds the
+// changes made since the last freeze.
+func (m *daemonMetrics) snapshotFrozen() {
+	if m == nil {
+		return
+	}
+	t := m.stats.TakeFrozenFirstChange()
+	m.mu.Lock()
+	m.inFlight = t
+	m.mu.Unlock()
+}
+
+// snapshotPublished counts a published snapshot.
+func (m *daemonMetrics) snapshotPublished(r snapshotDone) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	m.heldSince, m.inFlight = time.Time{}, time.Time{}
+	m.mu.Unlock()
+	m.snapshots.Inc()
+	m.duration.Observe(r.Duration.Seconds())
+	m.packed.Add(float64(r.BytesPacked))
+	m.uploaded.Add(float64(r.BytesUploaded))
+	m.copied.Add(float64(r.copied))
+}
+
+// snapshotFailed counts a failed snapshot. err is snapshotOnce's error
+// (its message starts with the step that failed), or the reason a
+// snapshot was not attempted.
+func (m *daemonMetrics) snapshotFailed(err error) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	if !m.inFlight.IsZero() && (m.heldSince.IsZero() || m.inFlight.Before(m.heldSince)) {
+		m.heldSince = m.inFlight
+	}
+	m.inFlight = time.Time{}
+	m.mu.Unlock()
+	m.failures.WithLabelValues(failureCause(err)).Inc()
+}
+
+// failureCause classifies a snapshot failure.
+func failureCause(err error) string {
+	switch {
+	case errors.Is(err, errLeaseLost):
+		return "lease_lost"
+	case errors.Is(err, errConflict):
+		return "conflict"
+	case errors.Is(err, errLeaseReacquire):
+		return "lease"
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return "canceled"
+	}
+	step, _, _ := strings.Cut(err.Error(), ":")
+	switch step {
+	case "freeze", "pack", "publish":
+		return step
+	}
+	return "other"
+}
+
+// errLeaseReacquire marks a snapshot not attempted because the lapsed
+// lease could not be taken again.
+var errLeaseReacquire = errors.New("the writer lease could not be taken again")
+
+// unpublishedSince is when the oldest change not in a published snapshot
+// was made, as far as known: zero when everything is published. Changes
+// left by an earlier run (a crash) count from this daemon's start.
+func (m *daemonMetrics) unpublishedSince(unpublished, pending bool, started time.Time) time.Time {
+	if !unpublished {
+		return time.Time{}
+	}
+	m.mu.Lock()
+	// FirstChange before FrozenFirstChange: a freeze moves one into the
+	// other; mu keeps snapshotFrozen from taking it in between.
+	ts := []time.Time{m.stats.FirstChange(), m.stats.FrozenFirstChange(), m.inFlight, m.heldSince}
+	m.mu.Unlock()
+	if pending {
+		ts = append(ts, started)
+	}
+	var oldest time.Time
+	for _, t := range ts {
+		if !t.IsZero() && (oldest.IsZero() || t.Before(oldest)) {
+			oldest = t
+		}
+	}
+	return oldest
+}
+
+// stateCollector reads the daemon's state at scrape time.
+type stateCollector struct{ m *daemonMetrics }
+
+func desc(name, help string, labels ...string) *prometheus.Desc {
+	return prometheus.NewDesc(metricsNS+"_"+name, help, labels, nil)
+}
+
+var (
+	descInfo          = desc("info", "Always 1; labels say the version, the store and whether the mount is read-only.", "version", "store", "read_only")
+	descInterval      = desc("snapshot_interval_seconds", "The configured time between periodic snapshots (0: none).")
+	descLastTime      = desc("last_snapshot_timestamp_seconds", "Unix time of the last snapshot published from this state dir (absent when none).")
+	descSinceLast     = desc("seconds_since_last_snapshot", "Seconds since the last snapshot published from this state dir (absent when none).")
+	descUnpublished   = desc("unpublished_changes", "1 while the tree holds changes no published snapshot has.")
+	descUnpubAge      = desc("unpublished_change_age_seconds", "Age of the oldest change not in a published snapshot; 0 when everything is published.")
+	descDirtyFiles    = desc("dirty_files", "Files changed since the last published snapshot (upper layer).")
+	descDirtyBytes    = desc("dirty_bytes", "Bytes written to files changed since the last published snapshot (upper layer).")
+	descInProgress    = desc("snapshot_in_progress", "1 while a snapshot is being taken.")
+	descLeaseHeld     = desc("lease_held", "1 while this daemon holds the store's writer lease.")
+	descLeaseLost     = desc("lease_lost", "1 once the writer lease was lost (taken over, or lapsed while the store was unreachable); the mount no longer publishes.")
+	descLeaseExpiry   = desc("lease_expiry_seconds", "Seconds until the held lease expires unless renewed (absent when no lease is held).")
+	descCopyUps       = desc("copyups_in_progress", "Copy-ups of lower files and directories into the upper layer in progress.")
+	descCopyUpsDone   = desc("copyups_total", "Copy-ups of lower files and directories into the upper layer finished.")
+	descFUSECalls     = desc("fuse_requests_total", "FUSE requests served by the daemon, by operation (requests the kernel serves itself, by passthrough or from its caches, are not seen).", "op")
+	descFUSELatency   = desc("fuse_request_duration_seconds", fmt.Sprintf("Latency of FUSE requests by operation, sampled: the first and then one in %d requests of each operation are timed.", fs.OpSampleEvery), "op")
+	descLazyTotal     = desc("lazy_bytes_total", "Size of the lower archive read lazily from the store.")
+	descLazyPresent   = desc("lazy_bytes_present", "Bytes of the lazily read lower archive fetched so far.")
+	descLazyOnDemand  = desc("lazy_on_demand_chunks_total", "Chunks of the lazily read lower archive fetched because a read needed them (misses).")
+	descLazyFill      = desc("lazy_fill_chunks_total", "Chunks of the lazily read lower archive fetched by the background fill.")
+	descLazyErrors    = desc("lazy_errors_total", "Failed fetches of the lazily read lower archive.")
+	descPartialCopies = desc("partial_copyups_in_progress", "Copy-ups that copy only part of a file, in progress.")
+	descPartialBytes  = desc("partial_copyup_bytes", "Bytes copied by partial copy-ups in progress.")
+)
+
+var opBounds = func() []float64 {
+	b := make([]float64, len(fs.OpBuckets))
+	for i, d := range fs.OpBuckets {
+		b[i] = d.Seconds()
+	}
+	return b
+}()
+
+func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descInfo, descInterval, descLastTime, descSinceLast, descUnpublished, descUnpubAge,
+		descDirtyFiles, descDirtyBytes, descInProgress, descLeaseHeld, descLeaseLost, descLeaseExpiry,
+		descCopyUps, descCopyUpsDone, descFUSECalls, descFUSELatency,
+		descLazyTotal, descLazyPresent, descLazyOnDemand, descLazyFill, descLazyErrors, descPartialCopies, descPartialBytes} {
+		ch <- d
+	}
+}
+
+// leaseRecorder is a lease that tells its expiry (*uploader.Lease).
+type leaseRecorder interface {
+	Record() uploader.LeaseRecord
+}
+
+func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
+	m := c.m
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	counter := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
+	}
+	b2f := func(b bool) float64 {
+		if b {
+			return 1
+		}
+		return 0
+	}
+	d := m.d
+	gauge(descInterval, d.cfg.Interval.Seconds())
+
+	for _, o := range m.stats.Ops() {
+		counter(descFUSECalls, float64(o.Calls), o.Op)
+		buckets := make(map[float64]uint64, len(o.Buckets))
+		for i, n := range o.Buckets {
+			buckets[opBounds[i]] = n
+		}
+		ch <- prometheus.MustNewConstHistogram(descFUSELatency, o.Samples, o.Sum.Seconds(), buckets, o.Op)
+	}
+	n, done := m.stats.CopyUps()
+	gauge(descCopyUps, float64(n))
+	counter(descCopyUpsDone, float64(done))
+
+	m.provMu.Lock()
+	lazy, partial := m.lazyFill, m.partialCopyUps
+	m.provMu.Unlock()
+	if lazy != nil {
+		if s, ok := lazy(); ok {
+			gauge(descLazyTotal, float64(s.TotalBytes))
+			gauge(descLazyPresent, float64(s.PresentBytes))
+			counter(descLazyOnDemand, float64(s.OnDemandChunks))
+			counter(descLazyFill, float64(s.FillChunks))
+			counter(descLazyErrors, float64(s.Errors))
+		}
+	}
+	if partial != nil {
+		if s, ok := partial(); ok {
+			gauge(descPartialCopies, float64(s.InProgress))
+			gauge(descPartialBytes, float64(s.Bytes))
+		}
+	}
+
+	if !m.booted.Load() {
+		return
+	}
+	now := time.Now()
+	d.mu.Lock()
+	publishedAt, inProgress, leaseState, l := d.st.PublishedAt, d.inProgress, d.leaseState, d.lease
+	store := d.st.Store
+	pending := d.pending
+	var (
+		unpublished bool
+		files       int
+		bytes       int64
+	)
+	if !d.cfg.ReadOnly {
+		unpublished = pending || d.ov.Generation() != d.publishedGen
+		files, bytes = d.ov.Dirty(d.publishedGen)
+	}
+	d.mu.Unlock()
+
+	gauge(descInfo, 1, version, store, fmt.Sprint(d.cfg.ReadOnly))
+	if !publishedAt.IsZero() {
+		gauge(descLastTime, float64(publishedAt.UnixNano())/1e9)
+		gauge(descSinceLast, now.Sub(publishedAt).Seconds())
+	}
+	gauge(descUnpublished, b2f(unpublished))
+	age := 0.0
+	if t := m.unpublishedSince(unpublished, pending, d.started); !t.IsZero() {
+		age = max(0, now.Sub(t).Seconds())
+	}
+	gauge(descUnpubAge, age)
+	gauge(descDirtyFiles, float64(files))
+	gauge(descDirtyBytes, float64(bytes))
+	gauge(descInProgress, b2f(inProgress))
+	gauge(descLeaseHeld, b2f(leaseState == "held"))
+	gauge(descLeaseLost, b2f(leaseState == "lost"))
+	if lr, ok := l.(leaseRecorder); ok && leaseState == "held" {
+		gauge(descLeaseExpiry, lr.Record().Expires.Sub(now).Seconds())
+	}
+}

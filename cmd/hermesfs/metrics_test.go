@@ -1,0 +1,100 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"testing"
+)
+
+func TestFailureCause(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want string
+	}{
+		{errors.New("freeze: fs: freeze: context deadline"), "freeze"},
+		{fmt.Errorf("pack: %w", errors.New("disk full")), "pack"},
+		{fmt.Errorf("publish: %w", errors.New("503")), "publish"},
+		{fmt.Errorf("publish: %w", mark(errors.New("LATEST moved"), errConflict)), "conflict"},
+		{errLeaseLost, "lease_lost"},
+		{mark(errors.New("store down"), errLeaseReacquire), "lease"},
+		{fmt.Errorf("pack: %w", context.Canceled), "canceled"},
+		{errors.New("something else"), "other"},
+	} {
+		if got := failureCause(c.err); got != c.want {
+			t.Errorf("failureCause(%v) = %q, want %q", c.err, got, c.want)
+		}
+	}
+}
+
+func TestOpLabel(t *testing.T) {
+	for in, want := range map[string]string{
+		"put": "put", "upload part 12": "upload_part", "put composed": "put_composed",
+		"create multipart upload": "create_multipart_upload",
+	} {
+		if got := opLabel(in); got != want {
+			t.Errorf("opLabel(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestMetricsAddrValidated(t *testing.T) {
+	for addr, ok := range map[string]bool{"127.0.0.1:0": true, ":9452": true, "localhost": false, "9452": false} {
+		c := newMountConfig()
+		c.Mountpoint = "/tmp/x"
+		c.MetricsAddr = addr
+		if err := c.validate(); (err == nil) != ok {
+			t.Errorf("--metrics-addr %q: %v", addr, err)
+		}
+	}
+}
+
+type fakeLazy struct{}
+
+func (fakeLazy) LazyFillStats() (int64, int64, uint64, uint64, uint64) { return 1000, 250, 3, 7, 1 }
+
+type fakePartial struct{}
+
+func (fakePartial) PartialCopyUps() (int64, int64) { return 2, 4096 }
+
+// Progress metrics of optional parts appear only when a part reports them.
+func TestMetricsWatchParts(t *testing.T) {
+	d := &daemon{cfg: newMountConfig(), log: slog.New(slog.DiscardHandler)}
+	m, err := newDaemonMetrics(d, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.close()
+	gather := func() map[string]float64 {
+		fams, err := m.reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]float64{}
+		for _, f := range fams {
+			for _, mt := range f.GetMetric() {
+				out[f.GetName()] = mt.GetGauge().GetValue() + mt.GetCounter().GetValue()
+			}
+		}
+		return out
+	}
+	got := gather()
+	if _, ok := got["hermesfs_lazy_bytes_total"]; ok {
+		t.Error("lazy metrics without a lazy part")
+	}
+	if _, ok := got["hermesfs_partial_copyups_in_progress"]; ok {
+		t.Error("partial copy-up metrics without a part making them")
+	}
+	m.watchParts(nil, struct{}{}, fakeLazy{}, fakePartial{})
+	got = gather()
+	for name, want := range map[string]float64{
+		"hermesfs_lazy_bytes_total": 1000, "hermesfs_lazy_bytes_present": 250,
+		"hermesfs_lazy_on_demand_chunks_total": 3, "hermesfs_lazy_fill_chunks_total": 7, "hermesfs_lazy_errors_total": 1,
+		"hermesfs_partial_copyups_in_progress": 2, "hermesfs_partial_copyup_bytes": 4096,
+	} {
+		if got[name] != want {
+			t.Errorf("%s = %v, want %v", name, got[name], want)
+		}
+	}
+}
