@@ -440,6 +440,7 @@ func (d *daemon) seed(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("seed from %s: publish: %w", d.cfg.Mountpoint, err)
 	}
+	d.met.seedPublished(ps, pr, time.Since(t0))
 	path, err := d.adopt(tmp, pr.ID, ps.SHA256)
 	if err != nil {
 		return "", err

@@ -271,11 +271,24 @@ func (m *daemonMetrics) snapshotPublished(r snapshotDone) {
 	m.mu.Lock()
 	m.heldSince, m.inFlight = time.Time{}, time.Time{}
 	m.mu.Unlock()
+	m.count(r.Duration, r.BytesPacked, r.BytesUploaded, r.copied)
+}
+
+// seedPublished counts the first snapshot, made at boot from the
+// mountpoint directory's contents.
+func (m *daemonMetrics) seedPublished(ps packStats, pr publishResult, took time.Duration) {
+	if m == nil {
+		return
+	}
+	m.count(took, ps.BytesPacked, pr.BytesUploaded, pr.BytesCopied)
+}
+
+func (m *daemonMetrics) count(took time.Duration, packed, uploaded, copied int64) {
 	m.snapshots.Inc()
-	m.duration.Observe(r.Duration.Seconds())
-	m.packed.Add(float64(r.BytesPacked))
-	m.uploaded.Add(float64(r.BytesUploaded))
-	m.copied.Add(float64(r.copied))
+	m.duration.Observe(took.Seconds())
+	m.packed.Add(float64(packed))
+	m.uploaded.Add(float64(uploaded))
+	m.copied.Add(float64(copied))
 }
 
 // snapshotFailed counts a failed snapshot. err is snapshotOnce's error
