@@ -50,13 +50,14 @@ func main() {
 	entries := flag.Int("entries", 50000, "upper entries for the last freeze-stall measurement (group entries)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the workloads (and the overlay serving them) to this file")
 	image := flag.String("image", "", "the packed lower layer: reused if it exists, else packed there (default: packed anew in -work)")
+	stats := flag.Bool("stats", false, "keep the overlay's monitoring figures (fs.Stats: request counts and sampled latencies), as `hermesfs mount --metrics-addr` does")
 	ptwMiB := flag.Int("ptwrite-max", 0, "the overlay's PassthroughWriteMax in MiB (0: its default; -1: no writable passthrough)")
 	flag.Parse()
 	if *home == "" || *work == "" {
 		flag.Usage()
 		os.Exit(2)
 	}
-	b := &bench{home: *home, work: *work, runs: *runs, bigMiB: *bigMiB, entries: *entries, groups: map[string]bool{}, ptwMax: int64(*ptwMiB) << 20}
+	b := &bench{home: *home, work: *work, runs: *runs, bigMiB: *bigMiB, entries: *entries, groups: map[string]bool{}, ptwMax: int64(*ptwMiB) << 20, stats: *stats}
 	for _, g := range strings.Split(*only, ",") {
 		if g = strings.TrimSpace(g); g == "" {
 			continue
@@ -79,6 +80,14 @@ func main() {
 // allGroups are the workload groups, in the order they run.
 var allGroups = []string{"meta", "read", "freeze", "create", "sqlite", "writes", "copyup", "upper", "entries", "loopback"}
 
+// newStats is the overlay's Stats when -stats is given, else nil.
+func (b *bench) newStats() *fs.Stats {
+	if !b.stats {
+		return nil
+	}
+	return fs.NewStats()
+}
+
 // want reports whether group g runs.
 func (b *bench) want(g string) bool { return len(b.groups) == 0 || b.groups[g] }
 
@@ -90,6 +99,7 @@ type bench struct {
 	groups     map[string]bool
 	profile    string // CPU profile of the workloads
 	ptwMax     int64  // fs.Options.PassthroughWriteMax
+	stats      bool   // fs.Options.Stats set
 	img        string // the lower layer in use
 	image      string // packed lower layer to reuse
 	lowerFile  *os.File
@@ -331,7 +341,7 @@ func (b *bench) mount(img string, noPT bool) error {
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	m, err := fs.Mount(context.Background(), b.mnt, fs.Options{Upper: b.upper, Lower: r, Logger: log, NoPassthrough: noPT, PassthroughWriteMax: b.ptwMax})
+	m, err := fs.Mount(context.Background(), b.mnt, fs.Options{Upper: b.upper, Lower: r, Logger: log, NoPassthrough: noPT, PassthroughWriteMax: b.ptwMax, Stats: b.newStats()})
 	if err != nil {
 		return err
 	}
