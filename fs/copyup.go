@@ -104,10 +104,10 @@ func (ov *overlay) copyUp(ctx context.Context, n *node, content bool) error {
 	// The FUSE request's context ends with any signal to the caller
 	// (SIGURG included); a copy-up, once started, is finished.
 	ctx = context.WithoutCancel(ctx)
-	defer ov.opts.Stats.copyUpStarted()()
 	if n.isDir() {
 		return ov.copyUpDir(ctx, n)
 	}
+	defer ov.opts.Stats.copyUpStarted()()
 	p, name, ok := n.parent()
 	if !ok {
 		return syscall.ENOENT

@@ -163,8 +163,8 @@ func (s *Stats) Ops() []OpStat {
 	return out
 }
 
-// CopyUps returns the copy-ups (of a lower file or directory into the
-// upper layer) in progress, and how many have finished.
+// CopyUps returns the copy-ups of lower files (not directories) into the
+// upper layer in progress, and how many have finished.
 func (s *Stats) CopyUps() (inProgress int64, done uint64) {
 	return s.copyUps.Load(), s.copyUpsDone.Load()
 }
