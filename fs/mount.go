@@ -339,22 +339,79 @@ const fusectlDir = "/sys/fs/fuse/connections"
 // abort aborts the FUSE connection through fusectl, mounting fusectl first
 // if it is not and the daemon is root. It reports whether it could.
 func (m *Mounted) abort() bool {
-	p := fusectlDir + "/" + strconv.FormatUint(uint64(unix.Minor(m.dev)), 10) + "/abort"
-	err := os.WriteFile(p, []byte("1"), 0)
-	if errors.Is(err, os.ErrNotExist) && m.ov.u.privileged && !fusectlMounted() {
-		if merr := unix.Mount("fusectl", fusectlDir, "fusectl", 0, ""); merr != nil {
-			m.ov.log.Warn("cannot mount fusectl to abort the connection", "dir", fusectlDir, "err", merr)
-			return false
-		}
-		m.ov.log.Info("mounted fusectl to abort the connection", "dir", fusectlDir)
-		err = os.WriteFile(p, []byte("1"), 0)
-	}
-	if err != nil {
+	if err := abortConn(unix.Minor(m.dev), m.ov.u.privileged, m.ov.log); err != nil {
 		m.ov.log.Warn("cannot abort the FUSE connection; open files keep it until closed or until the daemon exits", "err", err)
 		return false
 	}
 	m.ov.log.Warn("aborted the FUSE connection: files still open get ENOTCONN", "mountpoint", m.mountpoint)
 	return true
+}
+
+// AbortConnection aborts the FUSE connection of the FUSE mount at
+// mountpoint (through fusectl, mounted first if the caller is root and it
+// is not), then detaches the mount. It finds the connection by the device
+// number /proc/self/mountinfo gives, so it never touches the mount, which
+// may not answer at all: a daemon killed while one of its own threads
+// waited on its own mount (the freeze's held chmod) never exits, and its
+// mount then hangs every request instead of failing with ENOTCONN. The
+// processes waiting on it get ECONNABORTED. Nothing the overlay
+// acknowledged is lost: the upper layer is on disk.
+func AbortConnection(mountpoint string, log *slog.Logger) error {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return err
+	}
+	minor, fstype, ok := mountDevice(string(b), mountpoint)
+	if !ok {
+		return fmt.Errorf("fs: nothing is mounted at %s", mountpoint)
+	}
+	if !strings.HasPrefix(fstype, "fuse") {
+		return fmt.Errorf("fs: %s is a %s mount, not a FUSE one", mountpoint, fstype)
+	}
+	if err := abortConn(minor, os.Geteuid() == 0, log); err != nil {
+		return err
+	}
+	return detach(mountpoint, os.Geteuid() == 0)
+}
+
+// mountDevice returns the minor device number (which names the FUSE
+// connection in fusectl) and the type of the mount at mountpoint.
+func mountDevice(mountinfo, mountpoint string) (minor uint32, fstype string, ok bool) {
+	for _, line := range strings.Split(mountinfo, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 7 || unescapeMount(f[4]) != mountpoint {
+			continue
+		}
+		_, mi, found := strings.Cut(f[2], ":")
+		n, err := strconv.ParseUint(mi, 10, 32)
+		if !found || err != nil {
+			continue
+		}
+		// The fields after the optional ones: "- fstype source options".
+		for i := 6; i+1 < len(f); i++ {
+			if f[i] == "-" {
+				fstype = f[i+1]
+				break
+			}
+		}
+		minor, ok = uint32(n), true // the last match is the topmost mount
+	}
+	return minor, fstype, ok
+}
+
+// abortConn writes to the abort file of FUSE connection minor, mounting
+// fusectl first if it is not mounted and privileged is set.
+func abortConn(minor uint32, privileged bool, log *slog.Logger) error {
+	p := fusectlDir + "/" + strconv.FormatUint(uint64(minor), 10) + "/abort"
+	err := os.WriteFile(p, []byte("1"), 0)
+	if errors.Is(err, os.ErrNotExist) && privileged && !fusectlMounted() {
+		if merr := unix.Mount("fusectl", fusectlDir, "fusectl", 0, ""); merr != nil {
+			return fmt.Errorf("cannot mount fusectl at %s to abort the connection: %w", fusectlDir, merr)
+		}
+		log.Info("mounted fusectl to abort the connection", "dir", fusectlDir)
+		err = os.WriteFile(p, []byte("1"), 0)
+	}
+	return err
 }
 
 // fusectlMounted reports whether fusectl is mounted at fusectlDir.

@@ -15,6 +15,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/hermesfs/hermesfs/fs"
 )
 
 // The daemon of `hermesfs mount`. The README section "hermesfs mount" says
@@ -145,11 +147,17 @@ func (d *daemon) boot(ctx context.Context) error {
 	}
 	if isMountpoint(cfg.Mountpoint) {
 		if loc, err := locateDaemon(d.e, cfg.Mountpoint, cfg.StateDir); err == nil {
-			if _, err := controlCall(ctx, loc.Socket, controlRequest{Op: "status"}); err == nil {
+			// Bounded: a killed daemon stuck on its own mount (see
+			// fuseHung) still holds its listening socket open.
+			cctx, cancel := context.WithTimeout(ctx, hungMountWait)
+			_, err := controlCall(cctx, loc.Socket, controlRequest{Op: "status"})
+			cancel()
+			if err == nil {
 				return fmt.Errorf("%s is already mounted by a running hermesfs", cfg.Mountpoint)
 			}
 		}
-		if deadFUSE(cfg.Mountpoint) {
+		switch probeFUSE(cfg.Mountpoint, hungMountWait) {
+		case fuseDead:
 			// A daemon that was killed (kill -9, OOM, a crash) leaves its
 			// mount behind, answering ENOTCONN; a restart (systemd's
 			// Restart=on-failure) must not trip over it. Its changes are
@@ -158,7 +166,18 @@ func (d *daemon) boot(ctx context.Context) error {
 				return fmt.Errorf("mountpoint %s: the mount a killed daemon left is dead and cannot be detached: %w", cfg.Mountpoint, err)
 			}
 			d.log.Warn("detached the dead mount a killed daemon left at the mountpoint", "mountpoint", cfg.Mountpoint)
-		} else {
+		case fuseHung:
+			// No daemon answers the control socket and the mount does not
+			// answer either: a daemon killed while one of its own threads
+			// waited on its mount never exits, and its mount hangs every
+			// request. Aborting the connection frees the processes stuck
+			// in it; the changes are in the upper layer.
+			d.log.Warn("the mount at the mountpoint does not answer and no hermesfs answers its control socket: aborting its FUSE connection", "mountpoint", cfg.Mountpoint, "waited", hungMountWait)
+			if err := fs.AbortConnection(cfg.Mountpoint, d.log); err != nil {
+				return fmt.Errorf("mountpoint %s: a hung FUSE mount is there and cannot be aborted (%w); as root: echo 1 > /sys/fs/fuse/connections/<minor>/abort, then umount -l %s", cfg.Mountpoint, err, cfg.Mountpoint)
+			}
+			d.log.Warn("aborted and detached the hung mount a killed daemon left at the mountpoint", "mountpoint", cfg.Mountpoint)
+		default:
 			d.log.Warn("something is mounted at the mountpoint already; mounting over it", "mountpoint", cfg.Mountpoint)
 		}
 	}
@@ -892,13 +911,38 @@ func (d *daemon) packedHere(s snapshotInfo) bool {
 	return false
 }
 
-// deadFUSE reports whether the FUSE mount at mp has lost its daemon: the
-// kernel answers ENOTCONN (ECONNABORTED once aborted). statfs is never
-// answered from the kernel's caches, unlike stat.
-func deadFUSE(mp string) bool {
-	var st syscall.Statfs_t
-	err := syscall.Statfs(mp, &st)
-	return errors.Is(err, syscall.ENOTCONN) || errors.Is(err, syscall.ECONNABORTED)
+// The answers of probeFUSE.
+const (
+	fuseLive = iota // it answered
+	fuseDead        // ENOTCONN or ECONNABORTED: its daemon is gone
+	fuseHung        // no answer within the wait
+)
+
+// hungMountWait is how long boot waits for the daemon of a mount left at
+// the mountpoint to answer its control socket, and for the mount to answer
+// statfs, before it calls it hung.
+var hungMountWait = 5 * time.Second
+
+// probeFUSE asks the mount at mp for statfs (never answered from the
+// kernel's caches, unlike stat) and says whether it answered, failed as a
+// FUSE mount whose daemon is gone, or did not answer within wait. A
+// statfs that hangs stays blocked in its goroutine until the connection
+// is aborted.
+func probeFUSE(mp string, wait time.Duration) int {
+	done := make(chan error, 1)
+	go func() {
+		var st syscall.Statfs_t
+		done <- syscall.Statfs(mp, &st)
+	}()
+	select {
+	case err := <-done:
+		if errors.Is(err, syscall.ENOTCONN) || errors.Is(err, syscall.ECONNABORTED) {
+			return fuseDead
+		}
+		return fuseLive
+	case <-time.After(wait):
+		return fuseHung
+	}
 }
 
 // finish records the state for the next start. When the merged tree is

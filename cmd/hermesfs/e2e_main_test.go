@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	iofs "io/fs"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hermesfs/hermesfs/fs"
 	"github.com/hermesfs/hermesfs/uploader/s3test"
 )
 
@@ -259,7 +261,7 @@ func (h *host) start(mp string, args ...string) *daemonProc {
 			case <-d.done:
 			case <-time.After(60 * time.Second):
 				d.cmd.Process.Kill()
-				<-d.done
+				d.exited(120 * time.Second)
 			}
 		}
 		if isMountpoint(mp) {
@@ -298,12 +300,32 @@ func (d *daemonProc) waitReady() {
 // wait waits for the daemon to exit and returns its exit code.
 func (d *daemonProc) wait() int {
 	d.t.Helper()
-	select {
-	case <-d.done:
-	case <-time.After(120 * time.Second):
+	if !d.exited(120 * time.Second) {
 		d.t.Fatalf("hermesfs did not exit within 120s:\n%s", d.stderr)
 	}
 	return d.code
+}
+
+// exited waits up to limit for the daemon to exit. A daemon killed while
+// one of its own threads waited on its own mount (the freeze's held chmod)
+// never exits by itself: after 15s its FUSE connection is aborted, as a
+// restart of hermesfs does, which frees that thread.
+func (d *daemonProc) exited(limit time.Duration) bool {
+	select {
+	case <-d.done:
+		return true
+	case <-time.After(15 * time.Second):
+	}
+	if isMountpoint(d.mp) && probeFUSE(d.mp, time.Second) == fuseHung {
+		err := fs.AbortConnection(d.mp, slog.Default())
+		d.t.Logf("the daemon did not exit and its mount hangs: aborted its connection (err %v)", err)
+	}
+	select {
+	case <-d.done:
+		return true
+	case <-time.After(limit):
+		return false
+	}
 }
 
 // stop sends sig and waits for the exit code.
