@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -35,7 +34,10 @@ func ArchiveKey(id string) string { return SnapshotsPrefix + id + ArchiveExt }
 func ManifestKey(id string) string { return SnapshotsPrefix + id + ManifestExt }
 
 // ManifestFormat is the version of the manifest's JSON layout.
-const ManifestFormat = 1
+// Format 2 adds the chunk digests (ChunkSize, Chunks, MetaOffset) a lazy
+// reader needs, the hot set and the shared prefix; format 1 manifests,
+// without them, stay valid and are restored by a full download.
+const ManifestFormat = 2
 
 // Manifest describes one snapshot. It is stored as JSON next to the archive
 // and holds nothing secret.
@@ -52,6 +54,20 @@ type Manifest struct {
 	Files       int64  `json:"files"`
 	Version     string `json:"hermesfs_version"`
 	Archive     string `json:"archive"` // the archive's key
+
+	// ChunkSize and Chunks: the hex sha256 of each ChunkSize slice of the
+	// archive as stored (the last may be short). Absent in format 1.
+	ChunkSize int64    `json:"chunk_size,omitempty"`
+	Chunks    []string `json:"chunks,omitempty"`
+	// MetaOffset is where the archive's metadata tail starts (0: unknown).
+	MetaOffset int64 `json:"meta_offset,omitempty"`
+	// Hot lists chunk indexes the session before this snapshot read first,
+	// in first-read order (at most MaxHot): the next boot fetches them
+	// first.
+	Hot []int64 `json:"hot,omitempty"`
+	// SharedPrefix is how many leading bytes of the archive are the bytes
+	// of the Delta source's archive at the same offsets (0: none known).
+	SharedPrefix int64 `json:"shared_prefix,omitempty"`
 }
 
 var (
@@ -219,6 +235,9 @@ func (c *Catalog) Manifest(ctx context.Context, id string) (Manifest, error) {
 	case len(m.SHA256) != 64 || m.Size < 0:
 		return Manifest{}, &CorruptError{ID: id, Err: errors.New("manifest lacks size or sha256")}
 	}
+	if err := m.checkChunks(); err != nil {
+		return Manifest{}, &CorruptError{ID: id, Err: fmt.Errorf("manifest: %w", err)}
+	}
 	if m.Archive == "" {
 		m.Archive = ArchiveKey(id)
 	}
@@ -250,6 +269,11 @@ type PublishInput struct {
 	// an earlier snapshot's archive; a store that can copy (Composer)
 	// then receives only the rest.
 	Delta *Delta
+	// ChunkSize of the chunk digests recorded (default DefaultChunkSize).
+	ChunkSize int64
+	// Hot is recorded in the manifest (see Manifest.Hot); indexes that
+	// name no chunk of this archive are dropped.
+	Hot []int64
 }
 
 // Delta says which byte ranges of an archive to publish are copies of the
@@ -308,18 +332,23 @@ func (c *Catalog) PublishReport(ctx context.Context, in PublishInput) (Published
 	if err != nil {
 		return Published{}, fmt.Errorf("publish: %w", err)
 	}
-	sum := in.SHA256
-	if sum == "" {
-		h := sha256.New()
-		if _, err := io.Copy(h, &ctxReader{ctx: ctx, r: f}); err != nil {
-			return Published{}, fmt.Errorf("publish: hash %s: %w", in.Path, err)
-		}
-		sum = hex.EncodeToString(h.Sum(nil))
-		if _, err := f.Seek(0, io.SeekStart); err != nil {
-			return Published{}, fmt.Errorf("publish: %w", err)
-		}
-	} else if in.Size != st.Size() {
+	if in.SHA256 != "" && in.Size != st.Size() {
 		return Published{}, fmt.Errorf("publish: %s has %d bytes, the packer reported %d", in.Path, st.Size(), in.Size)
+	}
+	cs := in.ChunkSize
+	if cs == 0 {
+		cs = DefaultChunkSize
+	}
+	// One pass gives the chunk digests and the whole file's sha256.
+	sum, chunks, n, metaOff, err := fileChunkSums(ctx, in.Path, cs)
+	if err != nil {
+		return Published{}, fmt.Errorf("publish: %w", err)
+	}
+	if n != st.Size() {
+		return Published{}, fmt.Errorf("publish: %s changed while it was hashed (%d bytes, then %d)", in.Path, st.Size(), n)
+	}
+	if in.SHA256 != "" && in.SHA256 != sum {
+		return Published{}, fmt.Errorf("publish: %s has sha256 %s, the packer reported %s", in.Path, sum, in.SHA256)
 	}
 	id := c.newID(latest, in.Parent)
 	m := Manifest{
@@ -334,6 +363,19 @@ func (c *Catalog) PublishReport(ctx context.Context, in PublishInput) (Published
 		Files:       in.Files,
 		Version:     c.opts.Version,
 		Archive:     ArchiveKey(id),
+
+		ChunkSize:  cs,
+		Chunks:     chunks,
+		MetaOffset: metaOff,
+		Hot:        cleanHot(in.Hot, st.Size(), cs),
+	}
+	if d := in.Delta; d != nil && len(d.Ranges) > 0 {
+		// The copied range that keeps its offsets, up to where it ends;
+		// the bytes before it (the superblock) are checked chunk by chunk
+		// by whoever relies on this.
+		if r := d.Ranges[0]; r.Offset == r.SourceOffset && r.Offset <= cs {
+			m.SharedPrefix = r.Offset + r.Length
+		}
 	}
 	start := time.Now()
 	p := Published{Manifest: m}

@@ -1,0 +1,154 @@
+package uploader
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+)
+
+// Chunk digests (manifest format 2). A lazy reader fetches an archive in
+// aligned chunks and checks each against its digest on arrival, so it never
+// has to trust the store, nor the archive's own checksums, which live in a
+// part of the archive it has not verified yet.
+
+// DefaultChunkSize is the chunk size Publish records digests for.
+const DefaultChunkSize = 256 << 10
+
+// MaxHot bounds Manifest.Hot.
+const MaxHot = 4096
+
+// ValidChunkSize reports whether cs may be a manifest's chunk size: a power
+// of two of at least 64 KiB (and at most 64 MiB).
+func ValidChunkSize(cs int64) bool {
+	return cs >= 64<<10 && cs <= 64<<20 && cs&(cs-1) == 0
+}
+
+// NumChunks is the number of chunks of an object of size bytes.
+func NumChunks(size, chunkSize int64) int {
+	if size <= 0 {
+		return 0
+	}
+	return int((size + chunkSize - 1) / chunkSize)
+}
+
+// Lazy reports whether the manifest has what a lazy reader needs: a chunk
+// digest for every chunk of the archive.
+func (m Manifest) Lazy() bool {
+	return m.ChunkSize > 0 && len(m.Chunks) == NumChunks(m.Size, m.ChunkSize) && m.Size > 0
+}
+
+// checkChunks validates the format 2 fields of a manifest read from the
+// store.
+func (m Manifest) checkChunks() error {
+	if m.ChunkSize == 0 && len(m.Chunks) == 0 {
+		return nil
+	}
+	if !ValidChunkSize(m.ChunkSize) {
+		return fmt.Errorf("chunk_size %d is not a power of two between 64 KiB and 64 MiB", m.ChunkSize)
+	}
+	if n := NumChunks(m.Size, m.ChunkSize); len(m.Chunks) != n {
+		return fmt.Errorf("%d chunk digests for %d chunks", len(m.Chunks), n)
+	}
+	for i, c := range m.Chunks {
+		if len(c) != 64 {
+			return fmt.Errorf("chunk %d digest %q is not a hex sha256", i, c)
+		}
+		if _, err := hex.DecodeString(c); err != nil {
+			return fmt.Errorf("chunk %d digest %q is not a hex sha256", i, c)
+		}
+	}
+	if m.MetaOffset < 0 || m.MetaOffset > m.Size {
+		return fmt.Errorf("meta_offset %d outside the %d-byte archive", m.MetaOffset, m.Size)
+	}
+	if len(m.Hot) > MaxHot {
+		return fmt.Errorf("%d hot chunks, more than %d", len(m.Hot), MaxHot)
+	}
+	return nil
+}
+
+// cleanHot keeps the hot chunk indexes that name a chunk of an object of
+// size bytes, once each, in their order, at most MaxHot.
+func cleanHot(hot []int64, size, chunkSize int64) []int64 {
+	n := int64(NumChunks(size, chunkSize))
+	seen := make(map[int64]bool, len(hot))
+	var out []int64
+	for _, h := range hot {
+		if h < 0 || h >= n || seen[h] || len(out) >= MaxHot {
+			continue
+		}
+		seen[h] = true
+		out = append(out, h)
+	}
+	return out
+}
+
+// ChunkSums reads f from its start and returns the hex sha256 of the whole
+// file and of each chunkSize slice of it.
+func ChunkSums(ctx context.Context, f io.Reader, chunkSize int64) (whole string, chunks []string, size int64, err error) {
+	if !ValidChunkSize(chunkSize) {
+		return "", nil, 0, fmt.Errorf("chunk size %d: not a power of two between 64 KiB and 64 MiB", chunkSize)
+	}
+	h := sha256.New()
+	buf := make([]byte, chunkSize)
+	r := &ctxReader{ctx: ctx, r: f}
+	for {
+		n, err := io.ReadFull(r, buf)
+		if n > 0 {
+			h.Write(buf[:n])
+			s := sha256.Sum256(buf[:n])
+			chunks = append(chunks, hex.EncodeToString(s[:]))
+			size += int64(n)
+		}
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			break
+		}
+		if err != nil {
+			return "", nil, 0, err
+		}
+	}
+	return hex.EncodeToString(h.Sum(nil)), chunks, size, nil
+}
+
+// SquashfsMetaOffset returns where the metadata of the squashfs image at
+// the start of f begins: the smallest table start the superblock records
+// (the tables follow the data blocks). 0 if f is not a squashfs image or
+// records nothing usable.
+func SquashfsMetaOffset(f io.ReaderAt, size int64) int64 {
+	var sb [96]byte
+	if _, err := f.ReadAt(sb[:], 0); err != nil {
+		return 0
+	}
+	if binary.LittleEndian.Uint32(sb[0:]) != 0x73717368 {
+		return 0
+	}
+	var best uint64
+	for off := 48; off <= 88; off += 8 {
+		v := binary.LittleEndian.Uint64(sb[off:])
+		if v < 96 || v == ^uint64(0) || v >= uint64(size) {
+			continue
+		}
+		if best == 0 || v < best {
+			best = v
+		}
+	}
+	return int64(best)
+}
+
+// fileChunkSums is ChunkSums over the file at path.
+func fileChunkSums(ctx context.Context, path string, chunkSize int64) (string, []string, int64, int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", nil, 0, 0, err
+	}
+	defer f.Close()
+	whole, chunks, size, err := ChunkSums(ctx, f, chunkSize)
+	if err != nil {
+		return "", nil, 0, 0, fmt.Errorf("hash %s: %w", path, err)
+	}
+	return whole, chunks, size, SquashfsMetaOffset(f, size), nil
+}
