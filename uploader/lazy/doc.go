@@ -1,0 +1,48 @@
+// Package lazy reads a store object on demand: an io.ReaderAt over one
+// archive in a store, backed by a sparse local cache file, so that a mount
+// can be ready after the archive's metadata arrived and fetch data blocks as
+// they are read.
+//
+// # Chunks and trust
+//
+// The object is cut into aligned chunks of the manifest's chunk size. A
+// chunk is fetched with one ranged Get and checked against its sha256 from
+// the manifest before it is written to the cache or handed to any reader;
+// bytes that fail the check are never served, and the error names the
+// chunk, the key and the cause (a digest mismatch, the object's ETag
+// changing, the store failing). A failed fetch is retried with the store
+// backoff until Options.ReadTimeout has passed since the read began; then
+// that read fails with an error that satisfies errors.Is(err, syscall.EIO),
+// logged once per chunk until the chunk arrives, and the next read tries
+// again.
+//
+// # The cache on disk
+//
+// While incomplete, the cache is Path+".partial" (sparse, the object's
+// size) and Path+".present", an append-only log of the chunk indexes whose
+// bytes are in the partial file. Records are written only after the data
+// they vouch for has been fsynced, and the log is fsynced in turn: a crash
+// or power loss can lose chunks (they are fetched again) but never mark
+// absent bytes present. When every chunk is present the whole file's sha256
+// is checked against the manifest's, the partial file is renamed to Path
+// and the log removed: the cache is then exactly what a full download
+// leaves.
+//
+// # Scheduling
+//
+// Reads that miss (on demand) have their own pool of in-flight requests;
+// the background fill (Fill) has a smaller one and holds back while on-demand
+// misses wait, so a miss never queues behind fill requests. Concurrent misses
+// on one chunk share one request. A read of the chunk after the previously
+// read one starts fetching the next few (read-ahead) from a third, small
+// pool. When the cache disk fails a write (full, say), the fill stops and
+// reads are served from the fetched bytes in memory, never from a partly
+// written file.
+//
+// # Hot set
+//
+// The reader records the chunk indexes first read during the first minutes
+// after it opened (HotRecorder), in first-read order and at most
+// uploader.MaxHot of them, for the next snapshot's manifest; Fill fetches
+// Options.Hot first.
+package lazy

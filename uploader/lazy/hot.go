@@ -1,0 +1,72 @@
+package lazy
+
+import (
+	"io"
+	"sync"
+	"time"
+
+	"github.com/hermesfs/hermesfs/uploader"
+)
+
+// DefaultHotWindow is how long after opening reads are recorded in the hot
+// set.
+const DefaultHotWindow = 2 * time.Minute
+
+// HotRecorder is an io.ReaderAt that records which chunks are read during a
+// window after it was made: the chunk indexes, once each, in first-read
+// order, at most uploader.MaxHot. Nothing else is recorded.
+type HotRecorder struct {
+	ra        io.ReaderAt
+	chunkSize int64
+
+	mu    sync.Mutex
+	until time.Time
+	seen  map[int64]bool
+	order []int64
+}
+
+// NewHotRecorder wraps ra (nil: only Note records) and records for window
+// (<= 0: DefaultHotWindow) from now.
+func NewHotRecorder(ra io.ReaderAt, chunkSize int64, window time.Duration) *HotRecorder {
+	if window <= 0 {
+		window = DefaultHotWindow
+	}
+	if chunkSize <= 0 {
+		chunkSize = uploader.DefaultChunkSize
+	}
+	return &HotRecorder{ra: ra, chunkSize: chunkSize, until: time.Now().Add(window), seen: map[int64]bool{}}
+}
+
+// ReadAt implements io.ReaderAt.
+func (h *HotRecorder) ReadAt(p []byte, off int64) (int, error) {
+	h.Note(off, int64(len(p)))
+	return h.ra.ReadAt(p, off)
+}
+
+// Note records a read of n bytes at off.
+func (h *HotRecorder) Note(off, n int64) {
+	if n <= 0 || off < 0 {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.order) >= uploader.MaxHot || time.Now().After(h.until) {
+		return
+	}
+	for i := off / h.chunkSize; i <= (off+n-1)/h.chunkSize && len(h.order) < uploader.MaxHot; i++ {
+		if !h.seen[i] {
+			h.seen[i] = true
+			h.order = append(h.order, i)
+		}
+	}
+}
+
+// Hot returns the chunk indexes recorded so far, in first-read order.
+func (h *HotRecorder) Hot() []int64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]int64(nil), h.order...)
+}
+
+// ChunkSize is the chunk size the indexes are in.
+func (h *HotRecorder) ChunkSize() int64 { return h.chunkSize }

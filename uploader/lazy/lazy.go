@@ -1,0 +1,795 @@
+package lazy
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/hermesfs/hermesfs/uploader"
+)
+
+// Defaults of Options.
+const (
+	DefaultReadTimeout  = 30 * time.Second
+	DefaultParallel     = 8
+	DefaultFillParallel = 2
+	DefaultReadAhead    = 4
+)
+
+// Options describe the object and the cache. Key, Size, ChunkSize, Chunks,
+// SHA256 and Path are required; the rest have defaults.
+type Options struct {
+	Store uploader.Store
+	Key   string
+	Size  int64
+	// ChunkSize and Chunks (hex sha256 of each chunk) from the manifest.
+	ChunkSize int64
+	Chunks    []string
+	// SHA256 (hex) of the whole object, checked once it is complete.
+	SHA256 string
+	// Path is where the complete cache file goes; while incomplete the
+	// bytes are in Path+".partial" and the present log in Path+".present".
+	Path string
+
+	// ReadTimeout bounds how long a read retries a chunk the store fails
+	// to deliver before it fails with EIO.
+	ReadTimeout time.Duration
+	// Parallel bounds on-demand requests in flight, FillParallel the
+	// background fill's, ReadAhead the chunks fetched ahead of a
+	// sequential read (0: defaults; ReadAhead < 0 turns it off).
+	Parallel, FillParallel, ReadAhead int
+	// Retry gives the delays between attempts (its MaxRetries is not used:
+	// ReadTimeout bounds the attempts).
+	Retry uploader.RetryPolicy
+
+	// Hot chunks are fetched first by Fill.
+	Hot []int64
+	// HotWindow is how long reads are recorded for Hot (default
+	// DefaultHotWindow).
+	HotWindow time.Duration
+
+	// Seed, if set, is an older local copy whose first SeedLen bytes may
+	// equal this object's (a snapshot packed on it): chunks within them
+	// are taken from it when their digest matches, instead of the store.
+	Seed    io.ReaderAt
+	SeedLen int64
+
+	// OnComplete is called once (on the fill's goroutine) when the cache
+	// is complete and verified, with the path of the complete file.
+	OnComplete func(path string)
+
+	Logger *slog.Logger
+
+	// writeAt writes to the cache file; tests replace it.
+	writeAt func(f *os.File, b []byte, off int64) (int, error)
+}
+
+// ErrDigest is a chunk whose bytes do not have the manifest's digest.
+var ErrDigest = errors.New("chunk sha256 does not match the manifest")
+
+// ChunkError is a chunk the store did not deliver intact within the read
+// timeout. It satisfies errors.Is(err, syscall.EIO).
+type ChunkError struct {
+	Key   string
+	Chunk int
+	Off   int64 // of the chunk in the object
+	Len   int64
+	Err   error // the last attempt's cause
+}
+
+func (e *ChunkError) Error() string {
+	return fmt.Sprintf("lazy read of %s chunk %d (bytes %d-%d): %v", e.Key, e.Chunk, e.Off, e.Off+e.Len, e.Err)
+}
+
+func (e *ChunkError) Unwrap() []error { return []error{e.Err, syscall.EIO} }
+
+// Stats describe the cache's progress.
+type Stats struct {
+	TotalBytes     int64 `json:"total_bytes"`
+	PresentBytes   int64 `json:"present_bytes"`
+	Complete       bool  `json:"complete"`
+	OnDemandChunks int64 `json:"on_demand_chunks"`
+	FillChunks     int64 `json:"fill_chunks"`
+	Waiting        int64 `json:"waiting"`
+	Errors         int64 `json:"errors"`
+	// LocalChunks came from Options.Seed, not the store.
+	LocalChunks int64 `json:"local_chunks"`
+}
+
+type kind int
+
+const (
+	onDemand kind = iota
+	readAhead
+	fill
+)
+
+// call is one chunk being fetched; waiters share it.
+type call struct {
+	done chan struct{}
+	data []byte // the verified bytes, on success
+	err  error
+}
+
+// Reader is the io.ReaderAt. Its methods may be called concurrently.
+type Reader struct {
+	o      Options
+	log    *slog.Logger
+	n      int
+	f      *os.File // the cache file (partial, or complete)
+	plog   *os.File // the present log; nil once complete
+	hot    *HotRecorder
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	demand, ahead, filling chan struct{}
+	waiting                atomic.Int64
+	flush                  chan struct{}
+
+	mu        sync.Mutex
+	present   []bool
+	have      int // chunks present
+	complete  bool
+	noWrite   error // the cache write failure that stopped writing
+	inflight  map[int]*call
+	durable   []int // written, not yet in the present log
+	logged    map[int]bool
+	etag      string
+	last      int // chunk of the previous read, for read-ahead
+	stats     Stats
+	fillErr   error
+	completed bool
+}
+
+// Open opens (or resumes) the cache of the object described by o. It does
+// no store request; reads and Fill do.
+func Open(o Options) (*Reader, error) {
+	if !uploader.ValidChunkSize(o.ChunkSize) || len(o.Chunks) != uploader.NumChunks(o.Size, o.ChunkSize) || o.Size <= 0 {
+		return nil, fmt.Errorf("lazy %s: %d chunk digests of %d bytes for %d bytes: not a lazily readable manifest", o.Key, len(o.Chunks), o.ChunkSize, o.Size)
+	}
+	if o.ReadTimeout <= 0 {
+		o.ReadTimeout = DefaultReadTimeout
+	}
+	if o.Parallel <= 0 {
+		o.Parallel = DefaultParallel
+	}
+	if o.FillParallel <= 0 {
+		o.FillParallel = DefaultFillParallel
+	}
+	if o.ReadAhead == 0 {
+		o.ReadAhead = DefaultReadAhead
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.writeAt == nil {
+		o.writeAt = (*os.File).WriteAt
+	}
+	r := &Reader{
+		o: o, log: o.Logger, n: len(o.Chunks),
+		hot:      NewHotRecorder(nil, o.ChunkSize, o.HotWindow),
+		demand:   make(chan struct{}, o.Parallel),
+		ahead:    make(chan struct{}, max(1, o.Parallel/2)),
+		filling:  make(chan struct{}, o.FillParallel),
+		flush:    make(chan struct{}, 1),
+		inflight: map[int]*call{},
+		logged:   map[int]bool{},
+		last:     -2,
+	}
+	r.stats.TotalBytes = o.Size
+	r.ctx, r.cancel = context.WithCancel(context.Background())
+	if err := r.openCache(); err != nil {
+		r.cancel()
+		return nil, err
+	}
+	if !r.complete {
+		r.wg.Add(1)
+		go r.persist()
+	}
+	return r, nil
+}
+
+func (r *Reader) partial() string { return r.o.Path + ".partial" }
+func (r *Reader) logPath() string { return r.o.Path + ".present" }
+
+func (r *Reader) openCache() error {
+	if f, err := os.Open(r.o.Path); err == nil {
+		// Complete already (the caller checked it, or a fill finished
+		// between its check and this open).
+		if fi, err := f.Stat(); err == nil && fi.Size() == r.o.Size {
+			r.f, r.complete, r.completed = f, true, true
+			r.present = make([]bool, r.n)
+			for i := range r.present {
+				r.present[i] = true
+			}
+			r.have, r.stats.PresentBytes, r.stats.Complete = r.n, r.o.Size, true
+			return nil
+		}
+		f.Close()
+	}
+	f, err := os.OpenFile(r.partial(), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("lazy cache: %w", err)
+	}
+	pl, err := os.OpenFile(r.logPath(), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		f.Close()
+		return fmt.Errorf("lazy cache: %w", err)
+	}
+	present, reset, err := loadPresent(pl, r.o.SHA256, r.o.Size, r.o.ChunkSize, r.n)
+	if err == nil && reset {
+		// Another object's bytes, or none: start from a hole.
+		err = f.Truncate(0)
+	}
+	if err == nil {
+		if fi, serr := f.Stat(); serr != nil {
+			err = serr
+		} else if fi.Size() != r.o.Size {
+			err = f.Truncate(r.o.Size)
+		}
+	}
+	if err != nil {
+		f.Close()
+		pl.Close()
+		return fmt.Errorf("lazy cache %s: %w", r.partial(), err)
+	}
+	r.f, r.plog, r.present = f, pl, present
+	for i, p := range present {
+		if p {
+			r.have++
+			r.stats.PresentBytes += r.chunkLen(i)
+		}
+	}
+	if r.have > 0 {
+		r.log.Info("resuming a partly fetched archive", "key", r.o.Key, "present_bytes", r.stats.PresentBytes, "total_bytes", r.o.Size)
+	}
+	return nil
+}
+
+func (r *Reader) chunkLen(i int) int64 {
+	return min(r.o.ChunkSize, r.o.Size-int64(i)*r.o.ChunkSize)
+}
+
+// Size is the object's size.
+func (r *Reader) Size() int64 { return r.o.Size }
+
+// Hot returns the chunks first read since Open (see HotRecorder).
+func (r *Reader) Hot() []int64 { return r.hot.Hot() }
+
+// ChunkSize is the chunk size.
+func (r *Reader) ChunkSize() int64 { return r.o.ChunkSize }
+
+// Stats returns the current figures.
+func (r *Reader) Stats() Stats {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.stats
+	s.Waiting = r.waiting.Load()
+	return s
+}
+
+// Complete reports whether the whole object is cached and verified.
+func (r *Reader) Complete() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.completed
+}
+
+// ReadAt implements io.ReaderAt. Bytes not cached are fetched (and
+// verified) first; see the package doc for failures.
+func (r *Reader) ReadAt(p []byte, off int64) (int, error) {
+	if off < 0 {
+		return 0, fmt.Errorf("lazy %s: negative offset %d", r.o.Key, off)
+	}
+	if off >= r.o.Size {
+		return 0, io.EOF
+	}
+	end := min(off+int64(len(p)), r.o.Size)
+	r.hot.Note(off, end-off)
+	first, last := int(off/r.o.ChunkSize), int((end-1)/r.o.ChunkSize)
+	r.readAheadFrom(first, last)
+
+	// Start every missing chunk first, so they are fetched in parallel.
+	calls := make(map[int]*call)
+	r.mu.Lock()
+	for i := first; i <= last; i++ {
+		if !r.present[i] {
+			calls[i] = r.startLocked(i, onDemand)
+		}
+	}
+	r.mu.Unlock()
+	var firstErr error
+	for i := first; i <= last; i++ {
+		cs := int64(i) * r.o.ChunkSize
+		lo, hi := max(off, cs), min(end, cs+r.chunkLen(i))
+		dst := p[lo-off : hi-off]
+		if c := calls[i]; c != nil {
+			r.waiting.Add(1)
+			select {
+			case <-c.done:
+			case <-r.ctx.Done():
+			}
+			r.waiting.Add(-1)
+			select {
+			case <-c.done:
+			default:
+				return int(lo - off), fmt.Errorf("lazy %s: closed", r.o.Key)
+			}
+			if c.err != nil {
+				if firstErr == nil {
+					firstErr = c.err
+				}
+				break
+			}
+			copy(dst, c.data[lo-cs:hi-cs])
+			continue
+		}
+		if _, err := r.f.ReadAt(dst, lo); err != nil {
+			return int(lo - off), fmt.Errorf("lazy %s: read cache %s at %d: %w", r.o.Key, r.f.Name(), lo, err)
+		}
+	}
+	if firstErr != nil {
+		return 0, firstErr
+	}
+	if end-off < int64(len(p)) {
+		return int(end - off), io.EOF
+	}
+	return len(p), nil
+}
+
+// readAheadFrom starts fetching the chunks after last when the read
+// continues the previous one.
+func (r *Reader) readAheadFrom(first, last int) {
+	if r.o.ReadAhead < 0 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	seq := first == r.last || first == r.last+1
+	r.last = last
+	if !seq || r.completed {
+		return
+	}
+	for i := last + 1; i <= min(last+r.o.ReadAhead, r.n-1); i++ {
+		if r.present[i] || r.inflight[i] != nil {
+			continue
+		}
+		select {
+		case r.ahead <- struct{}{}:
+		default:
+			return // read-ahead's share of requests is busy
+		}
+		r.startLocked(i, readAhead)
+	}
+}
+
+// startLocked returns the call fetching chunk i, starting it if none is in
+// flight. For readAhead and fill the caller holds a slot of that pool
+// already, which the call releases; an on-demand call takes its slot
+// itself, in its goroutine. r.mu is held.
+func (r *Reader) startLocked(i int, k kind) *call {
+	if c := r.inflight[i]; c != nil {
+		switch k {
+		case readAhead:
+			<-r.ahead
+		case fill:
+			<-r.filling
+		}
+		return c
+	}
+	c := &call{done: make(chan struct{})}
+	r.inflight[i] = c
+	r.wg.Add(1)
+	go r.run(i, c, k)
+	return c
+}
+
+// run fetches chunk i for c until it arrives intact or the read timeout
+// passes.
+func (r *Reader) run(i int, c *call, k kind) {
+	defer r.wg.Done()
+	switch k {
+	case onDemand:
+		select {
+		case r.demand <- struct{}{}:
+			defer func() { <-r.demand }()
+		case <-r.ctx.Done():
+		}
+	case readAhead:
+		defer func() { <-r.ahead }()
+	case fill:
+		defer func() { <-r.filling }()
+	}
+	ctx, cancel := context.WithTimeout(r.ctx, r.o.ReadTimeout)
+	defer cancel()
+	var data []byte
+	var err error
+	local := false
+	if data, err = r.fromSeed(i); err == nil && data != nil {
+		local = true
+	} else {
+		for attempt := 0; ; attempt++ {
+			data, err = r.fetch(ctx, i)
+			if err == nil {
+				break
+			}
+			d := r.o.Retry.Delay(attempt, rand.Float64())
+			if dl, ok := ctx.Deadline(); ctx.Err() != nil || ok && time.Until(dl) < d {
+				break
+			}
+			t := time.NewTimer(d)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+			}
+			t.Stop()
+		}
+	}
+	if err != nil {
+		err = &ChunkError{Key: r.o.Key, Chunk: i, Off: int64(i) * r.o.ChunkSize, Len: r.chunkLen(i), Err: err}
+	} else {
+		r.store(i, data)
+	}
+	r.mu.Lock()
+	delete(r.inflight, i)
+	switch {
+	case err != nil && r.ctx.Err() == nil:
+		r.stats.Errors++
+		if !r.logged[i] {
+			r.logged[i] = true
+			r.log.Error("could not fetch a chunk of the archive; reads of it fail with EIO until it arrives", "err", err)
+		}
+	case err == nil:
+		if r.logged[i] {
+			delete(r.logged, i)
+			r.log.Info("chunk fetched after earlier failures", "key", r.o.Key, "chunk", i)
+		}
+		switch {
+		case local:
+			r.stats.LocalChunks++
+		case k == fill:
+			r.stats.FillChunks++
+		default:
+			r.stats.OnDemandChunks++
+		}
+	}
+	r.mu.Unlock()
+	c.data, c.err = data, err
+	close(c.done)
+}
+
+// fetch gets chunk i from the store and checks it.
+func (r *Reader) fetch(ctx context.Context, i int) ([]byte, error) {
+	off, n := int64(i)*r.o.ChunkSize, r.chunkLen(i)
+	rc, info, err := r.o.Store.Get(ctx, r.o.Key, off, n)
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	buf := make([]byte, n)
+	got, err := io.ReadFull(rc, buf)
+	r.mu.Lock()
+	prev := r.etag
+	if prev == "" {
+		r.etag = info.ETag
+	}
+	r.mu.Unlock()
+	changed := ""
+	if prev != "" && info.ETag != prev {
+		changed = fmt.Sprintf(" (the object changed in the store: ETag %s, was %s)", info.ETag, prev)
+	}
+	if info.Size != r.o.Size {
+		return nil, fmt.Errorf("the store's object has %d bytes, the manifest says %d%s", info.Size, r.o.Size, changed)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("got %d of %d bytes: %w%s", got, n, err, changed)
+	}
+	if sum := sha256.Sum256(buf); hex.EncodeToString(sum[:]) != r.o.Chunks[i] {
+		return nil, fmt.Errorf("%w: got %x, want %s%s", ErrDigest, sum, r.o.Chunks[i], changed)
+	}
+	return buf, nil
+}
+
+// fromSeed returns chunk i from the seed if it is there intact, else nil.
+func (r *Reader) fromSeed(i int) ([]byte, error) {
+	off, n := int64(i)*r.o.ChunkSize, r.chunkLen(i)
+	if r.o.Seed == nil || off+n > r.o.SeedLen {
+		return nil, nil
+	}
+	buf := make([]byte, n)
+	if _, err := r.o.Seed.ReadAt(buf, off); err != nil {
+		return nil, nil
+	}
+	if sum := sha256.Sum256(buf); hex.EncodeToString(sum[:]) != r.o.Chunks[i] {
+		return nil, nil
+	}
+	return buf, nil
+}
+
+// store writes a verified chunk to the cache and marks it present (the
+// durable mark follows the data's fsync, in persist). A failed write stops
+// all further writing: the chunk is served from memory meanwhile.
+func (r *Reader) store(i int, data []byte) {
+	r.mu.Lock()
+	stop := r.noWrite != nil || r.present[i] || r.completed
+	r.mu.Unlock()
+	if stop {
+		return
+	}
+	if _, err := r.o.writeAt(r.f, data, int64(i)*r.o.ChunkSize); err != nil {
+		r.mu.Lock()
+		if r.noWrite == nil {
+			r.noWrite = err
+			r.log.Error("cannot write the archive cache; the background fill stops and reads are served from the store", "path", r.partial(), "err", err)
+		}
+		r.mu.Unlock()
+		return
+	}
+	r.mu.Lock()
+	if !r.present[i] {
+		r.present[i] = true
+		r.have++
+		r.stats.PresentBytes += int64(len(data))
+		r.durable = append(r.durable, i)
+	}
+	r.mu.Unlock()
+	select {
+	case r.flush <- struct{}{}:
+	default:
+	}
+}
+
+// persist records written chunks in the present log: the data first, then
+// the records, each fsynced.
+func (r *Reader) persist() {
+	defer r.wg.Done()
+	for {
+		select {
+		case <-r.flush:
+		case <-r.ctx.Done():
+			r.sync()
+			return
+		}
+		r.sync()
+		// Batch what arrives meanwhile.
+		select {
+		case <-time.After(20 * time.Millisecond):
+		case <-r.ctx.Done():
+		}
+	}
+}
+
+// sync makes the chunks written so far durable in the present log.
+func (r *Reader) sync() error {
+	r.mu.Lock()
+	idx := r.durable
+	r.durable = nil
+	pl := r.plog
+	r.mu.Unlock()
+	if len(idx) == 0 || pl == nil {
+		return nil
+	}
+	err := r.f.Sync()
+	if err == nil {
+		rec := make([]byte, 0, 8*len(idx))
+		for _, i := range idx {
+			rec = append(rec, presentRecord(i)...)
+		}
+		if _, err = pl.Write(rec); err == nil {
+			err = pl.Sync()
+		}
+	}
+	if err != nil {
+		// Not recorded: fetched again after a restart. Stop writing, so
+		// the log never falls behind data it could later vouch for.
+		r.mu.Lock()
+		if r.noWrite == nil {
+			r.noWrite = err
+			r.log.Error("cannot record fetched chunks in the cache; the background fill stops", "path", r.logPath(), "err", err)
+		}
+		r.mu.Unlock()
+	}
+	return err
+}
+
+// Prefetch fetches the chunks covering [off, end) (in parallel, on-demand
+// priority) and returns the first error.
+func (r *Reader) Prefetch(ctx context.Context, off, end int64) error {
+	if off < 0 || end > r.o.Size || off >= end {
+		return nil
+	}
+	var calls []*call
+	r.mu.Lock()
+	for i := int(off / r.o.ChunkSize); i <= int((end-1)/r.o.ChunkSize); i++ {
+		if !r.present[i] {
+			calls = append(calls, r.startLocked(i, onDemand))
+		}
+	}
+	r.mu.Unlock()
+	var first error
+	for _, c := range calls {
+		select {
+		case <-c.done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		if c.err != nil && first == nil {
+			first = c.err
+		}
+	}
+	return first
+}
+
+// Fill fetches every absent chunk in the background, Options.Hot first,
+// then in order; failed chunks are tried again on later passes after a
+// pause. When all are present it verifies the whole file and completes the
+// cache (see the package doc). It returns at once; Close stops it.
+func (r *Reader) Fill() {
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		r.fill()
+	}()
+}
+
+func (r *Reader) fill() {
+	order := make([]int, 0, r.n+len(r.o.Hot))
+	for _, h := range r.o.Hot {
+		if h >= 0 && h < int64(r.n) {
+			order = append(order, int(h))
+		}
+	}
+	for i := range r.n {
+		order = append(order, i)
+	}
+	t0 := time.Now()
+	for pass := 0; ; pass++ {
+		var calls []*call
+		for _, i := range order {
+			if r.ctx.Err() != nil || r.stopped() {
+				return
+			}
+			// On-demand misses go first: the fill waits while any wait.
+			for r.waiting.Load() > 0 && r.ctx.Err() == nil {
+				time.Sleep(2 * time.Millisecond)
+			}
+			select {
+			case r.filling <- struct{}{}:
+			case <-r.ctx.Done():
+				return
+			}
+			r.mu.Lock()
+			if r.present[i] {
+				r.mu.Unlock()
+				<-r.filling
+				continue
+			}
+			calls = append(calls, r.startLocked(i, fill))
+			r.mu.Unlock()
+		}
+		for _, c := range calls {
+			select {
+			case <-c.done:
+			case <-r.ctx.Done():
+				return
+			}
+		}
+		r.mu.Lock()
+		done := r.have == r.n
+		r.mu.Unlock()
+		if done {
+			r.finish(t0)
+			return
+		}
+		if r.stopped() {
+			return
+		}
+		d := r.o.Retry.Delay(pass, rand.Float64())
+		select {
+		case <-time.After(d):
+		case <-r.ctx.Done():
+			return
+		}
+	}
+}
+
+func (r *Reader) stopped() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.noWrite != nil
+}
+
+// finish verifies the complete file and puts it in place.
+func (r *Reader) finish(t0 time.Time) {
+	if err := r.sync(); err != nil {
+		return
+	}
+	h := sha256.New()
+	if _, err := io.Copy(h, io.NewSectionReader(r.f, 0, r.o.Size)); err != nil {
+		r.failFill(fmt.Errorf("read the cache back: %w", err))
+		return
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != r.o.SHA256 {
+		// Every chunk matched its digest, so the manifest contradicts
+		// itself; keep serving (the chunks are right) but do not call
+		// the file a verified archive.
+		r.failFill(fmt.Errorf("the complete archive has sha256 %s, the manifest says %s", got, r.o.SHA256))
+		return
+	}
+	err := r.f.Sync()
+	if err == nil {
+		err = os.Rename(r.partial(), r.o.Path)
+	}
+	if err == nil {
+		err = syncDir(filepath.Dir(r.o.Path))
+	}
+	if err != nil {
+		r.failFill(fmt.Errorf("put the complete archive in place: %w", err))
+		return
+	}
+	r.mu.Lock()
+	r.completed, r.stats.Complete = true, true
+	pl := r.plog
+	r.plog = nil
+	r.mu.Unlock()
+	pl.Close()
+	os.Remove(r.logPath())
+	r.log.Info("archive fully fetched and verified", "key", r.o.Key, "size", r.o.Size, "took", time.Since(t0).Round(time.Millisecond))
+	if r.o.OnComplete != nil {
+		r.o.OnComplete(r.o.Path)
+	}
+}
+
+func (r *Reader) failFill(err error) {
+	r.mu.Lock()
+	r.fillErr = err
+	r.stats.Errors++
+	r.mu.Unlock()
+	r.log.Error("archive cache not completed", "key", r.o.Key, "err", err)
+}
+
+// FillErr is why the fill could not complete the cache, if it could not.
+func (r *Reader) FillErr() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.fillErr != nil {
+		return r.fillErr
+	}
+	return r.noWrite
+}
+
+// Close stops the fill and fetches in flight, records what was written and
+// closes the files. Reads after Close fail.
+func (r *Reader) Close() error {
+	r.cancel()
+	r.wg.Wait()
+	r.mu.Lock()
+	pl := r.plog
+	r.plog = nil
+	r.mu.Unlock()
+	if pl != nil {
+		pl.Close()
+	}
+	return r.f.Close()
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
