@@ -89,6 +89,10 @@ type daemon struct {
 	// downloaded is the archive downloaded at boot, verified block by
 	// block in the background once the mount is ready.
 	downloaded string
+	// lazy is the base read lazily (nil: a complete file); hot records
+	// the chunks the mount reads first (daemon_lazy.go).
+	lazy *lazyBase
+	hot  interface{ Hot() []int64 }
 	// bgCtx bounds snapshots other than the final one; stop cancels it
 	// when the stop timeout is near.
 	bgCtx    context.Context
@@ -493,6 +497,13 @@ func (d *daemon) baseFile(ctx context.Context, base, sha string) (string, error)
 	if _, err := os.Stat(p); err == nil {
 		return p, nil
 	}
+	if d.cfg.Lazy {
+		if _, err := d.openLazy(ctx, base); err == nil {
+			return p, nil
+		} else if !errors.Is(err, errNotLazy) {
+			d.log.Warn("cannot read the base snapshot lazily; downloading it whole", "base", base, "err", err)
+		}
+	}
 	d.log.Warn("the base snapshot is missing from the cache; downloading it", "base", base)
 	got, _, err := d.cat.Fetch(ctx, base, p)
 	if err != nil {
@@ -515,7 +526,14 @@ func (d *daemon) fetchBase(ctx context.Context, id string) (string, error) {
 			d.log.Info("base snapshot is in the cache", "id", id)
 			return p, nil
 		}
-		d.log.Warn("the cached base snapshot is missing or damaged; downloading it", "id", id, "err", err)
+		if d.cfg.Lazy && fileExists(p+".partial") {
+			d.log.Info("the base snapshot is partly in the cache; resuming it", "id", id)
+		} else {
+			d.log.Warn("the cached base snapshot is missing or damaged; downloading it", "id", id, "err", err)
+		}
+	}
+	if p, ok := d.bootLazy(ctx, id); ok {
+		return p, nil
 	}
 	t0 := time.Now()
 	tmp := filepath.Join(d.sd.cacheDir(), "download.sqfs")
@@ -544,9 +562,9 @@ func (d *daemon) fetchBase(ctx context.Context, id string) (string, error) {
 
 // cleanCache removes cached archives other than keep.
 func (d *daemon) cleanCache(keep string) {
-	names, _ := filepath.Glob(filepath.Join(d.sd.cacheDir(), "*.sqfs"))
+	names, _ := filepath.Glob(filepath.Join(d.sd.cacheDir(), "*.sqfs*"))
 	for _, n := range names {
-		if filepath.Base(n) != keep+".sqfs" {
+		if !isLazyCacheFile(filepath.Base(n), keep) {
 			os.Remove(n)
 		}
 	}
@@ -647,6 +665,7 @@ func (d *daemon) serve(ctx context.Context) error {
 			d.log.Info("base snapshot verified", "took", time.Since(t).Round(time.Millisecond))
 		}(d.downloaded)
 	}
+	d.startLazyFill()
 	// Changes left by a crash or a failed final upload go out right away.
 	kick := make(chan struct{}, 1)
 	if pending {

@@ -78,6 +78,13 @@ type mountConfig struct {
 	// MetricsAddr, if set, is the HOST:PORT where Prometheus metrics are
 	// served (/metrics). Env HERMESFS_METRICS_ADDR.
 	MetricsAddr string
+	// Lazy boots from a snapshot whose manifest has chunk digests without
+	// downloading it first: ready after its metadata, data fetched as it
+	// is read and filled in the background. Env HERMESFS_LAZY.
+	Lazy bool
+	// ReadTimeout bounds how long a lazy read retries a chunk the store
+	// does not deliver before it fails with EIO. Env HERMESFS_READ_TIMEOUT.
+	ReadTimeout time.Duration
 
 	// flags holds the store flags (declared by addStoreFlags), read with
 	// storeOptions when the store is opened.
@@ -94,6 +101,8 @@ func newMountConfig() *mountConfig {
 		LogLevel:    "info",
 		MemoryLimit: 2200,
 		UserLimit:   1375,
+		Lazy:        true,
+		ReadTimeout: 30 * time.Second,
 
 		WritePassthroughMax: strconv.Itoa(fs.DefaultPassthroughWriteMax>>20) + "M",
 	}
@@ -110,6 +119,8 @@ var envFlags = map[string]string{
 
 	"HERMESFS_WRITE_PASSTHROUGH_MAX": "write-passthrough-max",
 	"HERMESFS_METRICS_ADDR":          "metrics-addr",
+	"HERMESFS_LAZY":                  "lazy",
+	"HERMESFS_READ_TIMEOUT":          "read-timeout",
 }
 
 // addFlags declares c's flags on fs, with c's current values as defaults.
@@ -131,6 +142,8 @@ func (c *mountConfig) addFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.WritePassthroughMax, "write-passthrough-max", c.WritePassthroughMax, "largest file written by the kernel straight to local disk (FUSE passthrough; root, Linux >= 6.9), e.g. 32M; 0 for none. Larger files are written through the daemon. Each snapshot stops such files' writes while it copies them (env HERMESFS_WRITE_PASSTHROUGH_MAX)")
 	fs.BoolVar(&c.Debug, "debug", c.Debug, "log every FUSE request")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", c.MetricsAddr, "serve Prometheus metrics at http://HOST:PORT/metrics (port 0: any free one, logged); off by default (env HERMESFS_METRICS_ADDR)")
+	fs.BoolVar(&c.Lazy, "lazy", c.Lazy, "boot without downloading the snapshot first: fetch its data as it is read and fill the cache in the background; --lazy=false downloads it whole before mounting (env HERMESFS_LAZY)")
+	fs.DurationVar(&c.ReadTimeout, "read-timeout", c.ReadTimeout, "how long a lazy read retries data the store does not deliver before it fails with EIO (env HERMESFS_READ_TIMEOUT)")
 }
 
 // applyEnv sets, from the environment, every flag of fs that has a variable
@@ -171,6 +184,9 @@ func (c *mountConfig) validate() error {
 	}
 	if c.StopTimeout <= 0 {
 		return usageError("--stop-timeout %s: must be positive", c.StopTimeout)
+	}
+	if c.ReadTimeout <= 0 {
+		return usageError("--read-timeout %s: must be positive", c.ReadTimeout)
 	}
 	switch c.OnConflict {
 	case "", "keep-local", "discard-local":

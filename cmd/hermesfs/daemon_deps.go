@@ -4,6 +4,10 @@ import (
 	"context"
 	"errors"
 	iofs "io/fs"
+	"os"
+
+	"github.com/hermesfs/hermesfs/uploader"
+	"github.com/hermesfs/hermesfs/uploader/lazy"
 )
 
 // The daemon drives three parts through these small interfaces; the real
@@ -79,6 +83,11 @@ type catalog interface {
 	// Lease acquires the writer lease of the prefix for holder, refusing
 	// with errLeaseHeld while another live holder has it.
 	Lease(ctx context.Context, holder string) (lease, error)
+	// OpenLazy opens snapshot id's archive as a lazy reader caching at
+	// path (daemon_lazy.go); errNotLazy when its manifest has no chunk
+	// digests. seed, if not "", is a complete older archive to copy the
+	// shared prefix from.
+	OpenLazy(ctx context.Context, id, path, seed string, o lazyOptions) (*lazy.Reader, *os.File, uploader.Manifest, error)
 	// Close releases the catalog's resources.
 	Close() error
 }
@@ -97,6 +106,8 @@ type publishMeta struct {
 	// Copies the ranges the two share.
 	DeltaSource string
 	Copies      []copyRange
+	// Hot is the chunks of the base read first (manifest "hot").
+	Hot []int64
 }
 
 // copyRange is a byte range of a new archive that is a copy of a range

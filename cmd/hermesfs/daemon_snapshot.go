@@ -133,6 +133,11 @@ func (d *daemon) packBase() (path, id string) {
 		if _, err := os.Stat(p); err == nil {
 			return p, base
 		}
+		if _, ok := lazyLookup(p); ok {
+			// Still being fetched: packed on through the lazy reader,
+			// which fetches what the pack reads.
+			return p, base
+		}
 	}
 	return "", ""
 }
@@ -175,7 +180,7 @@ func (d *daemon) snapshotOnce(ctx context.Context, parent, expect string) (snaps
 	r.shared, r.garbage, r.packedOn, r.layout = ps.BytesCopied, ps.GarbageBytes, baseID, ps.BaseUse
 
 	t2 := time.Now()
-	meta := publishMeta{Parent: parent, Files: ps.Files, Host: d.host, SHA256: ps.SHA256, Size: ps.Size}
+	meta := publishMeta{Parent: parent, Files: ps.Files, Host: d.host, SHA256: ps.SHA256, Size: ps.Size, Hot: d.hotSet()}
 	if baseID != "" {
 		meta.DeltaSource, meta.Copies = baseID, ps.Copies
 	}
@@ -246,6 +251,7 @@ func (d *daemon) status() statusReport {
 		r.Unpublished = d.pending || r.Generation != d.publishedGen
 	}
 	r.Rejections = d.parts.rejections(d.sd.auditLog(), 5)
+	r.Lazy = d.lazyStats()
 	return r
 }
 

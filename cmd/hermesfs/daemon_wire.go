@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 
@@ -105,7 +106,7 @@ func (realParts) rejections(auditPath string, n int) []auditRecord {
 type mountAdapter struct {
 	*fs.Mounted
 	done  chan struct{}
-	lower *os.File
+	lower io.Closer
 	guard *memguard.Guard
 }
 
@@ -137,15 +138,20 @@ func (m *mountAdapter) Unmount(ctx context.Context) error {
 func (realParts) mount(ctx context.Context, d *daemon, lowerPath string) (overlay, error) {
 	log := d.base
 	var (
-		lowerFile *os.File
+		lowerFile io.Closer
 		reader    *archive.Reader
 	)
 	if lowerPath != "" {
-		var err error
-		reader, lowerFile, err = openArchive(lowerPath, archive.ReaderOptions{Logger: log.With("component", "archive")})
+		ra, size, c, err := d.openLower(lowerPath)
 		if err != nil {
 			return nil, err
 		}
+		reader, err = archive.Open(ra, size, archive.ReaderOptions{Name: lowerPath, Logger: log.With("component", "archive")})
+		if err != nil {
+			c.Close()
+			return nil, archiveError(err)
+		}
+		lowerFile = c
 	}
 	closeLower := func() {
 		if lowerFile != nil {

@@ -71,6 +71,7 @@ func (a *catalogAdapter) Fetch(ctx context.Context, id, dst string) (snapshotInf
 func (a *catalogAdapter) Publish(ctx context.Context, path string, meta publishMeta, expect string) (publishResult, error) {
 	in := uploader.PublishInput{
 		Path: path, SHA256: meta.SHA256, Size: meta.Size, Parent: meta.Parent, Expect: expect, Files: meta.Files, Lease: a.lease,
+		Hot: meta.Hot,
 	}
 	if meta.DeltaSource != "" && len(meta.Copies) > 0 {
 		in.Delta = &uploader.Delta{Source: meta.DeltaSource}

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/hermesfs/hermesfs/uploader/lazy"
 )
 
 func init() {
@@ -83,6 +85,8 @@ type statusReport struct {
 	Lease      string        `json:"lease"`
 	Rejections []auditRecord `json:"memory_rejections,omitempty"`
 	Started    time.Time     `json:"started,omitzero"`
+	// Lazy is the fill of a base read lazily; absent otherwise.
+	Lazy *lazy.Stats `json:"lazy,omitempty"`
 }
 
 // snapshotFigures are the measurements of one snapshot, logged and shown.
@@ -200,6 +204,9 @@ func printStatus(w io.Writer, rs []statusReport, asJSON bool) error {
 		row("store", "%s", r.Store)
 		row("state dir", "%s", r.StateDir)
 		row("base snapshot", "%s", orNone(r.Base))
+		if l := r.Lazy; l != nil {
+			row("lazy fill", "%s", lazyLine(l))
+		}
 		if r.Running {
 			row("changed", "%d files, %s since the last snapshot", r.DirtyFiles, humanBytes(r.DirtyBytes))
 		}

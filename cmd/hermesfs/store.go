@@ -143,6 +143,17 @@ func openCatalog(ctx context.Context, e *env, fs *flag.FlagSet) (*uploader.Catal
 // carries the exit code exitCorrupt.
 func openArchive(path string, opts archive.ReaderOptions) (*archive.Reader, *os.File, error) {
 	f, err := os.Open(path)
+	if lr, ok := lazyLookup(path); ok && errors.Is(err, os.ErrNotExist) {
+		// A base still being fetched: read through its lazy reader.
+		if opts.Name == "" {
+			opts.Name = path
+		}
+		r, err := archive.Open(lr, lr.Size(), opts)
+		if err != nil {
+			return nil, nil, archiveError(err)
+		}
+		return r, nil, nil
+	}
 	if err != nil {
 		return nil, nil, err
 	}

@@ -1,0 +1,297 @@
+package main
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hermesfs/hermesfs/uploader"
+	"github.com/hermesfs/hermesfs/uploader/faultproxy"
+)
+
+// lazyHome seeds dir with a home and a few MiB of incompressible files, so
+// the archive spans a dozen chunks.
+func lazyHome(t *testing.T, dir string) {
+	t.Helper()
+	seedHome(t, dir)
+	for i := range 12 {
+		b := make([]byte, 200<<10+i*1000)
+		rand.Read(b)
+		writeFile(t, filepath.Join(dir, "blobs", fmt.Sprintf("b%02d.bin", i)), string(b), 0o644)
+	}
+}
+
+// publishHome publishes a fresh lazy home from host a and returns the tree.
+func publishHome(t *testing.T, a *host) map[string]entry {
+	t.Helper()
+	mp := e2eDir(t, "homeA")
+	lazyHome(t, mp)
+	want := snapshotTree(t, mp)
+	d := a.mount(mp, "--interval", "0")
+	d.stopOK(t)
+	return want
+}
+
+// waitLazyComplete polls status until the lazy fill is complete.
+func waitLazyComplete(t *testing.T, h *host, mp string) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		r, _ := h.statusJSON(mp)
+		if r.Lazy == nil {
+			t.Fatalf("status shows no lazy fill: %+v", r)
+		}
+		if r.Lazy.Complete {
+			if r.Lazy.PresentBytes != r.Lazy.TotalBytes {
+				t.Fatalf("complete with %d of %d bytes", r.Lazy.PresentBytes, r.Lazy.TotalBytes)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("lazy fill not complete after 60s: %+v", *r.Lazy)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// archiveGets counts the proxy's GETs of snapshot archives.
+type archiveGets struct {
+	mu    sync.Mutex
+	n     int
+	delay time.Duration
+}
+
+func (g *archiveGets) rule(r faultproxy.Request) faultproxy.Fault {
+	if r.Op == "GetObject" && strings.Contains(r.Path, "/snapshots/") && strings.HasSuffix(r.Path, ".sqfs") {
+		g.mu.Lock()
+		g.n++
+		d := g.delay
+		g.mu.Unlock()
+		time.Sleep(d) // a slow link: the proxy serves one request at a time
+	}
+	return faultproxy.Pass
+}
+
+func (g *archiveGets) set(d time.Duration) (before int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.delay = d
+	return g.n
+}
+
+func (g *archiveGets) count() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.n
+}
+
+// TestE2ELazyBoot boots a new host lazily over a slow link, reads every
+// file, lets the fill finish, and reboots without a data GET; a second new
+// host is killed mid-fill and finishes after a restart.
+func TestE2ELazyBoot(t *testing.T) {
+	need(t, "/dev/fuse")
+	s3 := startS3Rig(t)
+	g := &archiveGets{}
+	s3.faults.SetRule(g.rule)
+	store := s3.url(s3.faults.URL, "lazy")
+	want := publishHome(t, newHost(t, store))
+
+	g.set(30 * time.Millisecond)
+	b := newHost(t, store)
+	mp := e2eDir(t, "homeB")
+	d := b.mount(mp, "--interval", "0")
+	if !strings.Contains(d.stderr.String(), "booting lazily") {
+		t.Fatalf("did not boot lazily:\n%s", d.stderr)
+	}
+	r, _ := b.statusJSON(mp)
+	if r.Lazy == nil || r.Lazy.TotalBytes == 0 {
+		t.Fatalf("status --json: no lazy fill: %+v", r)
+	}
+	if diff := diffTrees(want, snapshotTree(t, mp)); diff != "" {
+		t.Fatalf("lazily booted tree differs:\n%s", diff)
+	}
+	waitLazyComplete(t, b, mp)
+	d.stopOK(t)
+
+	// A reboot on this host needs no archive bytes from the store.
+	before := g.set(0)
+	d = b.mount(mp, "--interval", "0")
+	if n := g.count() - before; n != 0 {
+		t.Errorf("reboot with a complete cache made %d archive GETs", n)
+	}
+	if r, _ := b.statusJSON(mp); r.Lazy != nil {
+		t.Errorf("reboot with a complete cache reads lazily: %+v", *r.Lazy)
+	}
+	if diff := diffTrees(want, snapshotTree(t, mp)); diff != "" {
+		t.Fatalf("rebooted tree differs:\n%s", diff)
+	}
+	d.stopOK(t)
+
+	// kill -9 mid-fill, restart, finish.
+	g.set(100 * time.Millisecond)
+	c := newHost(t, store)
+	mpC := e2eDir(t, "homeC")
+	dc := c.mount(mpC, "--interval", "0")
+	if code := dc.stop(syscall.SIGKILL); code != 128+int(syscall.SIGKILL) {
+		t.Fatalf("kill -9: exit %d", code)
+	}
+	partials, _ := filepath.Glob(filepath.Join(c.state, "cache", "*.sqfs.partial"))
+	if len(partials) != 1 {
+		t.Logf("no partial cache after kill -9 (the fill finished first?)")
+	}
+	g.set(0)
+	dc = c.mount(mpC, "--interval", "0")
+	waitLazyComplete(t, c, mpC)
+	if diff := diffTrees(want, snapshotTree(t, mpC)); diff != "" {
+		t.Fatalf("tree after a restart mid-fill differs:\n%s", diff)
+	}
+	dc.stopOK(t)
+	id := strings.TrimSpace(mustRead(t, filepath.Join(s3.data, s3.bucket, "lazy", "LATEST")))
+	got, err := os.ReadFile(filepath.Join(c.state, "cache", id+".sqfs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored, err := os.ReadFile(filepath.Join(s3.data, s3.bucket, "lazy", "snapshots", id+".sqfs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != string(stored) {
+		t.Fatal("the completed cache differs from the stored archive")
+	}
+	if left, _ := filepath.Glob(filepath.Join(c.state, "cache", "*.sqfs.*")); len(left) != 0 {
+		t.Fatalf("lazy cache files left: %v", left)
+	}
+}
+
+// TestE2ELazyDamagedStore: bytes the store damaged never reach a reader;
+// the read fails with EIO and the log names the chunk and the cause.
+func TestE2ELazyDamagedStore(t *testing.T) {
+	need(t, "/dev/fuse")
+	storeDir := e2eDir(t, "store")
+	want := publishHome(t, newHost(t, "file://"+storeDir))
+	id := localLatest(t, storeDir)
+	m := readManifest(t, storeDir, id)
+	p := filepath.Join(storeDir, "snapshots", id+".sqfs")
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.MetaOffset <= 2*m.ChunkSize {
+		t.Fatalf("manifest meta_offset %d: want the data to span chunks", m.MetaOffset)
+	}
+	b[m.MetaOffset/2] ^= 0x10 // in the data, far from chunk 0 and the tail
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	h := newHost(t, "file://"+storeDir)
+	mp := e2eDir(t, "homeB")
+	d := h.mount(mp, "--interval", "0", "--read-timeout", "500ms")
+	eio := 0
+	for name, e := range want {
+		if !e.Mode.IsRegular() {
+			continue
+		}
+		got, err := os.ReadFile(filepath.Join(mp, name))
+		if errors.Is(err, syscall.EIO) {
+			eio++
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if e.Size != int64(len(got)) || sha256hex(got) != e.Hash {
+			t.Fatalf("%s: WRONG BYTES served from a damaged store", name)
+		}
+	}
+	if eio == 0 {
+		t.Fatal("no read failed, though the store's archive is damaged")
+	}
+	r, _ := h.statusJSON(mp)
+	if r.Lazy == nil || r.Lazy.Errors == 0 || r.Lazy.Complete {
+		t.Fatalf("status: %+v", r.Lazy)
+	}
+	d.stop(syscall.SIGTERM)
+	if log := d.stderr.String(); !strings.Contains(log, "chunk sha256 does not match the manifest") || !strings.Contains(log, "chunk "+fmt.Sprint(m.MetaOffset/2/m.ChunkSize)) {
+		t.Fatalf("log does not name the damaged chunk:\n%s", log)
+	}
+}
+
+// TestE2ELazyFormat1 boots a snapshot an older hermesfs published
+// (manifest without chunk digests) the old way.
+func TestE2ELazyFormat1(t *testing.T) {
+	need(t, "/dev/fuse")
+	storeDir := e2eDir(t, "store")
+	want := publishHome(t, newHost(t, "file://"+storeDir))
+	id := localLatest(t, storeDir)
+	m := readManifest(t, storeDir, id)
+	m.Format, m.ChunkSize, m.Chunks, m.MetaOffset, m.Hot, m.SharedPrefix = 1, 0, nil, 0, nil, 0
+	j, _ := json.Marshal(m)
+	if err := os.WriteFile(filepath.Join(storeDir, "snapshots", id+".json"), j, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	h := newHost(t, "file://"+storeDir)
+	mp := e2eDir(t, "homeB")
+	d := h.mount(mp, "--interval", "0")
+	if strings.Contains(d.stderr.String(), "booting lazily") || !fileExists(filepath.Join(h.state, "cache", id+".sqfs")) {
+		t.Fatalf("a format 1 snapshot was not downloaded whole:\n%s", d.stderr)
+	}
+	if diff := diffTrees(want, snapshotTree(t, mp)); diff != "" {
+		t.Fatalf("tree differs:\n%s", diff)
+	}
+	d.stopOK(t)
+}
+
+// TestE2ELazyHotAndStop: a change made right after a lazy boot is
+// published by SIGTERM, the next manifest records the chunks read first,
+// and the next boot prefetches them.
+func TestE2ELazyHotAndStop(t *testing.T) {
+	need(t, "/dev/fuse")
+	storeDir := e2eDir(t, "store")
+	publishHome(t, newHost(t, "file://"+storeDir))
+	h := newHost(t, "file://"+storeDir)
+	mp := e2eDir(t, "homeB")
+	d := h.mount(mp, "--interval", "0")
+	mustRead(t, filepath.Join(mp, "blobs", "b07.bin"))
+	mustRead(t, filepath.Join(mp, "config.yaml"))
+	writeFile(t, filepath.Join(mp, "new.txt"), "made while lazy", 0o644)
+	d.stopOK(t)
+	id := localLatest(t, storeDir)
+	m := readManifest(t, storeDir, id)
+	if len(m.Hot) == 0 || !m.Lazy() {
+		t.Fatalf("manifest of the final snapshot: hot %v, lazy %v", m.Hot, m.Lazy())
+	}
+	c := newHost(t, "file://"+storeDir)
+	mpC := e2eDir(t, "homeC")
+	dc := c.mount(mpC, "--interval", "0")
+	if got := mustRead(t, filepath.Join(mpC, "new.txt")); got != "made while lazy" {
+		t.Fatalf("new.txt = %q", got)
+	}
+	if !strings.Contains(dc.stderr.String(), fmt.Sprintf("hot_chunks=%d", len(m.Hot))) {
+		t.Fatalf("the next boot did not take the hot set:\n%s", dc.stderr)
+	}
+	dc.stopOK(t)
+}
+
+func readManifest(t *testing.T, storeDir, id string) uploader.Manifest {
+	t.Helper()
+	var m uploader.Manifest
+	if err := json.Unmarshal([]byte(mustRead(t, filepath.Join(storeDir, "snapshots", id+".json"))), &m); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func sha256hex(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}
