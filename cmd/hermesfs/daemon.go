@@ -275,6 +275,7 @@ func (d *daemon) cleanupBoot() {
 	if d.ov != nil {
 		d.ov.Unmount(ctx)
 	}
+	d.closeLazy()
 	if d.lease != nil {
 		d.lease.Release(ctx)
 	}
@@ -824,6 +825,7 @@ func (d *daemon) stop(waitBg func()) shutdownResult {
 	case <-waitDone:
 	case <-time.After(time.Until(deadline) + reserve):
 	}
+	d.closeLazy()
 
 	if !cfg.ReadOnly && res.Code == exitOK && !gone && d.ov.Generation() != finalGen {
 		// Acknowledged writes came after the final snapshot's freeze (the

@@ -37,6 +37,8 @@ type lazyBase struct {
 	id   string
 	path string
 	seed *os.File
+	once sync.Once
+	err  error
 }
 
 // OpenLazy implements catalog: snapshot id's archive as a lazy reader with
@@ -163,14 +165,24 @@ func (d *daemon) startLazyFill() {
 	}
 }
 
-// closeLazy stops the fill and closes the reader (after the unmount).
+// Close stops the fill and closes the reader; later calls return the first
+// one's result.
 func (l *lazyBase) Close() error {
-	lazyArchives.Delete(l.path)
-	err := l.r.Close()
-	if l.seed != nil {
-		l.seed.Close()
+	l.once.Do(func() {
+		lazyArchives.Delete(l.path)
+		l.err = l.r.Close()
+		if l.seed != nil {
+			l.seed.Close()
+		}
+	})
+	return l.err
+}
+
+// closeLazy closes the lazy base, if any, once nothing reads it any more.
+func (d *daemon) closeLazy() {
+	if d.lazy != nil {
+		d.lazy.Close()
 	}
-	return err
 }
 
 // lazyStats is the "lazy" part of status; nil when the base is not lazy.

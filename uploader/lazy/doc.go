@@ -11,10 +11,10 @@
 // bytes that fail the check are never served, and the error names the
 // chunk, the key and the cause (a digest mismatch, the object's ETag
 // changing, the store failing). A failed fetch is retried with the store
-// backoff until Options.ReadTimeout has passed since the read began; then
-// that read fails with an error that satisfies errors.Is(err, syscall.EIO),
-// logged once per chunk until the chunk arrives, and the next read tries
-// again.
+// backoff until Options.ReadTimeout has passed since the read began (or
+// until the chunk arrived damaged three times in a row); then that read
+// fails with an error that satisfies errors.Is(err, syscall.EIO), logged
+// once per chunk until the chunk arrives, and the next read tries again.
 //
 // # The cache on disk
 //

@@ -23,7 +23,7 @@ import (
 const (
 	DefaultReadTimeout  = 30 * time.Second
 	DefaultParallel     = 8
-	DefaultFillParallel = 2
+	DefaultFillParallel = 4
 	DefaultReadAhead    = 4
 )
 
@@ -74,6 +74,10 @@ type Options struct {
 	// writeAt writes to the cache file; tests replace it.
 	writeAt func(f *os.File, b []byte, off int64) (int, error)
 }
+
+// maxDigestFails is how many times in a row a chunk may arrive damaged
+// before a read gives up on it without waiting for the read timeout.
+const maxDigestFails = 3
 
 // ErrDigest is a chunk whose bytes do not have the manifest's digest.
 var ErrDigest = errors.New("chunk sha256 does not match the manifest")
@@ -420,10 +424,18 @@ func (r *Reader) run(i int, c *call, k kind) {
 	if data, err = r.fromSeed(i); err == nil && data != nil {
 		local = true
 	} else {
+		digestFails := 0
 		for attempt := 0; ; attempt++ {
 			data, err = r.fetch(ctx, i)
 			if err == nil {
 				break
+			}
+			// A store that keeps returning the same wrong bytes will not
+			// heal within the timeout: fail now rather than hang a read.
+			if errors.Is(err, ErrDigest) {
+				if digestFails++; digestFails >= maxDigestFails {
+					break
+				}
 			}
 			d := r.o.Retry.Delay(attempt, rand.Float64())
 			if dl, ok := ctx.Deadline(); ctx.Err() != nil || ok && time.Until(dl) < d {
