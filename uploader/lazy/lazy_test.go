@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/hermesfs/hermesfs/uploader"
+	"github.com/hermesfs/hermesfs/uploader/faultproxy"
 	"github.com/hermesfs/hermesfs/uploader/s3"
 	"github.com/hermesfs/hermesfs/uploader/s3test"
 )
@@ -419,5 +420,42 @@ func TestPrefetchAndSum(t *testing.T) {
 	sum := sha256.Sum256(o.data)
 	if hex.EncodeToString(sum[:]) != o.sha {
 		t.Fatal("test object sum")
+	}
+}
+
+// TestFlakyStoreThroughFaultProxy reads and fills through a proxy that
+// fails about 30% of the GETs in the ways networks fail: every byte read
+// is right, and the fill completes.
+func TestFlakyStoreThroughFaultProxy(t *testing.T) {
+	t.Parallel()
+	endpoint, bucket, access, secret := s3test.Start(t)
+	fp, err := faultproxy.Start(endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fp.Close() })
+	st, err := s3.New(t.Context(), s3.Config{
+		Bucket: bucket, Prefix: "hermes", Endpoint: fp.URL, Region: "us-east-1", PathStyle: true,
+		AccessKeyID: access, SecretAccessKey: secret, PartSize: s3.MinPartSize,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := putObject(t, st, 1<<20+333)
+	faults := []faultproxy.Fault{faultproxy.Error500, faultproxy.Reset, faultproxy.Truncate, faultproxy.SlowDown}
+	fp.SetRule(func(r faultproxy.Request) faultproxy.Fault {
+		if r.Op != "GetObject" || r.Seq%10 >= 3 {
+			return faultproxy.Pass
+		}
+		return faults[r.Seq%len(faults)]
+	})
+	opts := o.options(t.TempDir())
+	opts.ReadTimeout = 20 * time.Second
+	r := open(t, opts)
+	checkReads(t, r, o.data)
+	r.Fill()
+	waitComplete(t, r)
+	if _, f := fp.Counts(); len(f) == 0 {
+		t.Fatal("the proxy injected no fault")
 	}
 }
