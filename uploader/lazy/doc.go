@@ -23,7 +23,9 @@
 // bytes are in the partial file. Records are written only after the data
 // they vouch for has been fsynced, and the log is fsynced in turn: a crash
 // or power loss can lose chunks (they are fetched again) but never mark
-// absent bytes present. When every chunk is present the whole file's sha256
+// absent bytes present. Chunks listed by a log from an earlier run are
+// checked against their digest the first time they are read, and fetched
+// again if they changed on disk. When every chunk is present the whole file's sha256
 // is checked against the manifest's, the partial file is renamed to Path
 // and the log removed: the cache is then exactly what a full download
 // leaves.

@@ -144,7 +144,8 @@ type Reader struct {
 
 	mu        sync.Mutex
 	present   []bool
-	have      int // chunks present
+	checked   []bool // present chunks whose bytes on disk were checked since Open
+	have      int    // chunks present
 	complete  bool
 	noWrite   error // the cache write failure that stopped writing
 	inflight  map[int]*call
@@ -214,15 +215,17 @@ func (r *Reader) openCache() error {
 		// between its check and this open).
 		if fi, err := f.Stat(); err == nil && fi.Size() == r.o.Size {
 			r.f, r.complete, r.completed = f, true, true
-			r.present = make([]bool, r.n)
+			r.present, r.checked = make([]bool, r.n), make([]bool, r.n)
 			for i := range r.present {
-				r.present[i] = true
+				r.present[i], r.checked[i] = true, true
 			}
 			r.have, r.stats.PresentBytes, r.stats.Complete = r.n, r.o.Size, true
 			return nil
 		}
 		f.Close()
 	}
+	_, serr := os.Stat(r.partial())
+	fresh := errors.Is(serr, os.ErrNotExist)
 	f, err := os.OpenFile(r.partial(), os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return fmt.Errorf("lazy cache: %w", err)
@@ -231,6 +234,14 @@ func (r *Reader) openCache() error {
 	if err != nil {
 		f.Close()
 		return fmt.Errorf("lazy cache: %w", err)
+	}
+	if fresh {
+		// A log without its data file vouches for nothing.
+		if err := pl.Truncate(0); err != nil {
+			f.Close()
+			pl.Close()
+			return fmt.Errorf("lazy cache: %w", err)
+		}
 	}
 	present, reset, err := loadPresent(pl, r.o.SHA256, r.o.Size, r.o.ChunkSize, r.n)
 	if err == nil && reset {
@@ -249,7 +260,7 @@ func (r *Reader) openCache() error {
 		pl.Close()
 		return fmt.Errorf("lazy cache %s: %w", r.partial(), err)
 	}
-	r.f, r.plog, r.present = f, pl, present
+	r.f, r.plog, r.present, r.checked = f, pl, present, make([]bool, r.n)
 	for i, p := range present {
 		if p {
 			r.have++
@@ -309,7 +320,7 @@ func (r *Reader) ReadAt(p []byte, off int64) (int, error) {
 	calls := make(map[int]*call)
 	r.mu.Lock()
 	for i := first; i <= last; i++ {
-		if !r.present[i] {
+		if !r.present[i] || !r.checked[i] {
 			calls[i] = r.startLocked(i, onDemand)
 		}
 	}
@@ -421,7 +432,10 @@ func (r *Reader) run(i int, c *call, k kind) {
 	var data []byte
 	var err error
 	local := false
-	if data, err = r.fromSeed(i); err == nil && data != nil {
+	cached := false
+	if data = r.fromCache(i); data != nil {
+		cached = true
+	} else if data, err = r.fromSeed(i); err == nil && data != nil {
 		local = true
 	} else {
 		digestFails := 0
@@ -463,6 +477,7 @@ func (r *Reader) run(i int, c *call, k kind) {
 			r.logged[i] = true
 			r.log.Error("could not fetch a chunk of the archive; reads of it fail with EIO until it arrives", "err", err)
 		}
+	case err == nil && cached:
 	case err == nil:
 		if r.logged[i] {
 			delete(r.logged, i)
@@ -514,6 +529,36 @@ func (r *Reader) fetch(ctx context.Context, i int) ([]byte, error) {
 	return buf, nil
 }
 
+// fromCache returns chunk i from the cache file if the present log lists
+// it (from before this Open) and its bytes check out; a chunk that does not
+// is marked absent, to be fetched again.
+func (r *Reader) fromCache(i int) []byte {
+	r.mu.Lock()
+	present := r.present[i]
+	r.mu.Unlock()
+	if !present {
+		return nil
+	}
+	off, n := int64(i)*r.o.ChunkSize, r.chunkLen(i)
+	buf := make([]byte, n)
+	_, err := r.f.ReadAt(buf, off)
+	sum := sha256.Sum256(buf)
+	ok := err == nil && hex.EncodeToString(sum[:]) == r.o.Chunks[i]
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if ok {
+		r.checked[i] = true
+		return buf
+	}
+	if r.present[i] && !r.completed {
+		r.present[i] = false
+		r.have--
+		r.stats.PresentBytes -= n
+		r.log.Warn("a cached chunk does not match its digest; fetching it again", "path", r.f.Name(), "chunk", i, "err", err)
+	}
+	return nil
+}
+
 // fromSeed returns chunk i from the seed if it is there intact, else nil.
 func (r *Reader) fromSeed(i int) ([]byte, error) {
 	off, n := int64(i)*r.o.ChunkSize, r.chunkLen(i)
@@ -551,7 +596,7 @@ func (r *Reader) store(i int, data []byte) {
 	}
 	r.mu.Lock()
 	if !r.present[i] {
-		r.present[i] = true
+		r.present[i], r.checked[i] = true, true
 		r.have++
 		r.stats.PresentBytes += int64(len(data))
 		r.durable = append(r.durable, i)
@@ -668,7 +713,6 @@ func (r *Reader) fill() {
 	}
 	t0 := time.Now()
 	for pass := 0; ; pass++ {
-		var calls []*call
 		for _, i := range order {
 			if r.ctx.Err() != nil || r.stopped() {
 				return
@@ -688,15 +732,21 @@ func (r *Reader) fill() {
 				<-r.filling
 				continue
 			}
-			calls = append(calls, r.startLocked(i, fill))
+			r.startLocked(i, fill)
 			r.mu.Unlock()
 		}
-		for _, c := range calls {
+		// Every fill call holds a slot until it is done: holding them all
+		// means the pass is over. (Keeping the calls instead would keep
+		// their bytes.)
+		for range cap(r.filling) {
 			select {
-			case <-c.done:
+			case r.filling <- struct{}{}:
 			case <-r.ctx.Done():
 				return
 			}
+		}
+		for range cap(r.filling) {
+			<-r.filling
 		}
 		r.mu.Lock()
 		done := r.have == r.n

@@ -459,3 +459,41 @@ func TestFlakyStoreThroughFaultProxy(t *testing.T) {
 		t.Fatal("the proxy injected no fault")
 	}
 }
+
+// TestDamagedCacheRefetched: a chunk the log lists but whose bytes on
+// disk changed (bit rot, a stray write) is fetched again, not served; a
+// log whose data file is gone vouches for nothing.
+func TestDamagedCacheRefetched(t *testing.T) {
+	t.Parallel()
+	o := putObject(t, localStore(t), 6*testChunk)
+	dir := t.TempDir()
+	opts := o.options(dir)
+	opts.ReadAhead = -1
+	r := open(t, opts)
+	buf := make([]byte, 2*testChunk)
+	if _, err := r.ReadAt(buf, 2*testChunk); err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+	part := filepath.Join(dir, "x.sqfs.partial")
+	f, err := os.OpenFile(part, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteAt([]byte{0xff, 0xee}, 3*testChunk+100)
+	f.Close()
+	before := o.store.gets.Load()
+	r2 := open(t, opts)
+	if _, err := r2.ReadAt(buf, 2*testChunk); err != nil || !bytes.Equal(buf, o.data[2*testChunk:4*testChunk]) {
+		t.Fatalf("read of a damaged cached chunk: %v", err)
+	}
+	if n := o.store.gets.Load() - before; n != 1 {
+		t.Fatalf("%d gets; want 1 (the damaged chunk only)", n)
+	}
+	r2.Close()
+	os.Remove(part)
+	r3 := open(t, opts)
+	if st := r3.Stats(); st.PresentBytes != 0 {
+		t.Fatalf("chunks present without a data file: %+v", st)
+	}
+}
