@@ -118,6 +118,9 @@ func TestE2ELazyBoot(t *testing.T) {
 	if r.Lazy == nil || r.Lazy.TotalBytes == 0 {
 		t.Fatalf("status --json: no lazy fill: %+v", r)
 	}
+	if _, out, _ := b.run("status", mp); !strings.Contains(out, "lazy fill:") {
+		t.Fatalf("status shows no lazy fill:\n%s", out)
+	}
 	if diff := diffTrees(want, snapshotTree(t, mp)); diff != "" {
 		t.Fatalf("lazily booted tree differs:\n%s", diff)
 	}
