@@ -194,6 +194,11 @@ func (d *daemon) lazyStats() *lazy.Stats {
 	return &s
 }
 
+// lazyIncomplete reports whether the base is still being fetched.
+func (d *daemon) lazyIncomplete() bool {
+	return d.lazy != nil && !d.lazy.r.Complete()
+}
+
 // hotSet is the chunks the mount read first, for the next manifest.
 func (d *daemon) hotSet() []int64 {
 	if d.hot == nil {

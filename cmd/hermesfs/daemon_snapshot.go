@@ -88,7 +88,10 @@ func (d *daemon) snapshotLocked(ctx context.Context, reason string) (snapshotRes
 	sdNotify(d.e.getenv, "STATUS=snapshot "+r.ID+" published")
 
 	t := time.Now()
-	if err := d.cat.Prune(ctx, d.cfg.Keep); err != nil {
+	if d.lazyIncomplete() {
+		// Retention could delete the base the fill still reads from.
+		d.log.Debug("prune deferred until the lazy fill completes")
+	} else if err := d.cat.Prune(ctx, d.cfg.Keep); err != nil {
 		d.log.Warn("prune", "err", err, "took", time.Since(t).Round(time.Millisecond))
 	}
 	return r.snapshotResult, nil
