@@ -311,6 +311,9 @@ func (r *Reader) ReadAt(p []byte, off int64) (int, error) {
 	if off >= r.o.Size {
 		return 0, io.EOF
 	}
+	if r.ctx.Err() != nil {
+		return 0, fmt.Errorf("lazy %s: read after close", r.o.Key)
+	}
 	end := min(off+int64(len(p)), r.o.Size)
 	r.hot.Note(off, end-off)
 	first, last := int(off/r.o.ChunkSize), int((end-1)/r.o.ChunkSize)
@@ -752,8 +755,11 @@ func (r *Reader) fill() {
 		done := r.have == r.n
 		r.mu.Unlock()
 		if done {
-			r.finish(t0)
-			return
+			if r.recheck() == 0 {
+				r.finish(t0)
+				return
+			}
+			continue // chunks from an earlier run were damaged: fetch them
 		}
 		if r.stopped() {
 			return
@@ -771,6 +777,21 @@ func (r *Reader) stopped() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.noWrite != nil
+}
+
+// recheck checks the chunks listed by an earlier run's log that no read
+// checked yet, marks the damaged ones absent and returns how many.
+func (r *Reader) recheck() int {
+	bad := 0
+	for i := range r.n {
+		r.mu.Lock()
+		unchecked := r.present[i] && !r.checked[i]
+		r.mu.Unlock()
+		if unchecked && r.fromCache(i) == nil {
+			bad++
+		}
+	}
+	return bad
 }
 
 // finish verifies the complete file and puts it in place.

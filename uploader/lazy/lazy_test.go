@@ -497,3 +497,30 @@ func TestDamagedCacheRefetched(t *testing.T) {
 		t.Fatalf("chunks present without a data file: %+v", st)
 	}
 }
+
+// TestFillRepairsDamagedCache: the fill completes a cache whose earlier
+// run left a damaged chunk that no read touched.
+func TestFillRepairsDamagedCache(t *testing.T) {
+	t.Parallel()
+	o := putObject(t, localStore(t), 6*testChunk)
+	dir := t.TempDir()
+	r := open(t, o.options(dir))
+	buf := make([]byte, 3*testChunk)
+	if _, err := r.ReadAt(buf, 0); err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+	f, err := os.OpenFile(filepath.Join(dir, "x.sqfs.partial"), os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteAt([]byte{0xff, 0xee}, testChunk+7)
+	f.Close()
+	r2 := open(t, o.options(dir))
+	r2.Fill()
+	waitComplete(t, r2)
+	got, _ := os.ReadFile(filepath.Join(dir, "x.sqfs"))
+	if !bytes.Equal(got, o.data) {
+		t.Fatal("completed cache differs")
+	}
+}
