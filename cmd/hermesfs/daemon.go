@@ -565,7 +565,7 @@ func (d *daemon) fetchBase(ctx context.Context, id string) (string, error) {
 func (d *daemon) cleanCache(keep string) {
 	names, _ := filepath.Glob(filepath.Join(d.sd.cacheDir(), "*.sqfs*"))
 	for _, n := range names {
-		if !isLazyCacheFile(filepath.Base(n), keep) {
+		if !keepInCache(d.sd.cacheDir(), filepath.Base(n), keep) {
 			os.Remove(n)
 		}
 	}

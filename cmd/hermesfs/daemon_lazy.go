@@ -250,10 +250,14 @@ func fileExists(p string) bool {
 	return err == nil
 }
 
-// isLazyCacheFile reports whether name (a file in the cache dir) belongs
-// to the archive keep: keep.sqfs or its partial file and present log.
-func isLazyCacheFile(name, keep string) bool {
-	return name == keep+".sqfs" || strings.HasPrefix(name, keep+".sqfs.")
+// keepInCache reports whether name, a file in the cache dir, is the
+// archive keep: keep.sqfs, or its partial file and present log while
+// keep.sqfs is not complete.
+func keepInCache(dir, name, keep string) bool {
+	if name == keep+".sqfs" {
+		return true
+	}
+	return strings.HasPrefix(name, keep+".sqfs.") && !fileExists(filepath.Join(dir, keep+".sqfs"))
 }
 
 // lazyLookup returns the lazy reader standing in for the archive at path.
