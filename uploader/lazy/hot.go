@@ -3,6 +3,7 @@ package lazy
 import (
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hermesfs/hermesfs/uploader"
@@ -18,6 +19,8 @@ const DefaultHotWindow = 2 * time.Minute
 type HotRecorder struct {
 	ra        io.ReaderAt
 	chunkSize int64
+
+	closed atomic.Bool // the window passed or the list is full
 
 	mu    sync.Mutex
 	until time.Time
@@ -45,12 +48,13 @@ func (h *HotRecorder) ReadAt(p []byte, off int64) (int, error) {
 
 // Note records a read of n bytes at off.
 func (h *HotRecorder) Note(off, n int64) {
-	if n <= 0 || off < 0 {
+	if n <= 0 || off < 0 || h.closed.Load() {
 		return
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if len(h.order) >= uploader.MaxHot || time.Now().After(h.until) {
+		h.closed.Store(true)
 		return
 	}
 	for i := off / h.chunkSize; i <= (off+n-1)/h.chunkSize && len(h.order) < uploader.MaxHot; i++ {
