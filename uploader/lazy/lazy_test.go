@@ -524,3 +524,20 @@ func TestFillRepairsDamagedCache(t *testing.T) {
 		t.Fatal("completed cache differs")
 	}
 }
+
+func TestHotRecorderBounds(t *testing.T) {
+	t.Parallel()
+	h := NewHotRecorder(nil, testChunk, time.Hour)
+	for i := range uploader.MaxHot + 10 {
+		h.Note(int64(i)*testChunk, 1)
+	}
+	if got := h.Hot(); len(got) != uploader.MaxHot || got[0] != 0 || got[len(got)-1] != uploader.MaxHot-1 {
+		t.Fatalf("%d hot chunks recorded, want the first %d", len(got), uploader.MaxHot)
+	}
+	h = NewHotRecorder(nil, testChunk, time.Nanosecond)
+	time.Sleep(time.Millisecond)
+	h.Note(0, 10)
+	if got := h.Hot(); len(got) != 0 {
+		t.Fatalf("recorded %v after the window closed", got)
+	}
+}
