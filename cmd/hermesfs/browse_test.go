@@ -138,7 +138,9 @@ func TestBrowseS3(t *testing.T) {
 	putSyntheticSnapshots(t, direct, synthetic)
 	cat := uploader.NewCatalog(direct, uploader.CatalogOptions{Host: "vm"})
 	oldHome := browseHome(t, 1)
-	old := publishTree(t, cat, oldHome)
+	// 64 KiB digests: the chunks the reader fetches (the default 256 KiB
+	// would be a large share of this small archive).
+	old := publishTreeChunks(t, cat, oldHome, 64<<10)
 	latest := publishTree(t, cat, makeTree(t, 2))
 
 	mp := e2eDir(t, "mnt")

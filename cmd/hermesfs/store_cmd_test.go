@@ -50,6 +50,13 @@ func makeTree(t *testing.T, version int) string {
 // publishTree packs dir and publishes it on top of LATEST.
 func publishTree(t *testing.T, cat *uploader.Catalog, dir string) uploader.Manifest {
 	t.Helper()
+	return publishTreeChunks(t, cat, dir, 0)
+}
+
+// publishTreeChunks is publishTree with the manifest's chunk digests over
+// chunkSize slices (0: the default).
+func publishTreeChunks(t *testing.T, cat *uploader.Catalog, dir string, chunkSize int64) uploader.Manifest {
+	t.Helper()
 	p := filepath.Join(t.TempDir(), "a.sqfs")
 	f, err := os.Create(p)
 	if err != nil {
@@ -68,7 +75,7 @@ func publishTree(t *testing.T, cat *uploader.Catalog, dir string) uploader.Manif
 	}
 	m, err := cat.Publish(t.Context(), uploader.PublishInput{
 		Path: p, SHA256: hex.EncodeToString(res.SHA256[:]), Size: res.Size,
-		Parent: latest, Expect: latest, Files: res.Files,
+		Parent: latest, Expect: latest, Files: res.Files, ChunkSize: chunkSize,
 	})
 	if err != nil {
 		t.Fatal(err)
