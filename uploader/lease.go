@@ -64,6 +64,9 @@ type LeaseRecord struct {
 	Renewed    time.Time `json:"renewed"`
 	Expires    time.Time `json:"expires"`
 	Released   bool      `json:"released,omitempty"`
+	// Base is the snapshot the holder's mount is based on: its tree came
+	// from it and its next snapshot is packed on it. Prune keeps it.
+	Base string `json:"base,omitempty"`
 	// Write is random per write: after an ambiguous failure (the request
 	// may have landed) the writer re-reads and recognises its own write.
 	Write string `json:"write"`
