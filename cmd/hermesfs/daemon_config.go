@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/hermesfs/hermesfs/fs"
+	"github.com/hermesfs/hermesfs/uploader"
 )
 
 // mountConfig is everything `hermesfs mount` can be told. Flags map onto its
@@ -31,8 +32,11 @@ type mountConfig struct {
 	// then taken only on demand and at shutdown). Env HERMESFS_INTERVAL.
 	Interval time.Duration
 
-	// Keep is how many snapshots retention keeps in the store. Env HERMESFS_KEEP.
+	// Keep is --keep, the same as --keep-last. Env HERMESFS_KEEP.
 	Keep int
+	// Retention is the policy the --keep-* flags make (see retention.go),
+	// resolved by validate.
+	Retention uploader.RetentionPolicy
 
 	// ReadOnly mounts the newest snapshot read-only and never publishes.
 	ReadOnly bool
@@ -129,7 +133,7 @@ func (c *mountConfig) addFlags(fs *flag.FlagSet) {
 	addStoreFlags(fs)
 	fs.StringVar(&c.StateDir, "state-dir", c.StateDir, "state directory for this mountpoint (env HERMESFS_STATE_DIR; default /var/lib/hermesfs/mounts/<mountpoint> for root, ~/.local/state/hermesfs/<mountpoint> otherwise)")
 	fs.DurationVar(&c.Interval, "interval", c.Interval, "time between periodic snapshots; 0 disables them (env HERMESFS_INTERVAL)")
-	fs.IntVar(&c.Keep, "keep", c.Keep, "snapshots to keep in the store (env HERMESFS_KEEP)")
+	addRetentionFlags(fs, &c.Keep)
 	fs.BoolVar(&c.ReadOnly, "read-only", c.ReadOnly, "mount the newest snapshot read-only and never publish (allowed while another host holds the store)")
 	fs.StringVar(&c.OnConflict, "on-conflict", c.OnConflict, "when local unpublished changes meet a snapshot published by another host: keep-local or discard-local (default: refuse)")
 	fs.DurationVar(&c.StopTimeout, "stop-timeout", c.StopTimeout, "bound on shutdown (final snapshot, upload, unmount); set systemd TimeoutStopSec larger (env HERMESFS_STOP_TIMEOUT)")
@@ -181,6 +185,9 @@ func (c *mountConfig) validate() error {
 	}
 	if c.Keep < 1 {
 		return usageError("--keep %d: must keep at least 1 snapshot", c.Keep)
+	}
+	if c.Retention, err = retentionPolicy(c.flags); err != nil {
+		return err
 	}
 	if c.StopTimeout <= 0 {
 		return usageError("--stop-timeout %s: must be positive", c.StopTimeout)

@@ -78,8 +78,8 @@ type catalog interface {
 	Publish(ctx context.Context, path string, meta publishMeta, expect string) (publishResult, error)
 	// Has reports whether the store holds snapshot id.
 	Has(ctx context.Context, id string) (bool, error)
-	// Prune applies retention: the newest keep snapshots stay.
-	Prune(ctx context.Context, keep int) error
+	// Prune applies the retention policy.
+	Prune(ctx context.Context, policy uploader.RetentionPolicy) error
 	// Lease acquires the writer lease of the prefix for holder, refusing
 	// with errLeaseHeld while another live holder has it.
 	Lease(ctx context.Context, holder string) (lease, error)

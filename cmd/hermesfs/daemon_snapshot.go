@@ -91,7 +91,7 @@ func (d *daemon) snapshotLocked(ctx context.Context, reason string) (snapshotRes
 	if d.lazyIncomplete() {
 		// Retention could delete the base the fill still reads from.
 		d.log.Debug("prune deferred until the lazy fill completes")
-	} else if err := d.cat.Prune(ctx, d.cfg.Keep); err != nil {
+	} else if err := d.cat.Prune(ctx, d.cfg.Retention); err != nil {
 		d.log.Warn("prune", "err", err, "took", time.Since(t).Round(time.Millisecond))
 	}
 	return r.snapshotResult, nil

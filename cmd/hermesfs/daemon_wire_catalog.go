@@ -102,8 +102,8 @@ func (a *catalogAdapter) Has(ctx context.Context, id string) (bool, error) {
 	return err == nil, err
 }
 
-func (a *catalogAdapter) Prune(ctx context.Context, keep int) error {
-	_, err := a.c.Prune(ctx, keep)
+func (a *catalogAdapter) Prune(ctx context.Context, policy uploader.RetentionPolicy) error {
+	_, err := a.c.PruneWith(ctx, uploader.PruneOptions{Policy: policy})
 	return err
 }
 
