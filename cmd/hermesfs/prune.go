@@ -110,4 +110,3 @@ func printPrune(e *env, res uploader.PruneResult, policy uploader.RetentionPolic
 	}
 	fmt.Fprintf(e.stdout, "policy %s: kept %d snapshots, %s %d\n", policy, len(res.Kept), verb, len(res.Deleted))
 }
-
