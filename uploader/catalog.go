@@ -124,8 +124,14 @@ type CatalogOptions struct {
 	Version string
 	// Logger; nil discards.
 	Logger *slog.Logger
-	// Now is the clock; nil means time.Now. Tests inject one.
+	// Now is the clock; nil means time.Now. Tests inject one. It stamps
+	// ids and manifests; no lease decision compares it with another
+	// host's clock.
 	Now func() time.Time
+	// Mono is the local monotonic clock: the time elapsed since any fixed
+	// origin. nil means the runtime's monotonic clock. The lease holder
+	// measures its lease's life on it.
+	Mono func() time.Duration
 	// OrphanGrace is how old an archive without a manifest must be before
 	// Prune deletes it: younger ones may be a publish in progress
 	// (default one hour).
@@ -141,6 +147,12 @@ type Catalog struct {
 
 	mu     sync.Mutex
 	lastID string // the newest id this catalog made, to keep ids increasing
+	// leaseSeen is the lease object's ETag as first seen, and when on
+	// Mono: how long it has stayed unchanged.
+	leaseSeen struct {
+		etag string
+		at   time.Duration
+	}
 }
 
 // NewCatalog returns the catalog kept in s.
@@ -150,6 +162,10 @@ func NewCatalog(s Store, o CatalogOptions) *Catalog {
 	}
 	if o.Now == nil {
 		o.Now = time.Now
+	}
+	if o.Mono == nil {
+		origin := time.Now()
+		o.Mono = func() time.Duration { return time.Since(origin) }
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)

@@ -42,13 +42,24 @@ func eachStore(t *testing.T, fn func(t *testing.T, s uploader.Store)) {
 
 // clock is a settable clock for catalogs and leases.
 type clock struct {
-	mu sync.Mutex
-	t  time.Time
+	mu     sync.Mutex
+	t      time.Time
+	origin time.Time
 }
 
 // newClock starts at the real time: stores stamp objects with their own
 // (real) clock, and the catalog compares those stamps with its clock.
-func newClock() *clock { return &clock{t: time.Now().UTC().Truncate(time.Second)} }
+func newClock() *clock {
+	t := time.Now().UTC().Truncate(time.Second)
+	return &clock{t: t, origin: t}
+}
+
+// Mono is the clock as a monotonic one: it moves with Add.
+func (c *clock) Mono() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t.Sub(c.origin)
+}
 
 func (c *clock) Now() time.Time {
 	c.mu.Lock()
@@ -88,7 +99,7 @@ func fileSum(t *testing.T, p string) string {
 }
 
 func catalog(s uploader.Store, host string, clk *clock) *uploader.Catalog {
-	return uploader.NewCatalog(s, uploader.CatalogOptions{Host: host, Version: "test", Now: clk.Now})
+	return uploader.NewCatalog(s, uploader.CatalogOptions{Host: host, Version: "test", Now: clk.Now, Mono: clk.Mono})
 }
 
 // publish publishes a fresh random archive on top of what LATEST names.
@@ -514,7 +525,9 @@ func TestLease(t *testing.T) {
 		if _, err := cb.AcquireLease(ctx, uploader.LeaseOptions{Holder: "mount /b", Heartbeat: -1}); !errors.Is(err, uploader.ErrLeaseHeld) {
 			t.Fatalf("lease renewed 20s ago taken: %v", err)
 		}
-		clk.Add(10 * time.Second) // 30s since the last renewal: stale
+		// The store's clock did not move, but host b has now seen the
+		// lease unchanged for a whole TTL: stale.
+		clk.Add(uploader.DefaultLeaseTTL)
 		b, err := cb.AcquireLease(ctx, uploader.LeaseOptions{Holder: "mount /b", Heartbeat: -1})
 		if err != nil {
 			t.Fatalf("takeover of a stale lease: %v", err)

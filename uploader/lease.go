@@ -23,8 +23,23 @@ import (
 // own expiry, has lost the lease and must stop publishing: Lost() closes
 // and Err() says why.
 //
-// Expiry compares the clocks of different hosts; keep them within a few
-// seconds (NTP), well under TTL.
+// No decision compares two hosts' wall clocks, so a host whose clock is
+// minutes off (a cloned VM, no NTP) neither steals a live lease nor keeps
+// publishing on a dead one:
+//   - the holder counts its lease valid for TTL from the start of its last
+//     successful write, on its own monotonic clock (CatalogOptions.Mono);
+//   - a contender measures the lease object's age on the store's clock:
+//     the store's time when it answered (HTTP Date; the local store's file
+//     system clock) minus the object's modification time, both stamped by
+//     the store. The lease is stale once that age passes TTL (plus a
+//     second for the one-second resolution of HTTP dates). A store that
+//     tells no time is watched instead: a lease object this catalog has
+//     seen unchanged for TTL on its monotonic clock is stale.
+//
+// The holder's write starts before the store stamps it, so the holder
+// stops believing in its lease before any contender may take it. The
+// times inside the lease record (Renewed, Expires) are for people, and
+// TTL is their difference (a difference on one clock).
 
 // Lease defaults.
 const (
@@ -72,8 +87,39 @@ type LeaseRecord struct {
 	Write string `json:"write"`
 }
 
-// live reports whether the lease binds others at now.
-func (r LeaseRecord) live(now time.Time) bool { return !r.Released && now.Before(r.Expires) }
+// ttl is the holder's TTL: the span of its own record, on its own clock.
+func (r LeaseRecord) ttl() time.Duration {
+	if d := r.Expires.Sub(r.Renewed); d > 0 {
+		return d
+	}
+	return DefaultLeaseTTL
+}
+
+// httpDateResolution is the granularity of HTTP dates (Date,
+// Last-Modified): an age measured from them may be short by up to this.
+const httpDateResolution = time.Second
+
+// leaseLeft is how much longer the lease read as cur (info: its object)
+// binds others, by the store's clock or by how long this catalog has seen
+// the object unchanged; 0 if it is stale or released.
+func (c *Catalog) leaseLeft(cur LeaseRecord, info ObjectInfo) time.Duration {
+	if cur.Released || cur.Expires.IsZero() {
+		return 0 // released, or unreadable: anyone may replace it
+	}
+	ttl := cur.ttl()
+	mono := c.opts.Mono()
+	c.mu.Lock()
+	if c.leaseSeen.etag != info.ETag || info.ETag == "" {
+		c.leaseSeen.etag, c.leaseSeen.at = info.ETag, mono
+	}
+	left := ttl - (mono - c.leaseSeen.at)
+	c.mu.Unlock()
+	if !info.StoreTime.IsZero() && !info.ModTime.IsZero() {
+		age := info.StoreTime.Sub(info.ModTime)
+		left = min(left, ttl+httpDateResolution-age)
+	}
+	return max(left, 0)
+}
 
 // LeaseOptions configures AcquireLease.
 type LeaseOptions struct {
@@ -89,6 +135,9 @@ type LeaseOptions struct {
 	// Heartbeat is the renewal period (default 10s); negative disables
 	// background renewal (call Renew yourself).
 	Heartbeat time.Duration
+	// Base is the snapshot the holder's mount is based on (see
+	// LeaseRecord.Base); SetBase changes it.
+	Base string
 }
 
 // Lease is a held writer lease.
@@ -100,7 +149,9 @@ type Lease struct {
 	mu      sync.Mutex
 	rec     LeaseRecord
 	etag    string
-	err     error // set once lost or released
+	valid   time.Duration // on Mono: the lease binds until then
+	base    string        // the Base of the next write
+	err     error         // set once lost or released
 	lost    chan struct{}
 	stop    context.CancelFunc
 	stopped chan struct{}
@@ -109,22 +160,27 @@ type Lease struct {
 // ReadLease returns the current lease record and its ETag, or an error
 // satisfying errors.Is(err, io/fs.ErrNotExist) if there is none.
 func (c *Catalog) ReadLease(ctx context.Context) (LeaseRecord, string, error) {
+	r, info, err := c.readLease(ctx)
+	return r, info.ETag, err
+}
+
+func (c *Catalog) readLease(ctx context.Context) (LeaseRecord, ObjectInfo, error) {
 	rc, info, err := c.store.Get(ctx, LeaseKey, 0, 64<<10)
 	if err != nil {
-		return LeaseRecord{}, "", fmt.Errorf("read lease: %w", err)
+		return LeaseRecord{}, ObjectInfo{}, fmt.Errorf("read lease: %w", err)
 	}
 	defer rc.Close()
 	b, err := io.ReadAll(rc)
 	if err != nil {
-		return LeaseRecord{}, "", fmt.Errorf("read lease: %w", err)
+		return LeaseRecord{}, ObjectInfo{}, fmt.Errorf("read lease: %w", err)
 	}
 	var r LeaseRecord
 	if err := json.Unmarshal(b, &r); err != nil {
 		// Unreadable: treat as a stale lease anyone may replace.
 		c.log.Warn("lease object is not valid JSON; treating it as stale", "err", err)
-		return LeaseRecord{}, info.ETag, nil
+		return LeaseRecord{}, info, nil
 	}
-	return r, info.ETag, nil
+	return r, info, nil
 }
 
 // AcquireLease takes the writer lease of the prefix, or fails with a
@@ -138,30 +194,33 @@ func (c *Catalog) AcquireLease(ctx context.Context, o LeaseOptions) (*Lease, err
 	if o.Heartbeat == 0 {
 		o.Heartbeat = DefaultLeaseHeartbeat
 	}
-	l := &Lease{c: c, opts: o, log: c.log.With("lease_holder", o.Holder), lost: make(chan struct{})}
+	l := &Lease{c: c, opts: o, log: c.log.With("lease_holder", o.Holder), lost: make(chan struct{}), base: o.Base}
 	token := randomHex(8)
 	for attempt := 0; ; attempt++ {
-		cur, etag, err := c.ReadLease(ctx)
-		exists := err == nil
+		cur, info, err := c.readLease(ctx)
+		exists, etag := err == nil, info.ETag
 		if err != nil && !errors.Is(err, iofs.ErrNotExist) {
 			return nil, err
 		}
 		now := c.opts.Now()
 		sameHolder := cur.Host == c.opts.Host && cur.Holder == o.Holder
-		if exists && cur.live(now) && !sameHolder {
-			return nil, &LeaseHeldError{Holder: cur.Holder, Host: cur.Host, Expires: cur.Expires}
+		if exists && !sameHolder {
+			if left := c.leaseLeft(cur, info); left > 0 {
+				return nil, &LeaseHeldError{Holder: cur.Holder, Host: cur.Host, Expires: now.Add(left)}
+			}
 		}
 		if exists && etag != "" && !cur.Released && cur.Token != "" {
-			l.log.Warn("taking over a stale lease", "stale_holder", cur.Holder, "stale_host", cur.Host, "expired", cur.Expires)
+			l.log.Warn("taking over a stale lease", "stale_holder", cur.Holder, "stale_host", cur.Host, "last_renewed", cur.Renewed)
 		}
 		rec := LeaseRecord{
 			Holder: o.Holder, Host: c.opts.Host, Token: token, Generation: cur.Generation + 1,
-			Acquired: now.UTC(), Renewed: now.UTC(), Expires: now.Add(o.TTL).UTC(), Write: randomHex(8),
+			Acquired: now.UTC(), Renewed: now.UTC(), Expires: now.Add(o.TTL).UTC(), Write: randomHex(8), Base: o.Base,
 		}
 		cond := PutOptions{IfNoneMatch: !exists, IfMatch: etag}
+		start := c.opts.Mono()
 		newTag, err := l.write(ctx, rec, cond)
 		if err == nil {
-			l.rec, l.etag = rec, newTag
+			l.rec, l.etag, l.valid = rec, newTag, start+o.TTL
 			break
 		}
 		if !errors.Is(err, ErrPrecondition) || attempt >= 3 {
@@ -169,7 +228,7 @@ func (c *Catalog) AcquireLease(ctx context.Context, o LeaseOptions) (*Lease, err
 		}
 		// Someone else wrote first; look again (they may hold it now).
 	}
-	l.log.Info("acquired the writer lease", "generation", l.rec.Generation, "expires", l.rec.Expires)
+	l.log.Info("acquired the writer lease", "generation", l.rec.Generation, "ttl", o.TTL)
 	if o.Heartbeat > 0 {
 		hctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		l.stop, l.stopped = cancel, make(chan struct{})
@@ -235,19 +294,19 @@ func (l *Lease) Renew(ctx context.Context) error {
 	if l.err != nil {
 		return l.err
 	}
-	now := l.c.opts.Now()
+	now, start := l.c.opts.Now(), l.c.opts.Mono()
 	rec := l.rec
-	rec.Renewed, rec.Expires, rec.Write = now.UTC(), now.Add(l.opts.TTL).UTC(), randomHex(8)
+	rec.Renewed, rec.Expires, rec.Write, rec.Base = now.UTC(), now.Add(l.opts.TTL).UTC(), randomHex(8), l.base
 	etag, err := l.write(ctx, rec, PutOptions{IfMatch: l.etag})
 	switch {
 	case err == nil:
-		l.rec, l.etag = rec, etag
+		l.rec, l.etag, l.valid = rec, etag, start+l.opts.TTL
 		return nil
 	case errors.Is(err, ErrPrecondition):
 		cur, _, _ := l.c.ReadLease(ctx)
 		return l.markLost(fmt.Errorf("%w: taken over by %s on %s (generation %d)", ErrLeaseLost, cur.Holder, cur.Host, cur.Generation))
-	case !now.Before(l.rec.Expires):
-		return l.markLost(fmt.Errorf("%w: not renewed before it expired at %s: %w", ErrLeaseLost, l.rec.Expires.Format(time.RFC3339), err))
+	case l.c.opts.Mono() >= l.valid:
+		return l.markLost(fmt.Errorf("%w: not renewed within its TTL of %s: %w", ErrLeaseLost, l.opts.TTL, err))
 	}
 	return err
 }
@@ -265,19 +324,28 @@ func (l *Lease) markLost(err error) error {
 // Lost is closed when the lease is lost (or released).
 func (l *Lease) Lost() <-chan struct{} { return l.lost }
 
-// Err is nil while the lease is held: not lost, not released, and not past
-// its expiry by this host's clock (so a holder cut off from the store stops
-// believing in its lease when others may take it).
+// Err is nil while the lease is held: not lost, not released, and less
+// than TTL since its last successful write began, on this host's
+// monotonic clock (so a holder cut off from the store stops believing in
+// its lease before others may take it).
 func (l *Lease) Err() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.err != nil {
 		return l.err
 	}
-	if !l.c.opts.Now().Before(l.rec.Expires) {
-		return l.markLost(fmt.Errorf("%w: expired at %s without renewal", ErrLeaseLost, l.rec.Expires.Format(time.RFC3339)))
+	if l.c.opts.Mono() >= l.valid {
+		return l.markLost(fmt.Errorf("%w: not renewed within its TTL of %s", ErrLeaseLost, l.opts.TTL))
 	}
 	return nil
+}
+
+// SetBase records the snapshot the holder's mount is now based on; the
+// next renewal writes it into the lease, where prune finds it.
+func (l *Lease) SetBase(id string) {
+	l.mu.Lock()
+	l.base = id
+	l.mu.Unlock()
 }
 
 // Record is the lease as last written by this holder.

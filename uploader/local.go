@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -230,12 +231,30 @@ func (l *Local) Get(ctx context.Context, key string, off, length int64) (io.Read
 		f.Close()
 		return nil, ObjectInfo{}, fmt.Errorf("local: get %s: %w", key, err)
 	}
-	info := ObjectInfo{Key: key, Size: st.Size(), ETag: fdETag(f, st), ModTime: st.ModTime()}
+	info := ObjectInfo{Key: key, Size: st.Size(), ETag: fdETag(f, st), ModTime: st.ModTime(), StoreTime: l.storeTime()}
 	n := st.Size() - off
 	if length >= 0 && length < n {
 		n = length
 	}
 	return &fileBody{Reader: io.LimitReader(f, n), f: f}, info, nil
+}
+
+// storeTime reads the clock that stamps the store's files: it sets the
+// lock file's times to "now" as the file system sees it (on NFS, the
+// server's clock, like the modification times of what it stores) and
+// reads them back. Zero if the store has no lock file yet (nothing was
+// ever written conditionally) or cannot be written.
+func (l *Local) storeTime() time.Time {
+	p := filepath.Join(l.root, lockName)
+	now := []unix.Timespec{{Nsec: unix.UTIME_NOW}, {Nsec: unix.UTIME_NOW}}
+	if err := unix.UtimesNanoAt(unix.AT_FDCWD, p, now, 0); err != nil {
+		return time.Time{}
+	}
+	st, err := os.Stat(p)
+	if err != nil {
+		return time.Time{}
+	}
+	return st.ModTime()
 }
 
 type fileBody struct {

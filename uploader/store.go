@@ -71,6 +71,10 @@ type ObjectInfo struct {
 	// it only for equality, and only with ETags from the same store.
 	ETag    string
 	ModTime time.Time
+	// StoreTime is the store's own clock when it answered (an HTTP Date
+	// header), on the same clock as ModTime; zero when unknown. Comparing
+	// the two measures an object's age without trusting this host's clock.
+	StoreTime time.Time
 }
 
 var (

@@ -65,6 +65,7 @@ func (a *catalogAdapter) Fetch(ctx context.Context, id, dst string) (snapshotInf
 		return snapshotInfo{}, res.SkippedIDs(), err
 	}
 	m := res.Manifest
+	a.setBase(m.ID)
 	return snapshotInfo{ID: m.ID, Size: m.Size, SHA256: m.SHA256}, res.SkippedIDs(), nil
 }
 
@@ -90,7 +91,16 @@ func (a *catalogAdapter) Publish(ctx context.Context, path string, meta publishM
 		}
 		return publishResult{}, err
 	}
+	a.setBase(p.ID)
 	return publishResult{snapshotInfo: snapshotInfo{ID: p.ID, Size: p.Size, SHA256: p.SHA256}, BytesUploaded: p.Sent, BytesCopied: p.Copied}, nil
+}
+
+// setBase tells the writer lease (and through it, prune on any host) which
+// snapshot the mount's tree and next archive are based on now.
+func (a *catalogAdapter) setBase(id string) {
+	if a.lease != nil {
+		a.lease.SetBase(id)
+	}
 }
 
 func (a *catalogAdapter) Has(ctx context.Context, id string) (bool, error) {

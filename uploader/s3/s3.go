@@ -34,6 +34,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	awsmiddleware "github.com/aws/aws-sdk-go-v2/aws/middleware"
 	"github.com/aws/aws-sdk-go-v2/aws/ratelimit"
 	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
@@ -42,6 +43,8 @@ import (
 	awss3 "github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"github.com/aws/smithy-go"
+	smithymiddleware "github.com/aws/smithy-go/middleware"
+	smithyhttp "github.com/aws/smithy-go/transport/http"
 
 	"github.com/hermesfs/hermesfs/uploader"
 )
@@ -582,7 +585,8 @@ func (s *Store) Get(ctx context.Context, key string, off, length int64) (io.Read
 		}
 		return nil, uploader.ObjectInfo{}, err
 	}
-	info := uploader.ObjectInfo{Key: key, ETag: etag(out.ETag), ModTime: aws.ToTime(out.LastModified), Size: aws.ToInt64(out.ContentLength)}
+	info := uploader.ObjectInfo{Key: key, ETag: etag(out.ETag), ModTime: aws.ToTime(out.LastModified), Size: aws.ToInt64(out.ContentLength),
+		StoreTime: serverDate(out.ResultMetadata)}
 	if cr := aws.ToString(out.ContentRange); cr != "" {
 		if i := strings.LastIndexByte(cr, '/'); i >= 0 {
 			if total, err := strconv.ParseInt(cr[i+1:], 10, 64); err == nil {
@@ -614,7 +618,8 @@ func (s *Store) Stat(ctx context.Context, key string) (uploader.ObjectInfo, erro
 	if err != nil {
 		return uploader.ObjectInfo{}, s.wrap("stat", key, err)
 	}
-	return uploader.ObjectInfo{Key: key, Size: aws.ToInt64(out.ContentLength), ETag: etag(out.ETag), ModTime: aws.ToTime(out.LastModified)}, nil
+	return uploader.ObjectInfo{Key: key, Size: aws.ToInt64(out.ContentLength), ETag: etag(out.ETag), ModTime: aws.ToTime(out.LastModified),
+		StoreTime: serverDate(out.ResultMetadata)}, nil
 }
 
 // List implements uploader.Store.
@@ -696,4 +701,18 @@ func (s *Store) wrap(op, key string, err error) error {
 		return uploader.Permanent(err) // 403, NoSuchBucket, InvalidArgument...
 	}
 	return err
+}
+
+// serverDate is the Date header of the response: the server's clock when
+// it answered (zero if absent or unreadable).
+func serverDate(md smithymiddleware.Metadata) time.Time {
+	resp, ok := awsmiddleware.GetRawResponse(md).(*smithyhttp.Response)
+	if !ok || resp == nil {
+		return time.Time{}
+	}
+	t, err := http.ParseTime(resp.Header.Get("Date"))
+	if err != nil {
+		return time.Time{}
+	}
+	return t
 }
