@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	iofs "io/fs"
 	"log/slog"
 	"os"
 	"strconv"
@@ -120,7 +121,13 @@ func openStore(ctx context.Context, e *env, fs *flag.FlagSet, logger *slog.Logge
 	if err != nil {
 		return nil, storeurl.Location{}, err
 	}
+	// The store commands never create a store (only mount does): a
+	// mistyped URL is reported, not turned into a new empty directory.
+	o.NoCreate = true
 	s, loc, err := storeurl.Open(ctx, raw, o)
+	if errors.Is(err, iofs.ErrNotExist) {
+		return nil, loc, withCode(exitFailure, err)
+	}
 	if err != nil {
 		return nil, loc, usageError("%v", err)
 	}

@@ -40,6 +40,10 @@ type Options struct {
 	// PathStyle, if not nil, overrides the URL and the default (path-style
 	// when a custom endpoint is set, virtual-hosted for AWS).
 	PathStyle *bool
+	// NoCreate opens only an existing local store: commands that read
+	// (list, status, verify, restore) and prune must not create the
+	// directory a mistyped URL names.
+	NoCreate bool
 	// PartSize and Concurrency tune S3 multipart uploads (0: defaults).
 	PartSize    int64
 	Concurrency int
@@ -90,7 +94,13 @@ func Parse(raw string, o Options) (Location, error) {
 		}
 		return Location{Scheme: "file", Dir: dir}, nil
 	}
+	if strings.TrimSpace(raw) != raw {
+		return Location{}, fmt.Errorf("store URL %q: leading or trailing blanks", redact(raw))
+	}
 	if !strings.Contains(raw, "://") {
+		if err := schemeWithoutSlashes(raw); err != nil {
+			return Location{}, err
+		}
 		return fileLocation(raw)
 	}
 	u, err := url.Parse(raw)
@@ -109,7 +119,33 @@ func Parse(raw string, o Options) (Location, error) {
 	case "s3":
 		return s3Location(u, o, getenv)
 	}
-	return Location{}, fmt.Errorf("store URL %s: unknown scheme %q; use file:///dir or s3://bucket/prefix", raw, u.Scheme)
+	if u.Scheme == "http" || u.Scheme == "https" {
+		return Location{}, fmt.Errorf("store URL %s: unknown scheme %q; for an S3-compatible server write s3://bucket/prefix?endpoint=%s://%s", redact(raw), u.Scheme, u.Scheme, u.Host)
+	}
+	return Location{}, fmt.Errorf("store URL %s: unknown scheme %q; use file:///dir or s3://bucket/prefix", redact(raw), u.Scheme)
+}
+
+// schemeWithoutSlashes refuses what looks like a URL whose "//" is
+// missing or cut ("s3:bucket", "s3:/bucket", "file:dir"): taken as a bare
+// path it would name a local directory called "s3:bucket".
+func schemeWithoutSlashes(raw string) error {
+	i := strings.IndexByte(raw, ':')
+	if i <= 0 {
+		return nil
+	}
+	scheme := strings.ToLower(raw[:i])
+	for j, ch := range scheme {
+		if !(ch >= 'a' && ch <= 'z' || j > 0 && (ch >= '0' && ch <= '9' || ch == '+' || ch == '-' || ch == '.')) {
+			return nil // not a scheme: a path with a colon
+		}
+	}
+	switch scheme {
+	case "s3":
+		return fmt.Errorf("store URL %q: an S3 URL is s3://bucket/prefix (two slashes after \"s3:\")", redact(raw))
+	case "file":
+		return fmt.Errorf("store URL %q: a file URL is file:///absolute/path (three slashes after \"file:\"); a bare path works too", redact(raw))
+	}
+	return fmt.Errorf("store URL %q: unknown scheme %q; use file:///dir or s3://bucket/prefix (write ./%s for a directory with a colon in its name)", redact(raw), scheme, raw)
 }
 
 func fileLocation(p string) (Location, error) {
@@ -127,6 +163,15 @@ func s3Location(u *url.URL, o Options, getenv func(string) string) (Location, er
 	l := Location{Scheme: "s3", Bucket: u.Host, Prefix: strings.Trim(u.Path, "/")}
 	if l.Bucket == "" {
 		return Location{}, fmt.Errorf("store URL %s: no bucket; write s3://bucket/prefix", u)
+	}
+	if strings.Contains(l.Bucket, ":") {
+		return Location{}, fmt.Errorf("store URL %s: %q is not a bucket name (the part after s3:// is the bucket); give the server as ?endpoint=http://%s", u, l.Bucket, l.Bucket)
+	}
+	if len(l.Bucket) > 255 || strings.Trim(l.Bucket, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_") != "" {
+		return Location{}, fmt.Errorf("store URL %s: %q is not a bucket name (letters, digits, dots and hyphens)", u, l.Bucket)
+	}
+	if strings.Contains(l.Prefix, "//") {
+		return Location{}, fmt.Errorf("store URL %s: the prefix %q has an empty path segment (\"//\")", u, l.Prefix)
 	}
 	q := u.Query()
 	for k := range q {
@@ -183,6 +228,9 @@ func redact(raw string) string {
 func (l Location) Open(ctx context.Context, o Options) (uploader.Store, error) {
 	switch l.Scheme {
 	case "file":
+		if o.NoCreate {
+			return uploader.OpenLocal(l.Dir)
+		}
 		return uploader.NewLocal(l.Dir)
 	case "s3":
 		getenv := o.Getenv
