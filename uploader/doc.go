@@ -72,9 +72,11 @@ package uploader
 // into a local file while hashing it, and on a size or sha256 mismatch (or
 // a failed caller-supplied Verify) reports a CorruptError naming the
 // snapshot and falls back to the newest older snapshot that verifies,
-// logging loudly and listing what it skipped. Prune keeps the newest N and
-// never touches LATEST or anything newer; it deletes a manifest before its
-// archive, so no manifest ever names a missing archive.
+// logging loudly and listing what it skipped. PruneWith applies a tiered
+// RetentionPolicy (restic's keep-last/hourly/daily/weekly/monthly/yearly/
+// within) and never touches LATEST, anything newer, or the writer lease's
+// base; it deletes a manifest before its archive, so no manifest ever
+// names a missing archive.
 //
 // # How the daemon uses it
 //
@@ -91,7 +93,8 @@ package uploader
 //	                                                    // ErrConflict: another host published; stop
 //	                                                    // p.Sent, p.Copied: what the upload cost
 //	base = p.ID
-//	cat.Prune(ctx, keep)
+//	lease.SetBase(base)                                 // prune on any host keeps it
+//	cat.PruneWith(ctx, uploader.PruneOptions{Policy: uploader.DefaultRetention()})
 //	<-lease.Lost()                                      // taken over: stop publishing
 //	lease.Release(ctx)                                  // at shutdown, after the last publish
 //
