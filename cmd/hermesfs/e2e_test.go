@@ -464,6 +464,17 @@ func TestE2ELeaseAndConflict(t *testing.T) {
 	if !errors.Is(err, syscall.EROFS) {
 		t.Errorf("write on a read-only mount: %v, want EROFS", err)
 	}
+	// Once A published past it, prune on B's host still keeps the
+	// read-only mount's base.
+	roBase := localLatest(t, storeDir)
+	writeFile(t, filepath.Join(mpA, "a2.txt"), "from A again", 0o644)
+	if code, _, _ := a.run("snapshot", mpA); code != 0 {
+		t.Fatal("snapshot A")
+	}
+	if code, out, errOut := b.run("prune", "--keep", "1", "--dry-run"); code != 0 || !strings.Contains(out, roBase) ||
+		!strings.Contains(out, "base of the mount at "+mpB) {
+		t.Errorf("prune next to a read-only mount: %d\n%s%s", code, out, errOut)
+	}
 	if c := dr.stop(syscall.SIGTERM); c != 0 {
 		t.Errorf("read-only stop %d", c)
 	}

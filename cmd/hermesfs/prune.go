@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"os"
 	"strings"
 
 	"github.com/hermesfs/hermesfs/uploader"
@@ -68,7 +69,7 @@ func runPrune(ctx context.Context, e *env, fs *flag.FlagSet, args []string) erro
 	if err != nil {
 		return err
 	}
-	res, err := cat.PruneWith(ctx, uploader.PruneOptions{Policy: policy, DryRun: dry})
+	res, err := cat.PruneWith(ctx, uploader.PruneOptions{Policy: policy, DryRun: dry, Protect: localMountBases(ctx, e, loc.String())})
 	if asJSON {
 		if res.Decisions == nil {
 			res.Decisions = []uploader.PruneDecision{}
@@ -85,6 +86,25 @@ func runPrune(ctx context.Context, e *env, fs *flag.FlagSet, args []string) erro
 		return fmt.Errorf("prune %s: %w", loc, err)
 	}
 	return nil
+}
+
+// localMountBases names the snapshots the mounts running on this host
+// over the store at url are based on (read-only mounts hold no lease that
+// would name theirs).
+func localMountBases(ctx context.Context, e *env, url string) map[string]string {
+	entries, err := listRegistry(runtimeDir(os.Getuid(), e.getenv))
+	if err != nil {
+		return nil
+	}
+	bases := map[string]string{}
+	for _, en := range entries {
+		resp, err := controlCall(ctx, en.Socket, controlRequest{Op: "status"})
+		if err != nil || resp.Status == nil || resp.Status.Store != url || resp.Status.Base == "" {
+			continue
+		}
+		bases[resp.Status.Base] = "base of the mount at " + resp.Status.Mountpoint + " on this host"
+	}
+	return bases
 }
 
 // printPrune writes the decisions as a table (every snapshot when
