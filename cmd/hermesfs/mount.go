@@ -41,10 +41,12 @@ Defaults: store = local directory under the data dir
 (/var/lib/hermesfs/store for root, ~/.local/share/hermesfs/store otherwise);
 state dir = /var/lib/hermesfs/mounts/<mountpoint> for root,
 $XDG_STATE_HOME/hermesfs/<mountpoint> (~/.local/state/...) otherwise;
-interval 15m; keep 10 snapshots.
+interval 15m; retention (after every publish, as 'hermesfs prune': see its
+help) keeps the newest 10 snapshots, then one an hour for 24 hours, one a day
+for 14 days, one a week for 8 weeks.
 
 Environment: HERMESFS_STORE, HERMESFS_STATE_DIR, HERMESFS_INTERVAL,
-HERMESFS_KEEP, HERMESFS_STOP_TIMEOUT, HERMESFS_LOG_FORMAT, HERMESFS_LOG_LEVEL,
+HERMESFS_KEEP, HERMESFS_KEEP_LAST/HOURLY/DAILY/WEEKLY/MONTHLY/YEARLY/WITHIN, HERMESFS_STOP_TIMEOUT, HERMESFS_LOG_FORMAT, HERMESFS_LOG_LEVEL,
 HERMESFS_WRITE_PASSTHROUGH_MAX (a flag on the command line wins), plus the AWS variables for S3
 (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL_S3).
 
