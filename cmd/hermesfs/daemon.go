@@ -244,6 +244,9 @@ func (d *daemon) boot(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if l, ok := d.lease.(interface{ SetBase(string) }); ok && d.st.Base != "" {
+		l.SetBase(d.st.Base) // the lease names it: prune keeps it
+	}
 	d.ov, err = d.parts.mount(ctx, d, lower)
 	if err != nil {
 		return fmt.Errorf("mount %s: %w", cfg.Mountpoint, err)
