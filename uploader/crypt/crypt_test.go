@@ -1,0 +1,216 @@
+package crypt
+
+import (
+	"bytes"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/pem"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"golang.org/x/crypto/ssh"
+)
+
+// newKey writes a fresh age key into dir and returns its path and
+// recipient.
+func newKey(t *testing.T, dir, name string) (string, string) {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	pub, err := WriteNewKey(p, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, pub
+}
+
+func seal(t *testing.T, plain []byte, r *Recipients) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	if err := Seal(&buf, bytes.NewReader(plain), r); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+func TestCryptRoundTripReaderAt(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	key, pub := newKey(t, dir, "key.txt")
+	r, err := ParseRecipients([]string{pub})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Types(); !slices.Equal(got, []string{"X25519"}) {
+		t.Fatalf("types %v", got)
+	}
+	ids, err := LoadIdentities([]string{key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain := make([]byte, 300<<10+123)
+	rand.Read(plain)
+	ct := seal(t, plain, r)
+	if !IsEncrypted(ct) || bytes.Contains(ct, plain[:64]) {
+		t.Fatal("not an age file")
+	}
+	ra, n, err := Open(bytes.NewReader(ct), int64(len(ct)), ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != int64(len(plain)) {
+		t.Fatalf("size %d, want %d", n, len(plain))
+	}
+	// Ranges inside a chunk, across chunks, and at the end.
+	for _, rg := range [][2]int{{0, 10}, {65530, 20}, {131072, 65536}, {len(plain) - 7, 7}} {
+		got := make([]byte, rg[1])
+		if _, err := ra.ReadAt(got, int64(rg[0])); err != nil && err != io.EOF {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, plain[rg[0]:rg[0]+rg[1]]) {
+			t.Fatalf("range %v differs", rg)
+		}
+	}
+	sr, err := NewReader(bytes.NewReader(ct), ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, err := io.ReadAll(sr)
+	if err != nil || !bytes.Equal(all, plain) {
+		t.Fatalf("stream decrypt: %v", err)
+	}
+	types, err := HeaderTypes(bytes.NewReader(ct))
+	if err != nil || !slices.Equal(types, []string{"X25519"}) {
+		t.Fatalf("header types %v %v", types, err)
+	}
+}
+
+func TestCryptWrongAndMissingIdentity(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	_, pub := newKey(t, dir, "a.txt")
+	other, _ := newKey(t, dir, "b.txt")
+	r, _ := ParseRecipients([]string{pub})
+	ct := seal(t, []byte("secret"), r)
+	ids, _ := LoadIdentities([]string{other})
+	_, _, err := Open(bytes.NewReader(ct), int64(len(ct)), ids)
+	ke, ok := errors.AsType[*KeyError](err)
+	if !ok || !errors.Is(err, ErrWrongIdentity) || !slices.Equal(ke.Types, []string{"X25519"}) {
+		t.Fatalf("wrong identity: %v", err)
+	}
+	_, _, err = Open(bytes.NewReader(ct), int64(len(ct)), nil)
+	if !errors.Is(err, ErrNoIdentity) || !strings.Contains(err.Error(), "X25519") {
+		t.Fatalf("no identity: %v", err)
+	}
+	key, _ := os.ReadFile(other)
+	if strings.Contains(err.Error(), string(key[len(key)-20:])) {
+		t.Fatal("error carries key material")
+	}
+}
+
+func TestCryptTamper(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	key, pub := newKey(t, dir, "k")
+	r, _ := ParseRecipients([]string{pub})
+	ids, _ := LoadIdentities([]string{key})
+	plain := make([]byte, 200<<10)
+	ct := seal(t, plain, r)
+	readAll := func(b []byte) error {
+		ra, n, err := Open(bytes.NewReader(b), int64(len(b)), ids)
+		if err != nil {
+			return err
+		}
+		_, err = io.ReadAll(io.NewSectionReader(ra, 0, n))
+		return err
+	}
+	flipped := slices.Clone(ct)
+	flipped[len(ct)/2] ^= 1
+	if err := readAll(flipped); !errors.Is(err, ErrAuth) {
+		t.Fatalf("flipped byte: %v", err)
+	}
+	if err := readAll(ct[:len(ct)-100]); !errors.Is(err, ErrAuth) {
+		t.Fatalf("truncated: %v", err)
+	}
+	if err := readAll(ct[:65536*2+200]); !errors.Is(err, ErrAuth) {
+		t.Fatalf("truncated at a chunk: %v", err)
+	}
+	mac := slices.Clone(ct)
+	i := bytes.Index(mac, []byte("\n--- ")) + 6
+	mac[i] ^= 1
+	if err := readAll(mac); !errors.Is(err, ErrHeader) {
+		t.Fatalf("header MAC: %v", err)
+	}
+	unknown := bytes.Replace(ct, []byte("-> X25519 "), []byte("-> Y25519 "), 1)
+	types, _ := HeaderTypes(bytes.NewReader(unknown))
+	if !slices.Equal(types, []string{"Y25519"}) {
+		t.Fatalf("types %v", types)
+	}
+	if err := readAll(unknown); !errors.Is(err, ErrWrongIdentity) {
+		t.Fatalf("unknown type: %v", err)
+	}
+}
+
+func TestCryptRecipientsParsing(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	key, pub := newKey(t, dir, "k")
+	_, priv, _ := ed25519.GenerateKey(rand.Reader)
+	sshPub, _ := ssh.NewPublicKey(priv.Public())
+	line := strings.TrimSpace(string(ssh.MarshalAuthorizedKey(sshPub))) + " me@host"
+	file := filepath.Join(dir, "recipients")
+	os.WriteFile(file, []byte("# team\n\n"+pub+"\n"+line+"\n"), 0o644)
+	r, err := ParseRecipients([]string{"@" + file})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Len() != 2 || !slices.Equal(r.Types(), []string{"X25519", "ssh-ed25519"}) {
+		t.Fatalf("recipients %d %v", r.Len(), r.Types())
+	}
+	// The SSH private key opens it, when its file is private.
+	blk, err := ssh.MarshalPrivateKey(priv, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sshKey := filepath.Join(dir, "id_ed25519")
+	os.WriteFile(sshKey, pem.EncodeToMemory(blk), 0o644)
+	if _, err := LoadIdentities([]string{sshKey}); err == nil || !strings.Contains(err.Error(), "too open") {
+		t.Fatalf("open key file accepted: %v", err)
+	}
+	os.Chmod(sshKey, 0o600)
+	ids, err := LoadIdentities([]string{sshKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ct := seal(t, []byte("hello"), r)
+	sr, err := NewReader(bytes.NewReader(ct), ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := io.ReadAll(sr); string(b) != "hello" {
+		t.Fatalf("got %q", b)
+	}
+	// A private key where a recipient belongs is refused without being quoted.
+	secret, _ := os.ReadFile(key)
+	sk := strings.TrimSpace(strings.Split(string(secret), "\n")[2])
+	_, err = ParseRecipients([]string{sk})
+	if err == nil || strings.Contains(err.Error(), sk[20:]) {
+		t.Fatalf("private key as recipient: %v", err)
+	}
+	bad := filepath.Join(dir, "bad")
+	os.WriteFile(bad, []byte(pub+"\n"+sk+"\n"), 0o600)
+	_, err = ParseRecipients([]string{"@" + bad})
+	if err == nil || !strings.Contains(err.Error(), "line 2") || strings.Contains(err.Error(), sk[20:]) {
+		t.Fatalf("private key in recipients file: %v", err)
+	}
+	if _, err := ParseRecipients([]string{"nonsense"}); err == nil {
+		t.Fatal("nonsense accepted")
+	}
+	if _, err := ParseRecipients(nil); err == nil {
+		t.Fatal("no recipient accepted")
+	}
+}
