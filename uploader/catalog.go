@@ -16,6 +16,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/hermesfs/hermesfs/uploader/crypt"
 )
 
 // Keys of the catalog, relative to the store's prefix.
@@ -51,7 +53,7 @@ type Manifest struct {
 	Size        int64  `json:"size"`
 	SHA256      string `json:"sha256"` // hex, of the whole archive
 	Compression string `json:"compression"`
-	Files       int64  `json:"files"`
+	Files       int64  `json:"files,omitempty"` // left out of encrypted snapshots
 	Version     string `json:"hermesfs_version"`
 	Archive     string `json:"archive"` // the archive's key
 
@@ -68,6 +70,9 @@ type Manifest struct {
 	// SharedPrefix is how many leading bytes of the archive are the bytes
 	// of the Delta source's archive at the same offsets (0: none known).
 	SharedPrefix int64 `json:"shared_prefix,omitempty"`
+	// Encryption is set when the archive object is encrypted (see
+	// encrypt.go); Size and SHA256 are then the ciphertext's.
+	Encryption *Encryption `json:"encryption,omitempty"`
 }
 
 var (
@@ -136,6 +141,13 @@ type CatalogOptions struct {
 	// Prune deletes it: younger ones may be a publish in progress
 	// (default one hour).
 	OrphanGrace time.Duration
+	// Recipients, if set, encrypt every archive Publish uploads;
+	// Identities decrypt encrypted snapshots on Restore; AllowPlaintext
+	// lets Publish put a plaintext snapshot over an encrypted LATEST.
+	// See encrypt.go.
+	Recipients     *crypt.Recipients
+	Identities     *crypt.Identities
+	AllowPlaintext bool
 }
 
 // Catalog is the snapshots of one store prefix. Its methods may be called
@@ -339,6 +351,11 @@ func (c *Catalog) PublishReport(ctx context.Context, in PublishInput) (Published
 	if latest != in.Expect {
 		return Published{}, &ConflictError{Expected: in.Expect, Latest: latest}
 	}
+	enc, cleanup, err := c.sealInput(ctx, latest, &in)
+	if err != nil {
+		return Published{}, fmt.Errorf("publish: %w", err)
+	}
+	defer cleanup()
 	f, err := os.Open(in.Path)
 	if err != nil {
 		return Published{}, fmt.Errorf("publish: %w", err)
@@ -379,11 +396,17 @@ func (c *Catalog) PublishReport(ctx context.Context, in PublishInput) (Published
 		Files:       in.Files,
 		Version:     c.opts.Version,
 		Archive:     ArchiveKey(id),
+		Encryption:  enc,
 
 		ChunkSize:  cs,
 		Chunks:     chunks,
 		MetaOffset: metaOff,
 		Hot:        cleanHot(in.Hot, st.Size(), cs),
+	}
+	if enc != nil {
+		// The ciphertext has no squashfs tables to point at, and the hot
+		// chunks the session read are the plaintext archive's.
+		m.MetaOffset, m.Hot = 0, nil
 	}
 	if d := in.Delta; d != nil && len(d.Ranges) > 0 {
 		// The copied range that keeps its offsets, up to where it ends;
@@ -437,7 +460,7 @@ func (c *Catalog) PublishReport(ctx context.Context, in PublishInput) (Published
 		return Published{}, err
 	}
 	c.log.Info("published snapshot", "id", id, "parent", in.Parent, "size", m.Size, "sent", p.Sent, "copied", p.Copied,
-		"files", m.Files, "took", time.Since(start).Round(time.Millisecond))
+		"files", m.Files, "encrypted", enc != nil, "took", time.Since(start).Round(time.Millisecond))
 	return p, nil
 }
 

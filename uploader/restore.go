@@ -37,6 +37,9 @@ type RestoreResult struct {
 	// NoLatest is set when LATEST was missing and the newest manifest was
 	// used instead.
 	NoLatest bool
+	// SHA256 (hex) is the file written: the manifest's for a plaintext
+	// snapshot, the decrypted archive's for an encrypted one.
+	SHA256 string
 }
 
 // Restore downloads a snapshot's archive to the file dst (written to a
@@ -54,8 +57,8 @@ type RestoreResult struct {
 func (c *Catalog) Restore(ctx context.Context, dst string, o RestoreOptions) (RestoreResult, error) {
 	var res RestoreResult
 	if o.ID != "" {
-		m, err := c.fetch(ctx, o.ID, dst, o)
-		res.Manifest = m
+		m, sum, err := c.fetch(ctx, o.ID, dst, o)
+		res.Manifest, res.SHA256 = m, sum
 		return res, err
 	}
 	latest, _, err := c.readLatest(ctx)
@@ -86,9 +89,9 @@ func (c *Catalog) Restore(ctx context.Context, dst string, o RestoreOptions) (Re
 		return res, ErrNoSnapshots
 	}
 	for _, id := range candidates {
-		m, err := c.fetch(ctx, id, dst, o)
+		m, sum, err := c.fetch(ctx, id, dst, o)
 		if err == nil {
-			res.Manifest = m
+			res.Manifest, res.SHA256 = m, sum
 			if len(res.Skipped) > 0 {
 				c.log.Error("restored an OLDER snapshot because newer ones are corrupt", "id", id, "skipped", len(res.Skipped), "newest_corrupt", res.Skipped[0])
 			}
@@ -104,25 +107,32 @@ func (c *Catalog) Restore(ctx context.Context, dst string, o RestoreOptions) (Re
 }
 
 // fetch downloads and verifies one snapshot into dst.
-func (c *Catalog) fetch(ctx context.Context, id, dst string, o RestoreOptions) (Manifest, error) {
-	m, err := c.Manifest(ctx, id)
+// The second result is the sha256 of the file written (see
+// RestoreResult.SHA256).
+func (c *Catalog) fetch(ctx context.Context, id, dst string, o RestoreOptions) (m Manifest, sum string, err error) {
+	m, err = c.Manifest(ctx, id)
 	if err != nil {
-		return Manifest{}, err
+		return Manifest{}, "", err
+	}
+	if m.Encryption != nil && c.opts.Identities == nil {
+		// Nothing could decrypt it: say so before downloading.
+		_, err := c.decryptTo(ctx, m, nil, nil, nil)
+		return m, "", err
 	}
 	rc, info, err := c.store.Get(ctx, m.Archive, 0, -1)
 	if errors.Is(err, iofs.ErrNotExist) {
-		return m, &CorruptError{ID: id, Err: fmt.Errorf("archive %s missing", m.Archive)}
+		return m, "", &CorruptError{ID: id, Err: fmt.Errorf("archive %s missing", m.Archive)}
 	}
 	if err != nil {
-		return m, fmt.Errorf("download %s: %w", m.Archive, err)
+		return m, "", fmt.Errorf("download %s: %w", m.Archive, err)
 	}
 	defer rc.Close()
 	if info.Size != m.Size {
-		return m, &CorruptError{ID: id, Err: fmt.Errorf("archive has %d bytes, manifest says %d", info.Size, m.Size)}
+		return m, "", &CorruptError{ID: id, Err: fmt.Errorf("archive has %d bytes, manifest says %d", info.Size, m.Size)}
 	}
 	tmp, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".tmp-*")
 	if err != nil {
-		return m, fmt.Errorf("restore %s: %w", id, err)
+		return m, "", fmt.Errorf("restore %s: %w", id, err)
 	}
 	keep := false
 	defer func() {
@@ -132,42 +142,52 @@ func (c *Catalog) fetch(ctx context.Context, id, dst string, o RestoreOptions) (
 		}
 	}()
 	h := sha256.New()
-	var w io.Writer = io.MultiWriter(tmp, h)
-	if o.Progress != nil {
-		w = &progressWriter{w: w, total: m.Size, fn: o.Progress}
-	}
-	n, err := io.CopyBuffer(w, &ctxReader{ctx: ctx, r: rc}, make([]byte, copyBufSize))
-	if err != nil {
-		return m, fmt.Errorf("download %s: %w", m.Archive, err)
-	}
-	if n != m.Size {
-		return m, &CorruptError{ID: id, Err: fmt.Errorf("archive has %d bytes, manifest says %d", n, m.Size)}
-	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != m.SHA256 {
-		return m, &CorruptError{ID: id, Err: fmt.Errorf("archive sha256 is %s, manifest says %s", got, m.SHA256)}
+	if m.Encryption != nil {
+		var src io.Reader = rc
+		if o.Progress != nil {
+			src = io.TeeReader(rc, &progressWriter{w: io.Discard, total: m.Size, fn: o.Progress})
+		}
+		if sum, err = c.decryptTo(ctx, m, src, tmp, h); err != nil {
+			return m, "", err
+		}
+	} else {
+		var w io.Writer = io.MultiWriter(tmp, h)
+		if o.Progress != nil {
+			w = &progressWriter{w: w, total: m.Size, fn: o.Progress}
+		}
+		n, err := io.CopyBuffer(w, &ctxReader{ctx: ctx, r: rc}, make([]byte, copyBufSize))
+		if err != nil {
+			return m, "", fmt.Errorf("download %s: %w", m.Archive, err)
+		}
+		if n != m.Size {
+			return m, "", &CorruptError{ID: id, Err: fmt.Errorf("archive has %d bytes, manifest says %d", n, m.Size)}
+		}
+		if sum = hex.EncodeToString(h.Sum(nil)); sum != m.SHA256 {
+			return m, "", &CorruptError{ID: id, Err: fmt.Errorf("archive sha256 is %s, manifest says %s", sum, m.SHA256)}
+		}
 	}
 	if o.Verify != nil {
 		if err := o.Verify(ctx, tmp, m); err != nil {
 			if ctx.Err() != nil {
-				return m, err
+				return m, "", err
 			}
-			return m, &CorruptError{ID: id, Err: err}
+			return m, "", &CorruptError{ID: id, Err: err}
 		}
 	}
 	if err := tmp.Sync(); err != nil {
-		return m, fmt.Errorf("restore %s: %w", id, err)
+		return m, "", fmt.Errorf("restore %s: %w", id, err)
 	}
 	if err := tmp.Close(); err != nil {
-		return m, fmt.Errorf("restore %s: %w", id, err)
+		return m, "", fmt.Errorf("restore %s: %w", id, err)
 	}
 	if err := os.Rename(tmp.Name(), dst); err != nil {
-		return m, fmt.Errorf("restore %s: %w", id, err)
+		return m, "", fmt.Errorf("restore %s: %w", id, err)
 	}
 	keep = true
 	if err := syncDir(filepath.Dir(dst)); err != nil {
-		return m, fmt.Errorf("restore %s: %w", id, err)
+		return m, "", fmt.Errorf("restore %s: %w", id, err)
 	}
-	return m, nil
+	return m, sum, nil
 }
 
 type progressWriter struct {
