@@ -89,7 +89,7 @@ func (c *Catalog) sealInput(ctx context.Context, latest string, in *PublishInput
 	}
 	start := time.Now()
 	dir, base := filepath.Split(in.Path)
-	tmp, err := os.CreateTemp(dir, "."+base+".age-*")
+	tmp, err := os.CreateTemp(dir, "."+base+".tmp-age-*")
 	if err != nil {
 		return nil, noop, err
 	}

@@ -131,6 +131,8 @@ var envFlags = map[string]string{
 func (c *mountConfig) addFlags(fs *flag.FlagSet) {
 	c.flags = fs
 	addStoreFlags(fs)
+	addIdentityFlag(fs)
+	addEncryptFlags(fs)
 	fs.StringVar(&c.StateDir, "state-dir", c.StateDir, "state directory for this mountpoint (env HERMESFS_STATE_DIR; default /var/lib/hermesfs/mounts/<mountpoint> for root, ~/.local/state/hermesfs/<mountpoint> otherwise)")
 	fs.DurationVar(&c.Interval, "interval", c.Interval, "time between periodic snapshots; 0 disables them (env HERMESFS_INTERVAL)")
 	addRetentionFlags(fs, &c.Keep)

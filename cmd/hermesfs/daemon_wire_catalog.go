@@ -19,11 +19,14 @@ type catalogAdapter struct {
 var _ catalog = (*catalogAdapter)(nil)
 
 func newCatalogAdapter(s uploader.Store, host string, log *slog.Logger, closer func() error) *catalogAdapter {
-	c := uploader.NewCatalog(uploader.WithRetry(s, uploader.DefaultRetryPolicy(), log), uploader.CatalogOptions{
-		Host:    host,
-		Version: version,
-		Logger:  log,
-	})
+	return newCatalogAdapterOpts(s, uploader.CatalogOptions{Host: host, Logger: log}, closer)
+}
+
+// newCatalogAdapterOpts is newCatalogAdapter with the encryption settings
+// (and host and logger) of o.
+func newCatalogAdapterOpts(s uploader.Store, o uploader.CatalogOptions, closer func() error) *catalogAdapter {
+	o.Version = version
+	c := uploader.NewCatalog(uploader.WithRetry(s, uploader.DefaultRetryPolicy(), o.Logger), o)
 	return &catalogAdapter{c: c, closer: closer}
 }
 
@@ -62,11 +65,13 @@ func (a *catalogAdapter) Fetch(ctx context.Context, id, dst string) (snapshotInf
 		if errors.Is(err, uploader.ErrCorrupt) {
 			return snapshotInfo{}, res.SkippedIDs(), withCode(exitCorrupt, err)
 		}
-		return snapshotInfo{}, res.SkippedIDs(), err
+		return snapshotInfo{}, res.SkippedIDs(), cryptError(err)
 	}
 	m := res.Manifest
 	a.setBase(m.ID)
-	return snapshotInfo{ID: m.ID, Size: m.Size, SHA256: m.SHA256}, res.SkippedIDs(), nil
+	// The sha256 of the local file (the plaintext when encrypted): what
+	// the state dir records and checks its cache against.
+	return snapshotInfo{ID: m.ID, Size: m.Size, SHA256: res.SHA256}, res.SkippedIDs(), nil
 }
 
 func (a *catalogAdapter) Publish(ctx context.Context, path string, meta publishMeta, expect string) (publishResult, error) {
@@ -89,7 +94,7 @@ func (a *catalogAdapter) Publish(ctx context.Context, path string, meta publishM
 		if errors.Is(err, uploader.ErrLeaseLost) {
 			return publishResult{}, mark(err, errLeaseLost)
 		}
-		return publishResult{}, err
+		return publishResult{}, cryptError(err)
 	}
 	a.setBase(p.ID)
 	return publishResult{snapshotInfo: snapshotInfo{ID: p.ID, Size: p.Size, SHA256: p.SHA256}, BytesUploaded: p.Sent, BytesCopied: p.Copied}, nil
@@ -149,7 +154,17 @@ func (realParts) openCatalog(ctx context.Context, d *daemon) (catalog, error) {
 	s = d.met.wrapStore(s)
 	// The per-state-dir host id names this writer in snapshot ids,
 	// manifests and the lease, so a restart recognises its own work.
-	return newCatalogAdapter(s, d.host, log, nil), nil
+	co := uploader.CatalogOptions{Host: d.host, Logger: log}
+	if err := cryptOptions(d.e, d.cfg.flags, &co); err != nil {
+		return nil, err
+	}
+	a := newCatalogAdapterOpts(s, co, nil)
+	if !d.cfg.ReadOnly {
+		if err := checkEncryptedLatest(ctx, a.c, co); err != nil {
+			return nil, err
+		}
+	}
+	return a, nil
 }
 
 func (realParts) storeURL(d *daemon) string {

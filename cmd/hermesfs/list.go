@@ -5,8 +5,12 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/hermesfs/hermesfs/uploader"
 )
 
 func init() {
@@ -15,7 +19,9 @@ func init() {
 		summary: "list the snapshots in the store",
 		usage:   "[flags]",
 		help: `Lists the snapshots in the store, newest first: id, creation time (UTC),
-archive size, number of files and the host that made it. The snapshot LATEST
+archive size, number of files, the host that made it, and how the archive is
+encrypted ("age: X25519" and the like; "-" for plaintext; an encrypted
+snapshot's manifest holds no file count). The snapshot LATEST
 names (the one 'mount' and 'restore' use) is marked with *. A snapshot whose
 archive or manifest is missing (a publish in progress or one that crashed) is
 marked incomplete.
@@ -44,6 +50,9 @@ type listEntry struct {
 	SHA256     string    `json:"sha256,omitempty"`
 	Latest     bool      `json:"latest"`
 	Incomplete bool      `json:"incomplete,omitempty"`
+	// Encryption is the scheme and recipient types of an encrypted
+	// snapshot; absent for plaintext.
+	Encryption *uploader.Encryption `json:"encryption,omitempty"`
 	Error      string    `json:"error,omitempty"`
 }
 
@@ -62,7 +71,7 @@ func runList(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error
 	entries := make([]listEntry, 0, len(snaps))
 	for _, s := range snaps {
 		le := listEntry{ID: s.ID, Created: s.Created, Size: s.Size, Files: s.Files, Host: s.Host, Parent: s.Parent,
-			SHA256: s.SHA256, Latest: s.Latest, Incomplete: s.Incomplete}
+			SHA256: s.SHA256, Latest: s.Latest, Incomplete: s.Incomplete, Encryption: s.Encryption}
 		if le.Created.IsZero() {
 			le.Created = s.ModTime.UTC()
 		}
@@ -81,7 +90,7 @@ func runList(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error
 		return nil
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "  ID\tCREATED (UTC)\tSIZE\tFILES\tHOST")
+	fmt.Fprintln(tw, "  ID\tCREATED (UTC)\tSIZE\tFILES\tHOST\tENCRYPTION")
 	for _, le := range entries {
 		mark := " "
 		if le.Latest {
@@ -94,8 +103,12 @@ func runList(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error
 		case le.Incomplete:
 			note = "  (incomplete)"
 		}
-		fmt.Fprintf(tw, "%s %s\t%s\t%s\t%d\t%s%s\n", mark, le.ID, le.Created.UTC().Format("2006-01-02 15:04:05"),
-			humanBytes(le.Size), le.Files, le.Host, note)
+		files, enc := strconv.FormatInt(le.Files, 10), "-"
+		if le.Encryption != nil {
+			files, enc = "-", le.Encryption.Scheme+": "+strings.Join(le.Encryption.RecipientTypes, ",")
+		}
+		fmt.Fprintf(tw, "%s %s\t%s\t%s\t%s\t%s\t%s%s\n", mark, le.ID, le.Created.UTC().Format("2006-01-02 15:04:05"),
+			humanBytes(le.Size), files, le.Host, enc, note)
 	}
 	return tw.Flush()
 }

@@ -23,6 +23,7 @@ const (
 	exitCorrupt  = 3 // an archive or snapshot failed verification
 	exitConflict = 4 // another host published or holds the store (lease, LATEST)
 	exitUnsynced = 5 // stopped, but the final snapshot did not reach the store; local state kept
+	exitCrypt    = 6 // an encrypted snapshot could not be opened (no or wrong --identity), or plaintext over encrypted refused
 )
 
 // version is set at build time with -ldflags "-X main.version=...".

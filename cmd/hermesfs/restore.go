@@ -41,6 +41,7 @@ Without hermesfs, the same is (see the README):
 ` + storeHelp,
 		flags: func(fs *flag.FlagSet) {
 			addStoreFlags(fs)
+			addIdentityFlag(fs)
 			fs.String("snapshot", "", "snapshot id to restore (default: the newest that verifies)")
 			fs.String("path", "", "extract only this file or directory of the snapshot (e.g. memories/MEMORY.md), reading just its part of the archive from the store")
 		},
@@ -110,7 +111,11 @@ func runRestore(ctx context.Context, e *env, fs *flag.FlagSet, args []string) er
 		return err
 	}
 	defer f.Close()
-	r, err := archive.Open(f, m.Size, archive.ReaderOptions{Name: m.ID})
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	r, err := archive.Open(f, fi.Size(), archive.ReaderOptions{Name: m.ID})
 	if err != nil {
 		return snapshotError(fmt.Errorf("open snapshot %s: %w", m.ID, err))
 	}
@@ -120,6 +125,6 @@ func runRestore(ctx context.Context, e *env, fs *flag.FlagSet, args []string) er
 	if err != nil {
 		return snapshotError(fmt.Errorf("extract snapshot %s into %s (the partial tree is left there): %w", m.ID, dir, err))
 	}
-	fmt.Fprintf(e.stdout, "restored snapshot %s (%s, %d files, from %s) into %s\n", m.ID, humanBytes(m.Size), m.Files, m.Host, dir)
+	fmt.Fprintf(e.stdout, "restored snapshot %s (%s, %s, from %s) into %s\n", m.ID, humanBytes(m.Size), filesOrEncrypted(m), m.Host, dir)
 	return nil
 }

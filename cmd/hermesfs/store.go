@@ -142,7 +142,11 @@ func openCatalog(ctx context.Context, e *env, fs *flag.FlagSet) (*uploader.Catal
 		return nil, loc, err
 	}
 	host, _ := os.Hostname()
-	return uploader.NewCatalog(s, uploader.CatalogOptions{Host: host, Version: version, Logger: logger}), loc, nil
+	o := uploader.CatalogOptions{Host: host, Version: version, Logger: logger}
+	if err := cryptOptions(e, fs, &o); err != nil {
+		return nil, loc, err
+	}
+	return uploader.NewCatalog(s, o), loc, nil
 }
 
 // openArchive opens the archive file at path (opts.Name defaults to path).
@@ -183,7 +187,11 @@ func openArchive(path string, opts archive.ReaderOptions) (*archive.Reader, *os.
 // verifyArchive is the block-level check of a downloaded snapshot, run by
 // the catalog after the size and sha256 matched.
 func verifyArchive(ctx context.Context, f *os.File, m uploader.Manifest) error {
-	r, err := archive.Open(f, m.Size, archive.ReaderOptions{Name: m.ID})
+	fi, err := f.Stat() // the manifest's size is the ciphertext's when encrypted
+	if err != nil {
+		return err
+	}
+	r, err := archive.Open(f, fi.Size(), archive.ReaderOptions{Name: m.ID})
 	if err != nil {
 		return err
 	}
@@ -198,7 +206,7 @@ func snapshotError(err error) error {
 	case errors.Is(err, uploader.ErrConflict), errors.Is(err, uploader.ErrLeaseHeld):
 		return withCode(exitConflict, err)
 	}
-	return err
+	return cryptError(err)
 }
 
 // progress draws a one-line progress bar on a terminal, and nothing

@@ -30,6 +30,7 @@ Exit status: 0 extracted, 1 failed, 2 bad command line, 3 the archive is
 corrupt (the message names the first bad block; DIR keeps what was extracted).`,
 		flags: func(fs *flag.FlagSet) {
 			fs.Bool("no-owners", false, "do not restore owners, even as root")
+			addIdentityFlag(fs)
 		},
 		run: runUnpack,
 	})
@@ -43,7 +44,7 @@ func runUnpack(ctx context.Context, e *env, fs *flag.FlagSet, args []string) err
 	if ents, err := os.ReadDir(dir); err == nil && len(ents) > 0 {
 		return usageError("%s is not empty; unpack into a new or empty directory", dir)
 	}
-	r, f, err := openArchive(file, archive.ReaderOptions{})
+	r, f, err := openArchiveAt(e, fs, file)
 	if err != nil {
 		return err
 	}
@@ -57,7 +58,7 @@ func runUnpack(ctx context.Context, e *env, fs *flag.FlagSet, args []string) err
 	})
 	p.done()
 	if err != nil {
-		return archiveError(err)
+		return cryptError(archiveError(err))
 	}
 	check := "every block checked"
 	if !r.Checksummed() {

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"os"
 	"time"
-
-	"github.com/hermesfs/hermesfs/archive"
 )
 
 func init() {
@@ -31,7 +29,7 @@ command line, 3 corrupt (the message names the first bad block and its byte
 offset).
 
 ` + storeHelp,
-		flags: addStoreFlags,
+		flags: func(fs *flag.FlagSet) { addStoreFlags(fs); addIdentityFlag(fs) },
 		run:   runVerify,
 	})
 }
@@ -44,20 +42,20 @@ func runVerify(ctx context.Context, e *env, fs *flag.FlagSet, args []string) err
 	if err != nil || st.IsDir() {
 		return verifySnapshot(ctx, e, fs, args[0])
 	}
-	return verifyFile(ctx, e, args[0])
+	return verifyFile(ctx, e, fs, args[0])
 }
 
-func verifyFile(ctx context.Context, e *env, name string) error {
+func verifyFile(ctx context.Context, e *env, fs *flag.FlagSet, name string) error {
 	start := time.Now()
-	r, f, err := openArchive(name, archive.ReaderOptions{})
+	r, f, err := openArchiveAt(e, fs, name)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
 	if err := r.Verify(ctx); err != nil {
-		return archiveError(err)
+		return cryptError(archiveError(err))
 	}
-	st, err := f.Stat()
+	st, err := os.Stat(name)
 	if err != nil {
 		return err
 	}
