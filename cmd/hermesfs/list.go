@@ -53,7 +53,7 @@ type listEntry struct {
 	// Encryption is the scheme and recipient types of an encrypted
 	// snapshot; absent for plaintext.
 	Encryption *uploader.Encryption `json:"encryption,omitempty"`
-	Error      string    `json:"error,omitempty"`
+	Error      string               `json:"error,omitempty"`
 }
 
 func runList(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error {

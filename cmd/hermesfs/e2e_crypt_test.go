@@ -1,0 +1,167 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/hermesfs/hermesfs/uploader"
+	"github.com/hermesfs/hermesfs/uploader/crypt"
+)
+
+// TestE2EEncrypted runs the encrypted life cycle through the binary: a
+// home published encrypted, read back by the age CLI and unsquashfs, by
+// verify and restore with the key, refused with exit 6 and nothing
+// mounted without it, and a writer that forgot --encrypt-to refused
+// before it mounts.
+func TestE2EEncrypted(t *testing.T) {
+	need(t, "/dev/fuse", "sqlite3", "unsquashfs")
+	storeDir := e2eDir(t, "store")
+	store := "file://" + storeDir
+	keys := e2eDir(t, "keys")
+	key := filepath.Join(keys, "key.txt")
+	a := newHost(t, store)
+	code, pub, stderr := a.run("keygen", key)
+	pub = strings.TrimSpace(pub)
+	if code != 0 || !strings.HasPrefix(pub, "age1") {
+		t.Fatalf("keygen: %d %q %s", code, pub, stderr)
+	}
+	a.extraEnv = []string{"HERMESFS_ENCRYPT_TO=" + pub, "HERMESFS_IDENTITY=" + key}
+
+	mp := filepath.Join(e2eDir(t, "home"), "hermes")
+	seedHome(t, mp)
+	d := a.mount(mp)
+	mutateHome(t, mp)
+	want := snapshotTree(t, mp)
+	d.stopOK(t)
+	id := localLatest(t, storeDir)
+	obj := filepath.Join(storeDir, "snapshots", id+".sqfs")
+	b, err := os.ReadFile(obj)
+	if err != nil || !crypt.IsEncrypted(b) || strings.Contains(string(b), "OPENAI_API_KEY") {
+		t.Fatalf("the stored object is not an age file (%v)", err)
+	}
+	var m map[string]any
+	mj, _ := os.ReadFile(filepath.Join(storeDir, "snapshots", id+".json"))
+	if err := json.Unmarshal(mj, &m); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := m["files"]; ok || m["encryption"] == nil || strings.Contains(string(mj), "AGE-SECRET") {
+		t.Errorf("manifest: %s", mj)
+	}
+
+	// Interop: the age CLI and unsquashfs alone recover the tree.
+	if _, err := exec.LookPath("age"); err == nil || strict() {
+		plain := filepath.Join(e2eDir(t, "age"), "snap.sqfs")
+		if out, err := exec.Command("age", "-d", "-i", key, "-o", plain, obj).CombinedOutput(); err != nil {
+			t.Fatalf("age -d: %v\n%s", err, out)
+		}
+		if diff := diffTrees(want, snapshotTree(t, unsquash(t, plain))); diff != "" {
+			t.Errorf("age -d | unsquashfs differs:\n%s", diff)
+		}
+	} else {
+		t.Log("age CLI not installed: interop with it not checked")
+	}
+
+	if code, out, _ := a.run("list"); code != 0 || !strings.Contains(out, "age: X25519") {
+		t.Errorf("list: %d\n%s", code, out)
+	}
+	if code, out, errs := a.run("verify", id); code != 0 || !strings.Contains(out, "ok") {
+		t.Errorf("verify with the key: %d %s %s", code, out, errs)
+	}
+	// A local copy of the object: verify and unpack read it through the
+	// decrypting ReaderAt.
+	if code, _, errs := a.run("verify", obj); code != 0 {
+		t.Errorf("verify FILE with the key: %d %s", code, errs)
+	}
+	out := filepath.Join(e2eDir(t, "unpack"), "root")
+	if code, _, errs := a.run("unpack", obj, out); code != 0 {
+		t.Errorf("unpack FILE: %d %s", code, errs)
+	} else if diff := diffTrees(want, snapshotTree(t, out)); diff != "" {
+		t.Errorf("unpack differs:\n%s", diff)
+	}
+	rdir := filepath.Join(e2eDir(t, "restore"), "root")
+	if code, _, errs := a.run("restore", rdir); code != 0 {
+		t.Errorf("restore: %d %s", code, errs)
+	} else if diff := diffTrees(want, snapshotTree(t, rdir)); diff != "" {
+		t.Errorf("restore differs:\n%s", diff)
+	}
+
+}
+
+// TestE2EEncryptedRefusals: without the key (or with another), mount and
+// verify exit 6 naming the snapshot and its recipient type, nothing is
+// mounted and no key shows; a writer that forgot --encrypt-to is refused
+// before it mounts; a read-only mount needs no recipients.
+func TestE2EEncryptedRefusals(t *testing.T) {
+	need(t, "/dev/fuse")
+	storeDir := e2eDir(t, "store")
+	store := "file://" + storeDir
+	keys := e2eDir(t, "keys")
+	key := filepath.Join(keys, "key.txt")
+	pub, err := crypt.WriteNewKey(key, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, _ := crypt.ParseRecipients([]string{pub})
+	s, err := uploader.NewLocal(storeDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	home := makeTree(t, 1)
+	want := snapshotTree(t, home)
+	id := publishTree(t, uploader.NewCatalog(s, uploader.CatalogOptions{Recipients: r}), home).ID
+
+	noKey := newHost(t, store)
+	code, _, errs := noKey.run("verify", id)
+	if code != exitCrypt || !strings.Contains(errs, id) || !strings.Contains(errs, "X25519") {
+		t.Errorf("verify without a key: %d %s", code, errs)
+	}
+	mp2 := filepath.Join(e2eDir(t, "home2"), "hermes")
+	os.MkdirAll(mp2, 0o755)
+	other := filepath.Join(keys, "other.txt")
+	if _, err := crypt.WriteNewKey(other, "test"); err != nil {
+		t.Fatal(err)
+	}
+	secret := mustRead(t, other)
+	noKey.extraEnv = []string{"HERMESFS_ENCRYPT_TO=" + pub, "HERMESFS_IDENTITY=" + other}
+	d2 := noKey.start(mp2)
+	if c := d2.wait(); c != exitCrypt || isMountpoint(mp2) || !strings.Contains(d2.stderr.String(), id) || !strings.Contains(d2.stderr.String(), "X25519") {
+		t.Fatalf("mount with the wrong key: exit %d, mounted %v\n%s", c, isMountpoint(mp2), d2.stderr)
+	}
+	if strings.Contains(d2.stderr.String(), strings.TrimSpace(secret[strings.LastIndex(secret, "AGE-SECRET"):])) {
+		t.Error("the log shows the key")
+	}
+	cached, _ := filepath.Glob(filepath.Join(noKey.state, "cache", "*"))
+	if len(cached) != 0 {
+		t.Errorf("a refused mount left %v in the state dir", cached)
+	}
+
+	// A writer that forgot --encrypt-to is refused before it mounts, its
+	// state dir untouched.
+	a := newHost(t, store)
+	a.extraEnv = []string{"HERMESFS_IDENTITY=" + key}
+	mp := filepath.Join(e2eDir(t, "home"), "hermes")
+	os.MkdirAll(mp, 0o755)
+	d3 := a.start(mp)
+	if c := d3.wait(); c != exitCrypt || isMountpoint(mp) || !strings.Contains(d3.stderr.String(), "--allow-plaintext") {
+		t.Fatalf("plaintext writer over an encrypted LATEST: exit %d\n%s", c, d3.stderr)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(a.state, "cache")); len(ents) != 0 {
+		t.Errorf("a refused mount wrote %d entries in the cache", len(ents))
+	}
+	// Read-only needs no recipients.
+	d4 := a.mount(mp, "--read-only")
+	if diff := diffTrees(want, snapshotTree(t, mp)); diff != "" {
+		t.Errorf("read-only mount differs:\n%s", diff)
+	}
+	if c := d4.stop(syscall.SIGTERM); c != 0 {
+		t.Fatalf("read-only stop: %d\n%s", c, d4.stderr)
+	}
+	if got := localLatest(t, storeDir); got != id {
+		t.Errorf("LATEST moved to %s", got)
+	}
+}
