@@ -8,6 +8,10 @@
 #     bytes the store copied from the previous archive (S3 UploadPartCopy)
 #   - baseline in the same run: mksquashfs of the same tree + one plain S3 PUT
 #     of the archive (what a hand-written squashfs cron script does)
+#   - encrypted vs plaintext (BENCH_ENCRYPT=0 skips it): the same home
+#     published with --encrypt-to into another prefix: seed CPU (pack +
+#     encrypt), snapshot after 1% changed (wall, bytes uploaded), start to
+#     ready on a new host (download + decrypt), read-all throughput
 # Env: BENCH_SIZE (default 1G), BENCH_DIR (scratch, default
 # /var/tmp/hermesfs-bench), HERMESFS_BIN (default bin/hermesfs).
 set -eu
@@ -26,7 +30,7 @@ mkdir -p "$BENCH_DIR"
 home=$(scripts/genhome/cached.sh "$BENCH_SIZE" 1)
 work=$BENCH_DIR/e2e
 cleanup() {
-	for m in "$work/mnt-a" "$work/mnt-b"; do
+	for m in "$work/mnt-a" "$work/mnt-b" "$work/mnt-c" "$work/mnt-d"; do
 		mountpoint -q "$m" 2>/dev/null && umount -l "$m"
 	done
 	[ -n "${vpid:-}" ] && kill "$vpid" 2>/dev/null && wait "$vpid" 2>/dev/null
@@ -55,6 +59,15 @@ export HERMESFS_STORE="s3://bench/home?endpoint=$ep&region=us-east-1&path_style=
 export HERMESFS_LOG_LEVEL=info
 
 now() { date +%s.%N; }
+# cpu PID: user + system CPU seconds the process has used so far.
+cpu() { awk -v hz="$(getconf CLK_TCK)" '{print ($14 + $15) / hz}' "/proc/$1/stat"; }
+# readall DIR: read every file's bytes; prints seconds.
+readall() {
+	t0=$(now)
+	find "$1" -type f -print0 | xargs -0 cat >/dev/null
+	t1=$(now)
+	elapsed "$t0" "$t1"
+}
 elapsed() { echo "$2 - $1" | bc; }
 ratio() { echo "scale=2; $1 / $2" | bc; }
 files=$(find "$home" -type f | wc -l)
@@ -88,6 +101,7 @@ apid=$!
 ready "$work/a.out" "$apid"
 t1=$(now)
 seed=$(elapsed "$t0" "$t1")
+acpu=$(cpu "$apid")
 echo "first mount over the existing home (pack + upload + mount): ${seed}s ($(ratio "$seed" "$base_total")x baseline)"
 
 snap() { # $1 label
@@ -144,6 +158,46 @@ t4=$(now)
 dl=$(elapsed "$t2" "$t3")
 dlx=$(elapsed "$t2" "$t4")
 echo "start to ready, new host, empty cache: ${boot}s; same archive: plain GET ${dl}s ($(ratio "$boot" "$dl")x), GET + unsquashfs ${dlx}s ($(ratio "$boot" "$dlx")x)"
+rb=$(readall "$work/mnt-b")
+echo "read-all through the mount (new host, plaintext): ${rb}s, $(echo "scale=1; $bytes / 1048576 / $rb" | bc) MiB/s"
 kill -TERM "$bpid"
 wait "$bpid" || true
 grep 'snapshot published' "$work/a.log" | sed 's/^/  log: /' | cut -c1-300
+
+[ "${BENCH_ENCRYPT:-1}" = 1 ] || exit 0
+# Encrypted vs plaintext: host C seeds another prefix with --encrypt-to,
+# takes a snapshot after 1% of the files changed; host D boots from it.
+"$bin" keygen "$work/key.txt" >"$work/recipient" 2>/dev/null
+export HERMESFS_ENCRYPT_TO="$(cat "$work/recipient")" HERMESFS_IDENTITY="$work/key.txt"
+export HERMESFS_STORE="s3://bench/enc?endpoint=$ep&region=us-east-1&path_style=true"
+cp -a "$home" "$work/mnt-c"
+t0=$(now)
+HERMESFS_STATE_DIR=$work/state-c "$bin" mount --interval 0 "$work/mnt-c" >"$work/c.out" 2>"$work/c.log" &
+cpid=$!
+ready "$work/c.out" "$cpid"
+t1=$(now)
+eseed=$(elapsed "$t0" "$t1")
+ccpu=$(cpu "$cpid")
+echo "encrypted: first mount (pack + encrypt + upload): ${eseed}s against ${seed}s plaintext; CPU ${ccpu}s against ${acpu}s ($(ratio "$ccpu" "$acpu")x)"
+find "$work/mnt-c" -type f -name '*.json' | head -n "$n" | while read -r f; do echo '{"changed":true}' >>"$f"; done
+t0=$(now)
+HERMESFS_STATE_DIR=$work/state-c "$bin" snapshot "$work/mnt-c" >/dev/null
+t1=$(now)
+line=$(grep 'snapshot published' "$work/c.log" | tail -1)
+field() { echo "$line" | tr ' ' '\n' | sed -n "s/^$1=//p" | head -1; }
+echo "encrypted: snapshot after 1% of files changed ($n files): $(elapsed "$t0" "$t1")s, pack $(field pack), upload $(field upload)," \
+	"uploaded $(field bytes_uploaded) bytes of a $(field size)-byte archive, $(field bytes_copied) copied by the store"
+kill -TERM "$cpid"
+wait "$cpid" || { echo "bench-e2e: host C exited $?" >&2; cat "$work/c.log" >&2; exit 1; }
+mkdir -p "$work/mnt-d"
+t0=$(now)
+HERMESFS_STATE_DIR=$work/state-d "$bin" mount --interval 0 "$work/mnt-d" >"$work/d.out" 2>"$work/d.log" &
+dpid=$!
+ready "$work/d.out" "$dpid"
+t1=$(now)
+eboot=$(elapsed "$t0" "$t1")
+echo "encrypted: start to ready, new host, empty cache (download + decrypt): ${eboot}s against ${boot}s plaintext ($(ratio "$eboot" "$boot")x)"
+rd=$(readall "$work/mnt-d")
+echo "encrypted: read-all through the mount: ${rd}s against ${rb}s plaintext ($(ratio "$rd" "$rb")x)"
+kill -TERM "$dpid"
+wait "$dpid" || true

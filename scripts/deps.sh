@@ -3,7 +3,7 @@
 # Usage: scripts/deps.sh [run|demo|test]
 #   run   fuse3 (fusermount3), for mounting
 #   demo  also sqlite3, to generate the demo's sample home
-#   test  also squashfs-tools, sqlite3, strace, versitygw and staticcheck
+#   test  also squashfs-tools, sqlite3, strace, age, versitygw and staticcheck
 set -eu
 want=${1:-test}
 
@@ -20,6 +20,7 @@ if [ "$want" = test ]; then
 	need strace strace
 	need chattr e2fsprogs # the torture tests make mountpoints immutable
 	need gcc gcc # the race detector needs cgo
+	need age age # interop of encrypted snapshots with the age CLI
 fi
 if [ -n "$missing" ]; then
 	pkgs=$(echo "$missing" | tr ' ' '\n' | sort -u | tr '\n' ' ')
