@@ -67,6 +67,9 @@ Exit codes:
      unpublished changes (see --on-conflict)
   5  stopped, but the final snapshot did not reach the store; local
      changes kept in the state dir for the next mount
+  6  the snapshot to mount is encrypted and no --identity opens it, or
+     LATEST is encrypted and --encrypt-to is missing (see --allow-plaintext);
+     nothing mounted
 
 Signals: SIGTERM and SIGINT stop (final snapshot). Under systemd use
 Type=notify, KillMode=mixed and TimeoutStopSec larger than --stop-timeout
