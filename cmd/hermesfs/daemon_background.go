@@ -60,6 +60,12 @@ func runBackground(ctx context.Context, e *env, cfg *mountConfig, fset *flag.Fla
 		case "state-dir":
 			args = append(args, "--state-dir="+stateDir)
 		default:
+			if l, ok := fl.Value.(*listFlag); ok { // repeatable: one argument each
+				for _, v := range *l {
+					args = append(args, "--"+fl.Name+"="+v)
+				}
+				return
+			}
 			args = append(args, "--"+fl.Name+"="+fl.Value.String())
 		}
 	})
