@@ -21,7 +21,9 @@ func init() {
 size and sha256 against its manifest and every block of the archive, then
 extracts it into DIR, which must be empty or not exist. If the newest snapshot
 is corrupt, the newest older one that verifies is restored instead, with a
-warning naming what was skipped (exit status 3 if none verifies).
+warning naming what was skipped (exit status 3 if none verifies). An encrypted
+snapshot needs --identity; with none that opens it the restore stops with exit
+status 6 (it never falls back to an older snapshot it could read).
 
 Examples:
   hermesfs restore ~/hermes-copy
@@ -37,6 +39,7 @@ Without hermesfs, the same is (see the README):
   aws s3 cp s3://my-bucket/alice/LATEST -           # prints the id
   aws s3 cp s3://my-bucket/alice/snapshots/ID.sqfs .
   unsquashfs -d ./alice ID.sqfs
+  (encrypted: age -d -i key.txt ID.sqfs > snap.sqfs; unsquashfs snap.sqfs)
 
 ` + storeHelp,
 		flags: func(fs *flag.FlagSet) {

@@ -26,8 +26,12 @@ Examples:
   hermesfs unpack hermes.sqfs ~/hermes-copy
   hermesfs unpack --no-owners snapshot.sqfs /tmp/look
 
+FILE may be an age-encrypted archive (a snapshot object copied from the store):
+give --identity; it is decrypted chunk by chunk as it is read.
+
 Exit status: 0 extracted, 1 failed, 2 bad command line, 3 the archive is
-corrupt (the message names the first bad block; DIR keeps what was extracted).`,
+corrupt (the message names the first bad block; DIR keeps what was extracted),
+6 encrypted and no --identity opens it.`,
 		flags: func(fs *flag.FlagSet) {
 			fs.Bool("no-owners", false, "do not restore owners, even as root")
 			addIdentityFlag(fs)

@@ -19,6 +19,9 @@ it. If the argument is an existing file, that file is checked; otherwise it is
 taken as a snapshot id in the store: the snapshot is downloaded, its size and
 sha256 checked against its manifest, then every block.
 
+An encrypted snapshot, or a local age file, needs --identity: its ciphertext's
+sha256 is checked, and every 64 KiB chunk authenticated as it is decrypted.
+
 Examples:
   hermesfs verify hermes.sqfs
   hermesfs verify 20261122T134501.123Z-box-1a2b3c4d
@@ -26,7 +29,7 @@ Examples:
 
 Exit status: 0 intact, 1 could not check (I/O, store unreachable), 2 bad
 command line, 3 corrupt (the message names the first bad block and its byte
-offset).
+offset), 6 encrypted and no --identity opens it.
 
 ` + storeHelp,
 		flags: func(fs *flag.FlagSet) { addStoreFlags(fs); addIdentityFlag(fs) },

@@ -34,6 +34,11 @@ func verifySnapshot(ctx context.Context, e *env, fs *flag.FlagSet, id string) er
 		return snapshotError(fmt.Errorf("snapshot %s in %s: %w", id, loc, err))
 	}
 	m := res.Manifest
+	if m.Encryption != nil {
+		fmt.Fprintf(e.stdout, "snapshot %s: ok (%s, %s, ciphertext sha256 %s, every chunk authenticated and every block checked)\n",
+			m.ID, humanBytes(m.Size), filesOrEncrypted(m), m.SHA256)
+		return nil
+	}
 	fmt.Fprintf(e.stdout, "snapshot %s: ok (%s, sha256 %s, every block checked)\n", m.ID, humanBytes(m.Size), m.SHA256)
 	return nil
 }
