@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/hermesfs/hermesfs/uploader/crypt"
@@ -101,8 +102,11 @@ func (c *Catalog) sealInput(ctx context.Context, latest string, in *PublishInput
 	}
 	defer src.Close()
 	h := sha256.New()
-	cw := &countWriter{w: io.MultiWriter(tmp, h)}
-	if err := crypt.Seal(cw, &ctxReader{ctx: ctx, r: src}, r); err != nil {
+	ah := newAsyncWriter(h)
+	cw := &countWriter{w: io.MultiWriter(tmp, ah)}
+	err = crypt.Seal(cw, &ctxReader{ctx: ctx, r: src}, r)
+	ah.Close()
+	if err != nil {
 		cleanup()
 		return nil, noop, err
 	}
@@ -157,12 +161,17 @@ func (c *Catalog) decryptTo(ctx context.Context, m Manifest, rc io.Reader, w io.
 		// Nothing to try: no need to download it.
 		return "", &KeyError{ID: m.ID, Err: &crypt.KeyError{Types: m.Encryption.RecipientTypes, Err: crypt.ErrNoIdentity}}
 	}
-	cnt := &countWriter{w: h}
+	// Both hashes run beside the decryption, on other cores.
+	ch := newAsyncWriter(h)
+	defer ch.Close()
+	cnt := &countWriter{w: ch}
 	src := &srcReader{r: io.TeeReader(&ctxReader{ctx: ctx, r: rc}, cnt)}
 	ph := sha256.New()
+	pw := newAsyncWriter(ph)
+	defer pw.Close()
 	dr, err := crypt.NewReader(src, c.opts.Identities)
 	if err == nil {
-		_, err = io.CopyBuffer(io.MultiWriter(w, ph), dr, make([]byte, copyBufSize))
+		_, err = io.CopyBuffer(io.MultiWriter(w, pw), dr, make([]byte, copyBufSize))
 	}
 	if err != nil {
 		if ctx.Err() != nil {
@@ -184,6 +193,8 @@ func (c *Catalog) decryptTo(ctx context.Context, m Manifest, rc io.Reader, w io.
 			return "", fmt.Errorf("download %s: %w", m.Archive, src.err)
 		}
 	}
+	ch.Close()
+	pw.Close()
 	if cnt.n != m.Size {
 		return "", &CorruptError{ID: m.ID, Err: errors.Join(fmt.Errorf("archive has %d bytes, manifest says %d", cnt.n, m.Size), err)}
 	}
@@ -202,4 +213,43 @@ func (c *Catalog) decryptTo(ctx context.Context, m Manifest, rc io.Reader, w io.
 		return "", &CorruptError{ID: m.ID, Err: err}
 	}
 	return hex.EncodeToString(ph.Sum(nil)), nil
+}
+
+// asyncWriter hands what is written to w on a goroutine of its own, so
+// that hashing runs beside the decryption. Close waits for w to have
+// everything; it may be called more than once.
+type asyncWriter struct {
+	ch   chan []byte
+	done chan struct{}
+	once sync.Once
+	pool sync.Pool
+}
+
+func newAsyncWriter(w io.Writer) *asyncWriter {
+	a := &asyncWriter{ch: make(chan []byte, 16), done: make(chan struct{})}
+	go func() {
+		defer close(a.done)
+		for b := range a.ch {
+			w.Write(b) // a hash: never fails
+			a.pool.Put(&b)
+		}
+	}()
+	return a
+}
+
+func (a *asyncWriter) Write(p []byte) (int, error) {
+	var b []byte
+	if x, ok := a.pool.Get().(*[]byte); ok && cap(*x) >= len(p) {
+		b = (*x)[:len(p)]
+	} else {
+		b = make([]byte, len(p), max(len(p), 128<<10))
+	}
+	copy(b, p)
+	a.ch <- b
+	return len(p), nil
+}
+
+func (a *asyncWriter) Close() {
+	a.once.Do(func() { close(a.ch) })
+	<-a.done
 }
