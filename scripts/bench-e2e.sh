@@ -171,6 +171,7 @@ grep 'snapshot published' "$work/a.log" | sed 's/^/  log: /' | cut -c1-300
 export HERMESFS_ENCRYPT_TO="$(cat "$work/recipient")" HERMESFS_IDENTITY="$work/key.txt"
 export HERMESFS_STORE="s3://bench/enc?endpoint=$ep&region=us-east-1&path_style=true"
 cp -a "$home" "$work/mnt-c"
+: >"$work/c.out"
 t0=$(now)
 HERMESFS_STATE_DIR=$work/state-c "$bin" mount --interval 0 "$work/mnt-c" >"$work/c.out" 2>"$work/c.log" &
 cpid=$!
@@ -190,6 +191,7 @@ echo "encrypted: snapshot after 1% of files changed ($n files): $(elapsed "$t0" 
 kill -TERM "$cpid"
 wait "$cpid" || { echo "bench-e2e: host C exited $?" >&2; cat "$work/c.log" >&2; exit 1; }
 mkdir -p "$work/mnt-d"
+: >"$work/d.out"
 t0=$(now)
 HERMESFS_STATE_DIR=$work/state-d "$bin" mount --interval 0 "$work/mnt-d" >"$work/d.out" 2>"$work/d.log" &
 dpid=$!
@@ -201,3 +203,12 @@ rd=$(readall "$work/mnt-d")
 echo "encrypted: read-all through the mount: ${rd}s against ${rb}s plaintext ($(ratio "$rd" "$rb")x)"
 kill -TERM "$dpid"
 wait "$dpid" || true
+# Pack and encryption CPU of the same tree, each measured alone.
+cpuof() { python3 -c 'import resource, subprocess, sys
+subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+r = resource.getrusage(resource.RUSAGE_CHILDREN); print(round(r.ru_utime + r.ru_stime, 2))' "$@"; }
+pcpu=$(cpuof "$bin" pack "$home" "$work/p.sqfs")
+if command -v age >/dev/null 2>&1; then
+	ecpu=$(cpuof age -r "$HERMESFS_ENCRYPT_TO" -o "$work/p.sqfs.age" "$work/p.sqfs")
+	echo "encrypted: pack CPU ${pcpu}s; age encryption of its $(stat -c %s "$work/p.sqfs")-byte archive CPU ${ecpu}s (+$(echo "scale=1; 100 * $ecpu / $pcpu" | bc)%)"
+fi
