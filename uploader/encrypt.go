@@ -1,6 +1,7 @@
 package uploader
 
 import (
+	"bufio"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -169,7 +170,9 @@ func (c *Catalog) decryptTo(ctx context.Context, m Manifest, rc io.Reader, w io.
 	ph := sha256.New()
 	pw := newAsyncWriter(ph)
 	defer pw.Close()
-	dr, err := crypt.NewReader(src, c.opts.Identities)
+	// age reads a chunk (64 KiB) at a time; the download goes faster in
+	// large reads.
+	dr, err := crypt.NewReader(bufio.NewReaderSize(src, copyBufSize), c.opts.Identities)
 	if err == nil {
 		_, err = io.CopyBuffer(io.MultiWriter(w, pw), dr, make([]byte, copyBufSize))
 	}
