@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -70,8 +71,13 @@ func TestEncryptPublishRestore(t *testing.T) {
 	plainCat := catalog(s, "h", clk)
 	m0, sum0 := publish(t, plainCat, 50_000)
 
-	c := cryptCatalog(s, clk, r, ids)
+	var logs bytes.Buffer
+	c := uploader.NewCatalog(s, uploader.CatalogOptions{Host: "h", Version: "test", Now: clk.Now, Recipients: r, Identities: ids,
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	m1, sum1 := publish(t, c, 200_000)
+	if !strings.Contains(logs.String(), "first encrypted snapshot") {
+		t.Errorf("the first encrypted snapshot after plaintext ones is not logged:\n%s", logs.String())
+	}
 	if m1.Encryption == nil || m1.Encryption.Scheme != "age" || !slices.Equal(m1.Encryption.RecipientTypes, []string{"X25519"}) {
 		t.Fatalf("manifest encryption %+v", m1.Encryption)
 	}
@@ -115,6 +121,10 @@ func TestEncryptPublishRestore(t *testing.T) {
 	}
 	if _, err := c.Restore(ctx, dst, uploader.RestoreOptions{ID: m1.ID}); err != nil {
 		t.Fatalf("old snapshot with the old key: %v", err)
+	}
+	key, _ := os.ReadFile(ids.Files()[0])
+	if i := bytes.Index(key, []byte("AGE-SECRET-KEY-")); i < 0 || bytes.Contains(logs.Bytes(), key[i+15:i+40]) {
+		t.Error("the log shows the key")
 	}
 	both, _ := crypt.LoadIdentities(append(ids.Files(), ids2.Files()...))
 	cb := cryptCatalog(s, clk, nil, both)

@@ -62,6 +62,20 @@ func TestE2EEncrypted(t *testing.T) {
 		if diff := diffTrees(want, snapshotTree(t, unsquash(t, plain))); diff != "" {
 			t.Errorf("age -d | unsquashfs differs:\n%s", diff)
 		}
+		// And the other way: an archive the age CLI encrypted (to an
+		// SSH key here) reads through hermesfs's decrypting ReaderAt.
+		sshKey := filepath.Join(keys, "id_ed25519")
+		if out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", sshKey).CombinedOutput(); err != nil {
+			t.Logf("ssh-keygen: %v %s: SSH interop not checked", err, out)
+		} else {
+			sealed := plain + ".age"
+			if out, err := exec.Command("age", "-R", sshKey+".pub", "-o", sealed, plain).CombinedOutput(); err != nil {
+				t.Fatalf("age -R: %v\n%s", err, out)
+			}
+			if code, out, errs := a.run("verify", "--identity", sshKey, sealed); code != 0 {
+				t.Errorf("verify of the age CLI's file with the SSH key: %d %s %s", code, out, errs)
+			}
+		}
 	} else {
 		t.Log("age CLI not installed: interop with it not checked")
 	}

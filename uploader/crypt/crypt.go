@@ -250,6 +250,9 @@ func LoadIdentities(paths []string) (*Identities, error) {
 }
 
 func parseIdentities(b []byte) ([]age.Identity, error) {
+	if IsEncrypted(b) || bytes.HasPrefix(b, []byte("-----BEGIN AGE ENCRYPTED FILE-----")) {
+		return nil, errors.New("a passphrase-protected identity file is not supported: hermesfs runs unattended; protect the file with its mode and the service's credentials instead")
+	}
 	if bytes.Contains(b, []byte("-----BEGIN")) {
 		id, err := agessh.ParseIdentity(b)
 		if err != nil {

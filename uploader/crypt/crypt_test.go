@@ -207,6 +207,17 @@ func TestCryptRecipientsParsing(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "line 2") || strings.Contains(err.Error(), sk[20:]) {
 		t.Fatalf("private key in recipients file: %v", err)
 	}
+	// A passphrase-protected identity file is named as such.
+	var enc bytes.Buffer
+	sr2, _ := NewScryptRecipientForTest("pw")
+	if err := Seal(&enc, strings.NewReader(string(secret)), sr2); err != nil {
+		t.Fatal(err)
+	}
+	pp := filepath.Join(dir, "pp")
+	os.WriteFile(pp, enc.Bytes(), 0o600)
+	if _, err := LoadIdentities([]string{pp}); err == nil || !strings.Contains(err.Error(), "passphrase") {
+		t.Fatalf("passphrase-protected identity: %v", err)
+	}
 	if _, err := ParseRecipients([]string{"nonsense"}); err == nil {
 		t.Fatal("nonsense accepted")
 	}
