@@ -432,3 +432,47 @@ func WriteNewKey(path string, now string) (string, error) {
 	}
 	return pub, nil
 }
+
+// Layout of the payload, for readers that map plaintext offsets to ranges
+// of the stored object (a lazy reader fetching the chunks a read needs).
+const (
+	// ChunkSize is the plaintext size of every payload chunk but the last.
+	ChunkSize = 64 << 10
+	// ChunkOverhead is the authentication tag each chunk adds.
+	ChunkOverhead = 16
+	nonceSize     = 16
+)
+
+// PayloadStart reads an age header from src and returns where the payload
+// chunks start in the file: the header's length plus the 16-byte nonce.
+func PayloadStart(src io.Reader) (int64, error) {
+	br := bufio.NewReader(io.LimitReader(src, 64<<10))
+	var n int64
+	first := true
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			return 0, fmt.Errorf("%w: %v", ErrHeader, err)
+		}
+		if first && line != Magic {
+			return 0, fmt.Errorf("%w: not an age file", ErrHeader)
+		}
+		first = false
+		n += int64(len(line))
+		if strings.HasPrefix(line, "--- ") {
+			return n + nonceSize, nil
+		}
+	}
+}
+
+// CiphertextRange returns the byte range [start, end) of the stored object
+// that holds plaintext bytes [off, off+n): whole chunks, since a chunk is
+// authenticated as a unit. payloadStart is PayloadStart's result and size
+// the stored object's size.
+func CiphertextRange(payloadStart, size, off, n int64) (start, end int64) {
+	const enc = ChunkSize + ChunkOverhead
+	first, last := off/ChunkSize, (off+max(n, 1)-1)/ChunkSize
+	start = payloadStart + first*enc
+	end = min(payloadStart+(last+1)*enc, size)
+	return start, end
+}

@@ -225,3 +225,43 @@ func TestCryptRecipientsParsing(t *testing.T) {
 		t.Fatal("no recipient accepted")
 	}
 }
+
+func TestCryptLayout(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	key, pub := newKey(t, dir, "k")
+	r, _ := ParseRecipients([]string{pub})
+	ids, _ := LoadIdentities([]string{key})
+	plain := make([]byte, 3*ChunkSize+1000)
+	rand.Read(plain)
+	ct := seal(t, plain, r)
+	ps, err := PayloadStart(bytes.NewReader(ct))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := int64(len(ct)) - int64(len(plain)) - 4*ChunkOverhead; ps != want {
+		t.Fatalf("payload start %d, want %d", ps, want)
+	}
+	// Decrypting from only the ranges CiphertextRange names gives the
+	// plaintext: zero everything else of the object.
+	for _, rg := range [][2]int64{{0, 1}, {ChunkSize - 1, 2}, {2*ChunkSize + 5, 1000}, {int64(len(plain)) - 10, 10}} {
+		sparse := make([]byte, len(ct))
+		copy(sparse[:ps], ct[:ps])
+		s, e := CiphertextRange(ps, int64(len(ct)), rg[0], rg[1])
+		copy(sparse[s:e], ct[s:e])
+		// age's ReaderAt authenticates the final chunk when it opens.
+		ls, le := CiphertextRange(ps, int64(len(ct)), int64(len(plain))-1, 1)
+		copy(sparse[ls:le], ct[ls:le])
+		ra, _, err := Open(bytes.NewReader(sparse), int64(len(sparse)), ids)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, rg[1])
+		if _, err := ra.ReadAt(got, rg[0]); err != nil && err != io.EOF {
+			t.Fatalf("range %v: %v", rg, err)
+		}
+		if !bytes.Equal(got, plain[rg[0]:rg[0]+rg[1]]) {
+			t.Fatalf("range %v differs", rg)
+		}
+	}
+}
