@@ -78,6 +78,16 @@ package uploader
 // base; it deletes a manifest before its archive, so no manifest ever
 // names a missing archive.
 //
+// # Encryption
+//
+// With CatalogOptions.Recipients, Publish stores the age encryption of
+// the archive (package crypt) and uploads it whole: a fresh file key per
+// object leaves nothing to copy from the previous one. The manifest says
+// so (Encryption: scheme and recipient types, no key) and its size and
+// sha256 are the ciphertext's. Restore decrypts while it downloads; a
+// snapshot the identities do not open is a KeyError, which stops the
+// restore, while a damaged one is corrupt and falls back. See encrypt.go.
+//
 // # How the daemon uses it
 //
 //	store, _ := storeurl.Open(ctx, url, ...)            // local or S3

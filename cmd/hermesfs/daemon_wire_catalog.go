@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strings"
 
 	"github.com/hermesfs/hermesfs/uploader"
 	"github.com/hermesfs/hermesfs/uploader/storeurl"
@@ -157,6 +158,9 @@ func (realParts) openCatalog(ctx context.Context, d *daemon) (catalog, error) {
 	co := uploader.CatalogOptions{Host: d.host, Logger: log}
 	if err := cryptOptions(d.e, d.cfg.flags, &co); err != nil {
 		return nil, err
+	}
+	if co.Recipients != nil {
+		log.Info("new snapshots are encrypted with age", "recipients", co.Recipients.Len(), "recipient_types", strings.Join(co.Recipients.Types(), ","))
 	}
 	a := newCatalogAdapterOpts(s, co, nil)
 	if !d.cfg.ReadOnly {
