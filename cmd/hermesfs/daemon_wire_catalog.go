@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"strings"
 
 	"github.com/hermesfs/hermesfs/uploader"
@@ -19,13 +18,9 @@ type catalogAdapter struct {
 
 var _ catalog = (*catalogAdapter)(nil)
 
-func newCatalogAdapter(s uploader.Store, host string, log *slog.Logger, closer func() error) *catalogAdapter {
-	return newCatalogAdapterOpts(s, uploader.CatalogOptions{Host: host, Logger: log}, closer)
-}
-
-// newCatalogAdapterOpts is newCatalogAdapter with the encryption settings
-// (and host and logger) of o.
-func newCatalogAdapterOpts(s uploader.Store, o uploader.CatalogOptions, closer func() error) *catalogAdapter {
+// newCatalogAdapter wraps s in the default retry policy and opens its
+// catalog with o (host, logger, encryption).
+func newCatalogAdapter(s uploader.Store, o uploader.CatalogOptions, closer func() error) *catalogAdapter {
 	o.Version = version
 	c := uploader.NewCatalog(uploader.WithRetry(s, uploader.DefaultRetryPolicy(), o.Logger), o)
 	return &catalogAdapter{c: c, closer: closer}
@@ -162,7 +157,7 @@ func (realParts) openCatalog(ctx context.Context, d *daemon) (catalog, error) {
 	if co.Recipients != nil {
 		log.Info("new snapshots are encrypted with age", "recipients", co.Recipients.Len(), "recipient_types", strings.Join(co.Recipients.Types(), ","))
 	}
-	a := newCatalogAdapterOpts(s, co, nil)
+	a := newCatalogAdapter(s, co, nil)
 	if !d.cfg.ReadOnly {
 		if err := checkEncryptedLatest(ctx, a.c, co); err != nil {
 			return nil, err
