@@ -57,6 +57,8 @@ Examples:
   AWS_ENDPOINT_URL_S3=https://<account>.r2.cloudflarestorage.com AWS_REGION=auto \
     hermesfs mount --store s3://my-bucket/alice --interval 5m ~/.hermes
   hermesfs mount --background ~/.hermes && hermes   # boot scripts
+  hermesfs mount --encrypt-to age1... --identity ~/.config/hermesfs/key.txt ~/.hermes
+                                                    # encrypted snapshots (see hermesfs keygen)
 
 Exit codes:
   0  stopped cleanly, everything published
