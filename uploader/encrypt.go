@@ -102,6 +102,13 @@ func (c *Catalog) sealInput(ctx context.Context, latest string, in *PublishInput
 		return nil, noop, err
 	}
 	defer src.Close()
+	if st, err := src.Stat(); err != nil {
+		cleanup()
+		return nil, noop, err
+	} else if in.SHA256 != "" && st.Size() != in.Size {
+		cleanup()
+		return nil, noop, fmt.Errorf("%s has %d bytes, the packer reported %d", in.Path, st.Size(), in.Size)
+	}
 	h := sha256.New()
 	ah := newAsyncWriter(h)
 	cw := &countWriter{w: io.MultiWriter(tmp, ah)}
