@@ -179,3 +179,52 @@ func TestE2EEncryptedRefusals(t *testing.T) {
 		t.Errorf("LATEST moved to %s", got)
 	}
 }
+
+// TestE2EEncryptedCorruptFallback: a newest encrypted snapshot with a
+// flipped byte is refused as corrupt at boot, and the mount falls back to
+// the one before, as for a corrupt plaintext snapshot.
+func TestE2EEncryptedCorruptFallback(t *testing.T) {
+	need(t, "/dev/fuse")
+	storeDir := e2eDir(t, "store")
+	key := filepath.Join(e2eDir(t, "keys"), "key.txt")
+	pub, err := crypt.WriteNewKey(key, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, _ := crypt.ParseRecipients([]string{pub})
+	s, err := uploader.NewLocal(storeDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cat := uploader.NewCatalog(s, uploader.CatalogOptions{Recipients: r})
+	home := makeTree(t, 1)
+	want := snapshotTree(t, home)
+	older := publishTree(t, cat, home).ID
+	newest := publishTree(t, cat, makeTree(t, 2)).ID
+	obj := filepath.Join(storeDir, "snapshots", newest+".sqfs")
+	b, err := os.ReadFile(obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)/2] ^= 1
+	if err := os.WriteFile(obj, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	h := newHost(t, "file://"+storeDir)
+	h.extraEnv = []string{"HERMESFS_IDENTITY=" + key}
+	mp := filepath.Join(e2eDir(t, "home"), "hermes")
+	os.MkdirAll(mp, 0o755)
+	d := h.mount(mp, "--read-only")
+	if !strings.Contains(d.ready, "snapshot="+older) {
+		t.Errorf("ready line %q, want the older snapshot %s", d.ready, older)
+	}
+	if diff := diffTrees(want, snapshotTree(t, mp)); diff != "" {
+		t.Errorf("fallback mount differs:\n%s", diff)
+	}
+	if !strings.Contains(d.stderr.String(), newest) || !strings.Contains(d.stderr.String(), "authentication") {
+		t.Errorf("the log does not name the damaged snapshot and why:\n%s", d.stderr)
+	}
+	if c := d.stop(syscall.SIGTERM); c != 0 {
+		t.Fatalf("stop: %d\n%s", c, d.stderr)
+	}
+}
