@@ -171,3 +171,10 @@ func checkEncryptedLatest(ctx context.Context, c *uploader.Catalog, o uploader.C
 	return withCode(exitCrypt, fmt.Errorf("%w: LATEST (%s) is encrypted to %s recipients; pass --encrypt-to (or HERMESFS_ENCRYPT_TO) with the recipients new snapshots should go to, or --allow-plaintext to publish unencrypted on purpose",
 		uploader.ErrPlaintext, m.ID, strings.Join(m.Encryption.RecipientTypes, ", ")))
 }
+
+// encryptionInfo is how a mount encrypts new snapshots, as status shows
+// it: the scheme and the kinds of recipient, never a key.
+type encryptionInfo struct {
+	Scheme         string   `json:"scheme"`
+	RecipientTypes []string `json:"recipient_types"`
+}

@@ -51,6 +51,9 @@ type daemon struct {
 	cat   catalog
 	lease lease
 	host  string // hostname-<random>, one per state dir: names this writer in snapshot ids, manifests and the lease
+	// encryption is how new snapshots are encrypted (nil: plaintext);
+	// set when the catalog opens.
+	encryption *encryptionInfo
 
 	ov overlay
 

@@ -242,7 +242,7 @@ func (d *daemon) status() statusReport {
 		Base: d.st.Base, LastPublished: d.st.LastPublished,
 		Snapshots: d.count, Last: d.last, NextDue: d.nextDue, InProgress: d.inProgress,
 		LastError: d.lastErr, LastErrorAt: d.lastErrAt, Lease: d.leaseState, Started: d.started,
-		Generation: d.ov.Generation(),
+		Generation: d.ov.Generation(), Encryption: d.encryption,
 	}
 	if r.Last == nil && d.st.LastPublished != "" {
 		r.Last = &snapshotRecord{ID: d.st.LastPublished, Time: d.st.PublishedAt}

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/hermesfs/hermesfs/uploader"
+	"github.com/hermesfs/hermesfs/uploader/crypt"
 	"github.com/hermesfs/hermesfs/uploader/storeurl"
 )
 
@@ -154,7 +155,8 @@ func (realParts) openCatalog(ctx context.Context, d *daemon) (catalog, error) {
 	if err := cryptOptions(d.e, d.cfg.flags, &co); err != nil {
 		return nil, err
 	}
-	if co.Recipients != nil {
+	if co.Recipients != nil && !d.cfg.ReadOnly {
+		d.encryption = &encryptionInfo{Scheme: crypt.Scheme, RecipientTypes: co.Recipients.Types()}
 		log.Info("new snapshots are encrypted with age", "recipients", co.Recipients.Len(), "recipient_types", strings.Join(co.Recipients.Types(), ","))
 	}
 	a := newCatalogAdapter(s, co, nil)

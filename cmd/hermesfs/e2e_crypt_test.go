@@ -35,6 +35,9 @@ func TestE2EEncrypted(t *testing.T) {
 	mp := filepath.Join(e2eDir(t, "home"), "hermes")
 	seedHome(t, mp)
 	d := a.mount(mp)
+	if r, code := a.statusJSON(mp); code != 0 || r.Encryption == nil || r.Encryption.Scheme != "age" || strings.Join(r.Encryption.RecipientTypes, ",") != "X25519" {
+		t.Errorf("status: %d %+v", code, r.Encryption)
+	}
 	mutateHome(t, mp)
 	want := snapshotTree(t, mp)
 	d.stopOK(t)

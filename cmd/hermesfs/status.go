@@ -82,9 +82,12 @@ type statusReport struct {
 	LastErrorAt time.Time       `json:"last_error_at,omitzero"`
 	// Lease: "held", "lost" (another host took it over: publishing
 	// stopped), "none" (read-only) or "released".
-	Lease      string        `json:"lease"`
-	Rejections []auditRecord `json:"memory_rejections,omitempty"`
-	Started    time.Time     `json:"started,omitzero"`
+	Lease string `json:"lease"`
+	// Encryption is how this mount encrypts new snapshots; absent when it
+	// publishes plaintext. Never key material.
+	Encryption *encryptionInfo `json:"encryption,omitempty"`
+	Rejections []auditRecord   `json:"memory_rejections,omitempty"`
+	Started    time.Time       `json:"started,omitzero"`
 	// Lazy is the fill of a base read lazily; absent otherwise.
 	Lazy *lazy.Stats `json:"lazy,omitempty"`
 }
@@ -230,6 +233,9 @@ func printStatus(w io.Writer, rs []statusReport, asJSON bool) error {
 			row("last error", "%s (%s)", r.LastError, r.LastErrorAt.Local().Format(time.DateTime))
 		}
 		row("lease", "%s", r.Lease)
+		if r.Encryption != nil {
+			row("encryption", "%s, to %s recipients", r.Encryption.Scheme, strings.Join(r.Encryption.RecipientTypes, ", "))
+		}
 		for _, a := range r.Rejections {
 			row("memory rejected", "%s %s: %s", a.Time.Local().Format(time.DateTime), a.File, a.Reason)
 		}
