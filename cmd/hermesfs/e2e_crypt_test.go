@@ -57,7 +57,10 @@ func TestE2EEncrypted(t *testing.T) {
 	}
 
 	// Interop: the age CLI and unsquashfs alone recover the tree.
-	if _, err := exec.LookPath("age"); err == nil || strict() {
+	if strict() {
+		need(t, "age") // scripts/deps.sh installs it
+	}
+	if _, err := exec.LookPath("age"); err == nil {
 		plain := filepath.Join(e2eDir(t, "age"), "snap.sqfs")
 		if out, err := exec.Command("age", "-d", "-i", key, "-o", plain, obj).CombinedOutput(); err != nil {
 			t.Fatalf("age -d: %v\n%s", err, out)
