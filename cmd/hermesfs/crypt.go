@@ -39,9 +39,13 @@ func addIdentityFlag(fs *flag.FlagSet) {
 }
 
 func addEncryptFlags(fs *flag.FlagSet) {
-	fs.Var(&listFlag{}, "encrypt-to", "encrypt new snapshots with age to this recipient: an age1… public key, an ssh-ed25519/ssh-rsa public key, or @FILE of recipients, one a line; repeatable "+
-		"(env HERMESFS_ENCRYPT_TO, several separated by ',')")
+	addEncryptToFlag(fs, "new snapshots")
 	fs.Bool("allow-plaintext", false, "publish unencrypted snapshots even when LATEST is encrypted (env HERMESFS_ALLOW_PLAINTEXT)")
+}
+
+func addEncryptToFlag(fs *flag.FlagSet, what string) {
+	fs.Var(&listFlag{}, "encrypt-to", "encrypt "+what+" with age to this recipient: an age1… public key, an ssh-ed25519/ssh-rsa public key, or @FILE of recipients, one a line; repeatable "+
+		"(env HERMESFS_ENCRYPT_TO, several separated by ',')")
 }
 
 // cryptSettings returns flag name's values, or its environment variable's.

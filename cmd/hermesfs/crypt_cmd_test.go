@@ -110,6 +110,26 @@ func TestCryptCommands(t *testing.T) {
 	if code, _, errs := runCLIEnv(t, environ, "verify", good); code != 0 {
 		t.Fatalf("verify of the age file: %d %s", code, errs)
 	}
+	// pack --encrypt-to writes an age file; pack --base reads one with
+	// --identity and still reuses its blocks.
+	tree := makeTree(t, 3)
+	sealed := filepath.Join(dir, "p.sqfs.age")
+	if code, out, errs := runCLIEnv(t, environ, "pack", "--encrypt-to", pub, tree, sealed); code != 0 || !strings.Contains(out, "encrypted with age") {
+		t.Fatalf("pack --encrypt-to: %d %s %s", code, out, errs)
+	}
+	if b := mustRead(t, sealed); !crypt.IsEncrypted([]byte(b)) || strings.Contains(b, "version 3") {
+		t.Fatal("pack --encrypt-to wrote no age file")
+	}
+	if code, out, errs := runCLIEnv(t, environ, "pack", "--base", sealed, tree, filepath.Join(dir, "p2.sqfs")); code != 0 || !strings.Contains(out, "reused") {
+		t.Fatalf("pack --base on an age file: %d %s %s", code, out, errs)
+	}
+	udir := filepath.Join(dir, "unpacked")
+	if code, _, errs := runCLIEnv(t, environ, "unpack", sealed, udir); code != 0 || readMarker(t, udir) != "version 3" {
+		t.Fatalf("unpack of the packed age file: %d %s", code, errs)
+	}
+	if left, _ := filepath.Glob(filepath.Join(dir, ".*")); len(left) != 0 {
+		t.Errorf("temporary files left: %v", left)
+	}
 	delete(environ, "HERMESFS_IDENTITY")
 	if code, _, errs := runCLIEnv(t, environ, "unpack", good, filepath.Join(dir, "u")); code != exitCrypt {
 		t.Fatalf("unpack without a key: %d %s", code, errs)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	iofs "io/fs"
 	"math"
 	"os"
@@ -15,6 +16,8 @@ import (
 	"time"
 
 	"github.com/hermesfs/hermesfs/archive"
+	"github.com/hermesfs/hermesfs/uploader"
+	"github.com/hermesfs/hermesfs/uploader/crypt"
 )
 
 func init() {
@@ -31,17 +34,24 @@ The same tree always packs to the same bytes.
 With --base, files whose path, size and mtime match the base archive are not
 read again: their compressed blocks are copied from it (checked as they go).
 
+With --encrypt-to, FILE is the age encryption of the archive (the archive is
+packed into a temporary file beside FILE first, then encrypted and removed);
+age -d, or hermesfs verify/unpack/pack --base with --identity, read it.
+
 Examples:
   hermesfs pack ~/.hermes hermes.sqfs
   hermesfs pack --compression lz4 ~/.hermes fast-restore.sqfs
   hermesfs pack --base yesterday.sqfs ~/.hermes today.sqfs
+  hermesfs pack --encrypt-to age1... ~/.hermes hermes.sqfs.age
 
 Exit status: 0 packed, 1 failed (nothing written), 2 bad command line.`,
 		flags: func(fs *flag.FlagSet) {
 			fs.String("compression", "zstd", "zstd, gzip, lz4 (fastest to unpack) or none")
 			fs.Int("level", 0, "compression level: zstd 1..22, gzip 1..9, lz4 0..9 (0: zstd 3, gzip 9, lz4 fast)")
 			fs.String("block-size", "128K", "data block size, a power of two from 4K to 1M")
-			fs.String("base", "", "earlier archive of the same tree to copy unchanged files' blocks from")
+			fs.String("base", "", "earlier archive of the same tree to copy unchanged files' blocks from (an age file with --identity)")
+			addEncryptToFlag(fs, "FILE")
+			addIdentityFlag(fs)
 		},
 		run: runPack,
 	})
@@ -82,9 +92,13 @@ func runPack(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error
 	if rel, err := filepath.Rel(absDir, absOut); err == nil && !strings.HasPrefix(rel, "..") {
 		return usageError("%s is inside %s: the archive would pack itself", out, dir)
 	}
+	var co uploader.CatalogOptions
+	if err := cryptOptions(e, fs, &co); err != nil {
+		return err
+	}
 	var src iofs.FS = os.DirFS(dir)
 	if b := fs.Lookup("base").Value.String(); b != "" {
-		base, bf, err := openArchive(b, archive.ReaderOptions{})
+		base, bf, err := openArchiveAt(e, fs, b)
 		if err != nil {
 			return err
 		}
@@ -93,7 +107,10 @@ func runPack(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error
 	}
 	start := time.Now()
 	res, err := packAtomic(out, func(f *os.File) (archive.PackResult, error) {
-		return archive.Pack(ctx, f, src, opts)
+		if co.Recipients == nil {
+			return archive.Pack(ctx, f, src, opts)
+		}
+		return packSealed(ctx, f, src, opts, co.Recipients)
 	})
 	if err != nil {
 		return archiveError(err)
@@ -105,10 +122,33 @@ func runPack(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error
 	fmt.Fprintf(e.stdout, "%s: %s (%.1f%% of %s of file data), %d files, %d dirs, %d inodes, %s\nsha256 %s\n",
 		out, humanBytes(res.Size), ratio, humanBytes(res.DataBytes), res.Files, res.Dirs, res.Inodes,
 		time.Since(start).Round(time.Millisecond), hex.EncodeToString(res.SHA256[:]))
+	if co.Recipients != nil {
+		fmt.Fprintf(e.stdout, "encrypted with age to %d recipient(s) (%s); the sha256 is the archive's, before encryption\n",
+			co.Recipients.Len(), strings.Join(co.Recipients.Types(), ", "))
+	}
 	if res.ReusedBytes > 0 {
 		fmt.Fprintf(e.stdout, "reused %s of compressed blocks from the base archive\n", humanBytes(res.ReusedBytes))
 	}
 	return nil
+}
+
+// packSealed packs into a temporary file beside f, then writes its age
+// encryption to f.
+func packSealed(ctx context.Context, f *os.File, src iofs.FS, opts archive.PackOptions, r *crypt.Recipients) (archive.PackResult, error) {
+	tmp, err := os.CreateTemp(filepath.Dir(f.Name()), filepath.Base(f.Name())+"-plain*")
+	if err != nil {
+		return archive.PackResult{}, err
+	}
+	defer os.Remove(tmp.Name())
+	defer tmp.Close()
+	res, err := archive.Pack(ctx, tmp, src, opts)
+	if err != nil {
+		return res, err
+	}
+	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
+		return res, err
+	}
+	return res, crypt.Seal(f, tmp, r)
 }
 
 // packAtomic writes an archive to out the safe way: into a temporary file
