@@ -94,7 +94,9 @@ func TestEncryptPublishRestore(t *testing.T) {
 	if err != nil || n != 200_000 {
 		t.Fatalf("open object: %v (%d)", err, n)
 	}
-	_ = ra
+	if plain, err := io.ReadAll(io.NewSectionReader(ra, 0, n)); err != nil || sha(plain) != sum1 {
+		t.Fatalf("decrypted object: %v", err)
+	}
 
 	dst := filepath.Join(t.TempDir(), "a.sqfs")
 	res, err := c.Restore(ctx, dst, uploader.RestoreOptions{})
