@@ -26,6 +26,11 @@ import (
 // errNotLazy: the snapshot's manifest has no chunk digests (format 1).
 var errNotLazy = errors.New("the snapshot's manifest has no chunk digests")
 
+// errEncryptedNotLazy: encrypted snapshots are downloaded whole (and
+// decrypted into the cache) before the mount; lazy reads of their
+// ciphertext are not wired yet.
+var errEncryptedNotLazy = errors.New("the snapshot is encrypted")
+
 // lazyArchives maps a cache path to the lazy reader standing in for the
 // file while it is incomplete, so that openArchive (the mount, the packer)
 // reads through it.
@@ -50,6 +55,9 @@ func (a *catalogAdapter) OpenLazy(ctx context.Context, id, path, seed string, o 
 	}
 	if !m.Lazy() {
 		return nil, nil, m, errNotLazy
+	}
+	if m.Encryption != nil {
+		return nil, nil, m, errEncryptedNotLazy
 	}
 	lo := lazy.Options{
 		Store: a.c.Store(), Key: m.Archive, Size: m.Size, ChunkSize: m.ChunkSize, Chunks: m.Chunks, SHA256: m.SHA256,
@@ -130,9 +138,12 @@ func (d *daemon) bootLazy(ctx context.Context, id string) (string, bool) {
 	}
 	m, err := d.openLazy(ctx, id)
 	if err != nil {
-		if !errors.Is(err, errNotLazy) {
+		switch {
+		case errors.Is(err, errEncryptedNotLazy):
+			d.log.Info("the snapshot is encrypted: downloading and decrypting it whole before the mount", "id", id)
+		case !errors.Is(err, errNotLazy):
 			d.log.Warn("cannot boot lazily; downloading the snapshot whole", "id", id, "err", err)
-		} else {
+		default:
 			d.log.Info("the snapshot has no chunk digests (an older hermesfs made it); downloading it whole", "id", id)
 		}
 		return "", false

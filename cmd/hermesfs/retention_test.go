@@ -142,7 +142,7 @@ func TestMountLeaseNamesBase(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := newCatalogAdapter(s, "vm1", nil, nil)
+	a := newCatalogAdapter(s, uploader.CatalogOptions{Host: "vm1"}, nil)
 	l, err := a.Lease(ctx, "hermesfs mount /h")
 	if err != nil {
 		t.Fatal(err)
