@@ -399,14 +399,21 @@ func (s *Store) multipart(ctx context.Context, key string, next nextPart, opts u
 // passes. On any failure the upload is aborted.
 func (s *Store) multipartChecked(ctx context.Context, key string, next nextAnyPart, opts uploader.PutOptions, check func() error) (_ uploader.ObjectInfo, err error) {
 	var created *awss3.CreateMultipartUploadOutput
-	err = uploader.RetryRequest(ctx, "create multipart upload", key, func(int) error {
+	retried := false
+	err = uploader.RetryRequest(ctx, "create multipart upload", key, func(attempt int) error {
 		var err error
+		retried = retried || attempt > 0
 		created, err = s.client.CreateMultipartUpload(ctx, &awss3.CreateMultipartUploadInput{
 			Bucket: aws.String(s.bucket),
 			Key:    s.full(key),
 		})
 		return s.wrap("create multipart upload", key, err)
 	})
+	if retried {
+		// A create whose answer was lost may still have made an upload
+		// on the server, which nobody would ever abort.
+		defer s.abortOthers(ctx, key, created)
+	}
 	if err != nil {
 		return uploader.ObjectInfo{}, err
 	}
@@ -541,13 +548,19 @@ func (s *Store) abort(ctx context.Context, key string, uploadID *string) {
 	defer cancel()
 	var err error
 	for attempt := range 5 {
+		if attempt > 0 {
+			time.Sleep(time.Duration(attempt) * 50 * time.Millisecond)
+		}
 		_, err = s.client.AbortMultipartUpload(actx, &awss3.AbortMultipartUploadInput{
 			Bucket:   aws.String(s.bucket),
 			Key:      s.full(key),
 			UploadId: uploadID,
 		})
 		if err != nil && apiCode(err) != "NoSuchUpload" {
-			break
+			if actx.Err() != nil {
+				break
+			}
+			continue // a failed abort (a 500, a reset) is tried again
 		}
 		_, lerr := s.client.ListParts(actx, &awss3.ListPartsInput{
 			Bucket:   aws.String(s.bucket),
@@ -557,9 +570,38 @@ func (s *Store) abort(ctx context.Context, key string, uploadID *string) {
 		if apiCode(lerr) == "NoSuchUpload" {
 			return
 		}
-		time.Sleep(time.Duration(attempt+1) * 50 * time.Millisecond)
 	}
 	s.log.Warn("could not abort multipart upload; a lifecycle rule for incomplete uploads cleans it up", "key", key, "err", err)
+}
+
+// abortOthers aborts every multipart upload of key but keep's (nil: all):
+// those a create made whose answer never arrived. Keys of archives are
+// written by one publisher only, so any other upload of key is ours.
+func (s *Store) abortOthers(ctx context.Context, key string, keep *awss3.CreateMultipartUploadOutput) {
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	full := s.full(key)
+	var out *awss3.ListMultipartUploadsOutput
+	var err error
+	for attempt := range 5 {
+		if attempt > 0 {
+			time.Sleep(time.Duration(attempt) * 50 * time.Millisecond)
+		}
+		out, err = s.client.ListMultipartUploads(actx, &awss3.ListMultipartUploadsInput{Bucket: aws.String(s.bucket), Prefix: full})
+		if err == nil || actx.Err() != nil {
+			break
+		}
+	}
+	if err != nil {
+		s.log.Warn("could not list multipart uploads to abort those a lost answer left; a lifecycle rule for incomplete uploads cleans them up", "key", key, "err", err)
+		return
+	}
+	for _, u := range out.Uploads {
+		if aws.ToString(u.Key) != aws.ToString(full) || (keep != nil && aws.ToString(u.UploadId) == aws.ToString(keep.UploadId)) {
+			continue
+		}
+		s.abort(ctx, key, u.UploadId)
+	}
 }
 
 // Get implements uploader.Store.
