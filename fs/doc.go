@@ -203,8 +203,11 @@
 //
 // # Ownership and modes
 //
-// The mount is the owner's: no allow_other; default_permissions makes the
-// kernel check modes, which the overlay reports exactly (NullPermissions).
+// The mount is the owner's unless Options.AllowOther (a root daemon serving
+// another user's home); either way default_permissions makes the kernel
+// check modes, which the overlay reports exactly (NullPermissions), so
+// sticky and setgid directories and chown/chmod rights work as on a local
+// disk.
 // A privileged daemon gives new entries the caller's uid and gid (the
 // directory's gid under a setgid directory); an unprivileged one (mounting
 // through fusermount3) owns everything it creates, and its user is then the

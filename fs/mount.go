@@ -85,6 +85,7 @@ func Mount(ctx context.Context, mountpoint string, opts Options) (*Mounted, erro
 			FsName:        FsName,
 			Name:          FsName,
 			Options:       mountOpts,
+			AllowOther:    opts.AllowOther,
 			DisableXAttrs: true,
 			MaxWrite:      opts.MaxWrite,
 			MaxBackground: 64,
@@ -139,7 +140,7 @@ func Mount(ctx context.Context, mountpoint string, opts Options) (*Mounted, erro
 			}
 		}
 	}
-	ov.log.Info("mounted", "mountpoint", mountpoint, "upper", opts.Upper, "lower", ov.lower != nil, "passthrough", ov.passthrough.Load(), "read_only", opts.ReadOnly)
+	ov.log.Info("mounted", "mountpoint", mountpoint, "upper", opts.Upper, "lower", ov.lower != nil, "passthrough", ov.passthrough.Load(), "read_only", opts.ReadOnly, "allow_other", opts.AllowOther)
 	return m, nil
 }
 

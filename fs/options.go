@@ -92,6 +92,15 @@ type Options struct {
 	// neither its work directory nor its inode map is touched.
 	ReadOnly bool
 
+	// AllowOther lets every user of the host use the mount (the
+	// "allow_other" mount option), not only the one who mounted it. The
+	// kernel still checks every access against the modes shown
+	// (default_permissions), and a privileged daemon gives what a user
+	// creates to that user, so the mount behaves as a local file system
+	// shared by several users. It takes a privileged daemon, or
+	// user_allow_other in /etc/fuse.conf.
+	AllowOther bool
+
 	// Logger receives the overlay's diagnostics; nil discards them.
 	Logger *slog.Logger
 

@@ -89,6 +89,13 @@ type mountConfig struct {
 	// ReadTimeout bounds how long a lazy read retries a chunk the store
 	// does not deliver before it fails with EIO. Env HERMESFS_READ_TIMEOUT.
 	ReadTimeout time.Duration
+	// Owner (USER[:GROUP]) is the user a root daemon serves: the mount
+	// root becomes theirs, with the mode of the directory it covers, and
+	// every user of the host may use the mount under the kernel's
+	// permission checks (allow_other, default_permissions). Empty: the
+	// mount is the mounting user's alone. Env HERMESFS_OWNER.
+	Owner string
+	owner *owner // parsed by validate
 
 	// flags holds the store flags (declared by addStoreFlags), read with
 	// storeOptions when the store is opened.
@@ -120,6 +127,7 @@ var envFlags = map[string]string{
 	"HERMESFS_STOP_TIMEOUT": "stop-timeout",
 	"HERMESFS_LOG_FORMAT":   "log-format",
 	"HERMESFS_LOG_LEVEL":    "log-level",
+	"HERMESFS_OWNER":        "owner",
 
 	"HERMESFS_WRITE_PASSTHROUGH_MAX": "write-passthrough-max",
 	"HERMESFS_METRICS_ADDR":          "metrics-addr",
@@ -150,6 +158,7 @@ func (c *mountConfig) addFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", c.MetricsAddr, "serve Prometheus metrics at http://HOST:PORT/metrics (port 0: any free one, logged); off by default (env HERMESFS_METRICS_ADDR)")
 	fs.BoolVar(&c.Lazy, "lazy", c.Lazy, "boot without downloading the snapshot first: fetch its data as it is read and fill the cache in the background; --lazy=false downloads it whole before mounting (env HERMESFS_LAZY)")
 	fs.DurationVar(&c.ReadTimeout, "read-timeout", c.ReadTimeout, "how long a lazy read retries data the store does not deliver before it fails with EIO (env HERMESFS_READ_TIMEOUT)")
+	fs.StringVar(&c.Owner, "owner", c.Owner, "USER[:GROUP] the mount serves when the daemon runs as root: the mount root becomes theirs, and other users may use the mount as the modes allow (allow_other); files belong to whoever creates them (env HERMESFS_OWNER)")
 }
 
 // applyEnv sets, from the environment, every flag of fs that has a variable
@@ -213,6 +222,14 @@ func (c *mountConfig) validate() error {
 	if c.MetricsAddr != "" {
 		if _, _, err := net.SplitHostPort(c.MetricsAddr); err != nil {
 			return usageError("--metrics-addr %q: want HOST:PORT, e.g. 127.0.0.1:9452 (%v)", c.MetricsAddr, err)
+		}
+	}
+	if c.Owner != "" {
+		if c.owner, err = parseOwner(c.Owner); err != nil {
+			return usageError("--owner %v", err)
+		}
+		if os.Geteuid() != 0 {
+			return usageError("--owner needs a daemon running as root (it gives files to the users who create them); without root, run the daemon as %s instead", c.Owner)
 		}
 	}
 	if _, err := parseLevel(c.LogLevel); err != nil {

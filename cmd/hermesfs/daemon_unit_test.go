@@ -369,3 +369,33 @@ func TestUpperHasChanges(t *testing.T) {
 		os.Remove(p)
 	}
 }
+
+func TestParseOwner(t *testing.T) {
+	for _, c := range []struct {
+		spec     string
+		uid, gid int
+		bad      bool
+	}{
+		{spec: "root", uid: 0, gid: 0},
+		{spec: "0", uid: 0, gid: 0},
+		{spec: "root:0", uid: 0, gid: 0},
+		{spec: "1501:1502", uid: 1501, gid: 1502},
+		{spec: "1501", bad: true}, // no passwd entry: no primary group
+		{spec: "", bad: true},
+		{spec: ":0", bad: true},
+		{spec: "0:", bad: true},
+		{spec: "no-such-user-here", bad: true},
+		{spec: "root:no-such-group-here", bad: true},
+	} {
+		o, err := parseOwner(c.spec)
+		if c.bad {
+			if err == nil {
+				t.Errorf("%q: accepted as %+v", c.spec, o)
+			}
+			continue
+		}
+		if err != nil || o.Uid != c.uid || o.Gid != c.gid {
+			t.Errorf("%q: %+v %v, want %d:%d", c.spec, o, err, c.uid, c.gid)
+		}
+	}
+}

@@ -172,6 +172,12 @@ func (realParts) mount(ctx context.Context, d *daemon, lowerPath string) (overla
 		upper = filepath.Join(d.sd.path, "ro-upper")
 		os.RemoveAll(upper)
 	}
+	if o := d.cfg.owner; o != nil {
+		if err := o.giveRoot(upper, d.cfg.Mountpoint); err != nil {
+			closeLower()
+			return nil, err
+		}
+	}
 	var lower fs.Lower
 	if reader != nil {
 		lower = reader
@@ -200,6 +206,7 @@ func (realParts) mount(ctx context.Context, d *daemon, lowerPath string) (overla
 
 		PassthroughWriteMax: d.cfg.writePTMax,
 		Stats:               d.met.fsStats(),
+		AllowOther:          d.cfg.owner != nil,
 	}
 	m, err := fs.Mount(ctx, d.cfg.Mountpoint, opts)
 	if err != nil {
