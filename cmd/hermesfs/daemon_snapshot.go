@@ -255,6 +255,7 @@ func (d *daemon) status() statusReport {
 	}
 	r.Rejections = d.parts.rejections(d.sd.auditLog(), 5)
 	r.Lazy = d.lazyStats()
+	d.memoryStatus(&r)
 	return r
 }
 

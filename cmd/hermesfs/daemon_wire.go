@@ -196,6 +196,7 @@ func (realParts) mount(ctx context.Context, d *daemon, lowerPath string) (overla
 		closeLower()
 		return nil, err
 	}
+	warnMemoryConfig(log.With("component", "memguard"), guard)
 	opts := fs.Options{
 		Upper:    upper,
 		Lower:    lower,

@@ -90,6 +90,11 @@ type statusReport struct {
 	Started    time.Time       `json:"started,omitzero"`
 	// Lazy is the fill of a base read lazily; absent otherwise.
 	Lazy *lazy.Stats `json:"lazy,omitempty"`
+	// MemoryLimits are the limits in force ("memory", "user");
+	// MemoryConfigProblems say why config.yaml does not set them as it
+	// means to (memory_status.go).
+	MemoryLimits         map[string]int `json:"memory_limits,omitempty"`
+	MemoryConfigProblems []string       `json:"memory_config_problems,omitempty"`
 }
 
 // snapshotFigures are the measurements of one snapshot, logged and shown.
@@ -236,6 +241,7 @@ func printStatus(w io.Writer, rs []statusReport, asJSON bool) error {
 		if r.Encryption != nil {
 			row("encryption", "%s, to %s recipients", r.Encryption.Scheme, strings.Join(r.Encryption.RecipientTypes, ", "))
 		}
+		printMemoryStatus(row, r)
 		for _, a := range r.Rejections {
 			row("memory rejected", "%s %s: %s", a.Time.Local().Format(time.DateTime), a.File, a.Reason)
 		}

@@ -118,7 +118,7 @@ func TestConfigMalformedFallsBackWithOneWarning(t *testing.T) {
 	}
 
 	// Bad values are ignored key by key: a good key beside them still counts.
-	for _, bad := range []string{`"lots"`, "-5", "0", "2200.5", "[1, 2]", "{a: 1}", "99999999999999999999999", "true"} {
+	for _, bad := range []string{`"lots"`, "-5", "0", "[1, 2]", "{a: 1}", "99999999999999999999999", "true"} {
 		before := warnings()
 		cfg.set(fmt.Sprintf(hermesConfig, bad, 800), nil)
 		limitsOf(t, g, 700, 800)
@@ -166,5 +166,97 @@ func TestParseLimitsReportsNothingForValid(t *testing.T) {
 	}
 	if _, problems := parseLimits([]byte("\tmemory: x\n")); len(problems) != 1 {
 		t.Fatalf("tab-indented YAML: problems %v", problems)
+	}
+}
+
+// TestLimitValues: every form Hermes Agent takes a limit in is read as it
+// reads it; what cannot be read is reported, never taken for another number.
+func TestLimitValues(t *testing.T) {
+	for _, c := range []struct {
+		value string
+		want  int // 0: refused, reported
+	}{
+		{"3000", 3000},
+		{"'3000'", 3000},
+		{`"3000"`, 3000},
+		{"' 3000 '", 3000},
+		{"'+3000'", 3000},
+		{"'3_000'", 3000},
+		{"3_000", 3000},
+		{"2200.5", 2200},
+		{"3.0e3", 3000},
+		{"0x10", 16},
+		{"!!int '2500'", 2500},
+		{"'3,000'", 0},
+		{"'3000.0'", 0},
+		{"'3e3'", 0},
+		{"'_3000'", 0},
+		{"'3__000'", 0},
+		{"'lots'", 0},
+		{"''", 0},
+		{"", 0},
+		{"~", 0},
+		{"true", 0},
+		{"'-5'", 0},
+		{"0", 0},
+		{"-5", 0},
+		{".inf", 0},
+		{".nan", 0},
+		{"99999999999999999999999", 0},
+		{"'99999999999999999999999'", 0},
+		{"[3000]", 0},
+		{"{n: 3000}", 0},
+	} {
+		doc := fmt.Sprintf("memory:\n  memory_char_limit: %s\n  user_char_limit: 900\n", c.value)
+		lim, problems := parseLimits([]byte(doc))
+		if lim[KindUser] != 900 {
+			t.Errorf("%s: user limit %d, want 900 (one bad key must not hide the other)", c.value, lim[KindUser])
+		}
+		got, ok := lim[KindMemory]
+		switch {
+		case c.want == 0 && (ok || len(problems) != 1):
+			t.Errorf("%s: limit %d (set %v), problems %q; want it refused and reported", c.value, got, ok, problems)
+		case c.want != 0 && (got != c.want || len(problems) != 0):
+			t.Errorf("%s: limit %d, problems %q; want %d", c.value, got, problems, c.want)
+		}
+		if c.want == 0 && len(problems) == 1 && !strings.Contains(problems[0], "memory.memory_char_limit") {
+			t.Errorf("%s: problem %q does not name the key", c.value, problems[0])
+		}
+	}
+	// The nesting Hermes reads: only the top-level memory mapping.
+	for doc, want := range map[string]int{
+		"memory_char_limit: 3000\n":                        0,
+		"agent:\n  memory:\n    memory_char_limit: 3000\n": 0,
+		"memory:\n  memory_char_limit: 3000\n":             3000,
+		"memory: {memory_char_limit: '3000'}\n":            3000,
+	} {
+		if lim, _ := parseLimits([]byte(doc)); lim[KindMemory] != want {
+			t.Errorf("%q: memory limit %d, want %d", doc, lim[KindMemory], want)
+		}
+	}
+}
+
+// TestConfigProblemsReported: what config.yaml sets but cannot be used is
+// there to show (status), and goes away once repaired.
+func TestConfigProblemsReported(t *testing.T) {
+	cfg := &configFile{}
+	cfg.set(fmt.Sprintf(hermesConfig, "'3000'", "lots"), nil)
+	g := newTestGuard(t, Options{ConfigYAML: cfg.read})
+	limitsOf(t, g, 3000, DefaultUserLimit)
+	p := g.ConfigProblems()
+	if len(p) != 1 || !strings.Contains(p[0], "user_char_limit") || !strings.Contains(p[0], "lots") {
+		t.Fatalf("problems %q", p)
+	}
+	cfg.set("", fmt.Errorf("read config.yaml: %w", syscall.EIO))
+	if p := g.ConfigProblems(); len(p) != 1 || !strings.Contains(p[0], "cannot read config.yaml") {
+		t.Fatalf("read error: problems %q", p)
+	}
+	cfg.set(fmt.Sprintf(hermesConfig, 3000, 1000), nil)
+	if p := g.ConfigProblems(); len(p) != 0 {
+		t.Fatalf("repaired: problems %q", p)
+	}
+	cfg.set("", iofs.ErrNotExist)
+	if p := g.ConfigProblems(); len(p) != 0 {
+		t.Fatalf("no config.yaml: problems %q", p)
 	}
 }

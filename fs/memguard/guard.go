@@ -233,6 +233,15 @@ func (g *Guard) Limits(ctx context.Context) map[Kind]int {
 	return out
 }
 
+// ConfigProblems reads config.yaml again and says why a memory limit it
+// sets is not the one in force: the file cannot be read, or a value is not
+// a number hermesfs can read (then the flag or default limit applies, which
+// may differ from what Hermes uses). Empty when config.yaml is absent or
+// every limit it sets is in force; for startup and `hermesfs status`.
+func (g *Guard) ConfigProblems() []string {
+	return g.config.trouble()
+}
+
 // RejectError is the error of a rejected change. It unwraps to its Errno
 // (syscall.EFBIG for the limit, syscall.EPERM for blocked content), so
 // errors.Is(err, syscall.EFBIG) works.
