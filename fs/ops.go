@@ -438,6 +438,11 @@ func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno 
 		ino = ch.StableAttr().Ino
 	}
 	ov.changed(ino, 0)
+	if gm := ov.guardMover(); gm != nil && !dir {
+		if rel, ok := n.rel(); ok && ov.guard.Guarded(joinRel(rel, name)) {
+			gm.Removed(context.WithoutCancel(ctx), joinRel(rel, name), callerPid(ctx))
+		}
+	}
 	return 0
 }
 

@@ -20,7 +20,9 @@ import (
 // and nothing of a lower directory that may lie there. The old place gets a
 // whiteout when the lower layer has that name. Both markers are durable
 // before the rename; until the rename, the upper entry hides the whiteout.
-func (n *node) Rename(ctx context.Context, name string, newParent fusefs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+//
+// Rename (guard_moves.go) first asks a GuardMover about guarded paths.
+func (n *node) rename(ctx context.Context, name string, newParent fusefs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
 	ov := n.ov
 	if ov.opts.ReadOnly {
 		return syscall.EROFS

@@ -548,13 +548,15 @@ func TestMountOffsetWritesAndTruncate(t *testing.T) {
 	}
 	h.expect(t, memRel, chars("t", 1000))
 
+	// The write-time check judges the size; the close judges the content,
+	// and NULs are blocked content (EPERM comes before EFBIG).
 	f = h.open(t, memRel, os.O_RDWR, 0)
 	wantErrno(t, "ftruncate up past the limit", f.Truncate(5000), syscall.EFBIG)
-	wantErrno(t, "close after ftruncate up past the limit", f.Close(), syscall.EFBIG)
+	wantErrno(t, "close after ftruncate up past the limit", f.Close(), syscall.EPERM)
 	h.expect(t, memRel, chars("t", 1000))
 
 	// truncate(2) by path is checked on the spot.
-	wantErrno(t, "truncate(2) past the limit", os.Truncate(h.path(memRel), 2201), syscall.EFBIG)
+	wantErrno(t, "truncate(2) past the limit", os.Truncate(h.path(memRel), 2201), syscall.EPERM)
 	h.expect(t, memRel, chars("t", 1000))
 	if err := os.Truncate(h.path(memRel), 10); err != nil {
 		t.Fatalf("truncate(2) down: %v", err)
@@ -565,7 +567,7 @@ func TestMountOffsetWritesAndTruncate(t *testing.T) {
 	for _, e := range h.events(t) {
 		trail = append(trail, fmt.Sprintf("%s:%s:%d", e.Verdict, e.Reason, e.CharsAfter))
 	}
-	want := "accepted:ok:2000 accepted:ok:2000 rejected:limit:2300 accepted:ok:2200 rejected:limit:2201 accepted:ok:1000 rejected:limit:5000 rejected:limit:2201 accepted:ok:10"
+	want := "accepted:ok:2000 accepted:ok:2000 rejected:limit:2300 accepted:ok:2200 rejected:limit:2201 accepted:ok:1000 rejected:char U+0000:5000 rejected:char U+0000:2201 accepted:ok:10"
 	if strings.Join(trail, " ") != want {
 		t.Errorf("audit trail\n got %s\nwant %s", strings.Join(trail, " "), want)
 	}
@@ -685,12 +687,12 @@ func TestMountFreshDeletedRenamedAway(t *testing.T) {
 	h.mustWrite(t, memRel, []byte("Second life."))
 	h.expect(t, memRel, []byte("Second life."))
 
-	// Renamed away: the new name is an ordinary file, the guarded name is free.
-	if err := os.Rename(h.path(memRel), h.path("memories/MEMORY.old")); err != nil {
-		t.Fatalf("rename away: %v", err)
-	}
+	// Renamed away: refused (moves.go); the file stays where Hermes
+	// reads it. Another file is ordinary, whatever its name.
+	wantErrno(t, "rename away", os.Rename(h.path(memRel), h.path("memories/MEMORY.old")), syscall.EPERM)
+	h.expect(t, memRel, []byte("Second life."))
 	if err := os.WriteFile(h.path("memories/MEMORY.old"), chars("o", 5000), 0o644); err != nil {
-		t.Fatalf("write to the renamed-away file: %v", err)
+		t.Fatalf("write to an unguarded file: %v", err)
 	}
 	h.mustWrite(t, memRel, []byte("Third."))
 	// Renamed back over the guarded name: checked.

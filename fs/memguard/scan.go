@@ -49,16 +49,44 @@ type blockedChar struct {
 
 func (b *blockedChar) reason() string { return fmt.Sprintf("char U+%04X", b.r) }
 func (b *blockedChar) detail() string {
+	if b.r < 0x20 {
+		return fmt.Sprintf("blocked control character U+%04X %s at character %d", b.r, b.name, b.at)
+	}
 	return fmt.Sprintf("blocked invisible character U+%04X %s at character %d", b.r, b.name, b.at)
 }
 
-// findBlockedChar returns the first blocked code point of valid UTF-8 text b.
+// controlName names a C0 control character a memory file may not hold:
+// all of U+0000..U+001F but tab, newline and carriage return. Hermes
+// reads the files as text and splits them into entries; a NUL (which a
+// file grown with ftruncate is filled with) or an escape breaks that, and
+// none of them has a place in a note. "" for any other rune.
+func controlName(r rune) string {
+	if r >= 0x20 || r == '\t' || r == '\n' || r == '\r' {
+		return ""
+	}
+	if r == 0 {
+		return "NUL"
+	}
+	if r == 0x1B {
+		return "ESCAPE"
+	}
+	return "(control character)"
+}
+
+// findBlockedChar returns the first blocked code point of valid UTF-8 text
+// b: a control character (controlName) or an invisible one (blockedChars).
 func findBlockedChar(b []byte) *blockedChar {
 	at := 0
 	for i := 0; i < len(b); at++ {
 		r, n := utf8.DecodeRune(b[i:])
 		i += n
-		if r < 0x200B { // all blocked code points are above; most text is below
+		if r < 0x20 {
+			if name := controlName(r); name != "" {
+				return &blockedChar{r: r, name: name, at: at}
+			}
+			continue
+		}
+		if r < 0x200B { // the other blocked code points are above; most text is below
 			continue
 		}
 		if name, ok := blockedChars[r]; ok {

@@ -233,6 +233,22 @@ func TestBlockedChars(t *testing.T) {
 	}
 }
 
+func TestControlChars(t *testing.T) {
+	g := newTestGuard(t, Options{})
+	for r := rune(0); r < 0x20; r++ {
+		text := "Note:" + string(r) + "end"
+		if r == '\t' || r == '\n' || r == '\r' {
+			g.accept(t, memFile, nil, []byte(text))
+			continue
+		}
+		rej := g.reject(t, memFile, nil, []byte(text), syscall.EPERM, fmt.Sprintf("char U+%04X", r))
+		if !strings.Contains(rej.Detail, "control character") || !strings.Contains(rej.Detail, "at character 5") {
+			t.Errorf("%U: detail %q", r, rej.Detail)
+		}
+	}
+	g.accept(t, memFile, nil, []byte("DEL \x7f and C1 \u0085 are not C0"))
+}
+
 func TestCustomPatterns(t *testing.T) {
 	g := newTestGuard(t, Options{Patterns: append(DefaultPatterns(), Pattern{
 		ID:          "wallet-seed",
@@ -264,7 +280,7 @@ func FuzzCheck(f *testing.F) {
 			t.Fatalf("audit: %v %v", ev, rerr)
 		}
 		if err == nil {
-			if ev[0].Verdict != VerdictAccepted || ev[0].CharsAfter > 64 || strings.ContainsFunc(string(b), func(r rune) bool { return slices.Contains(BlockedChars(), r) }) {
+			if ev[0].Verdict != VerdictAccepted || ev[0].CharsAfter > 64 || strings.ContainsFunc(string(b), func(r rune) bool { return slices.Contains(BlockedChars(), r) || controlName(r) != "" }) {
 				t.Fatalf("accepted %q: %+v", b, ev[0])
 			}
 			return
