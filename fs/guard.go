@@ -371,7 +371,7 @@ func (g *guardFile) Write(ctx context.Context, data []byte, off int64) (uint32, 
 		off = st.size
 	}
 	if off+int64(len(data)) > g.ov.opts.GuardMaxBytes {
-		return 0, syscall.EFBIG
+		return 0, g.ov.refused(ctx, g.rel, syscall.EFBIG, "write past the overlay's cap on a memory file (GuardMaxBytes)")
 	}
 	if errno := g.checkWrite(func(cur []byte) []byte {
 		if end := off + int64(len(data)); end > int64(len(cur)) {
@@ -380,6 +380,9 @@ func (g *guardFile) Write(ctx context.Context, data []byte, off int64) (uint32, 
 		copy(cur[off:], data)
 		return cur
 	}); errno != 0 {
+		if errno == syscall.EFBIG || errno == syscall.EPERM {
+			g.ov.refused(ctx, g.rel, errno, "the write takes the memory file past its limit (its close fails too)")
+		}
 		return 0, errno
 	}
 	if err := pwriteAll(g.stage, data, off); err != nil {

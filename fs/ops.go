@@ -198,7 +198,7 @@ func (n *node) Mknod(ctx context.Context, name string, mode uint32, rdev uint32,
 	}
 	ov := n.ov
 	if ov.guarded(n, name) {
-		return nil, syscall.EPERM
+		return nil, ov.refused(ctx, relOf(n, name), syscall.EPERM, "a memory file must be a regular file (mknod)")
 	}
 	dfd, _, errno := n.prepDir(ctx)
 	if errno != 0 {
@@ -241,7 +241,7 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 	if ov.guarded(n, name) {
 		// A guarded name holds checked content, never a pointer to
 		// unchecked content elsewhere.
-		return nil, syscall.EPERM
+		return nil, ov.refused(ctx, relOf(n, name), syscall.EPERM, "a memory file cannot be a symbolic link")
 	}
 	dfd, _, errno := n.prepDir(ctx)
 	if errno != 0 {
@@ -285,7 +285,7 @@ func (n *node) Link(ctx context.Context, target fusefs.InodeEmbedder, name strin
 	if ov.guarded(n, name) || ov.guardedNode(t) {
 		// A second name for a guarded file would be a way to change it
 		// without the hook.
-		return nil, syscall.EPERM
+		return nil, ov.refused(ctx, relOf(n, name), syscall.EPERM, "a memory file cannot have a second name (hard link)")
 	}
 	if err := ov.copyUp(ctx, t, true); err != nil {
 		return nil, errnoOf(err)
