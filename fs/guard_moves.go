@@ -62,10 +62,10 @@ func (ov *overlay) moveAway(ctx context.Context, s *node, from, to string) (guar
 	return !dir, 0
 }
 
-// Rename is rename with guarded paths kept in place: a GuardMover refuses
-// (and records) a rename that would take guarded files away, and records
-// one that takes a guarded file onto another guarded path.
-func (n *node) Rename(ctx context.Context, name string, newParent fusefs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+// renameGuarded is rename with guarded paths kept in place: a GuardMover
+// refuses (and records) a rename that would take guarded files away, and
+// records one that takes a guarded file onto another guarded path.
+func (n *node) renameGuarded(ctx context.Context, name string, newParent fusefs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
 	ov := n.ov
 	np, ok := newParent.(*node)
 	if ov.guardMover() == nil || !ok || ov.opts.ReadOnly {

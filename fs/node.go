@@ -90,6 +90,10 @@ type node struct {
 	// uino is the inode number of a directory's upper directory, once
 	// known (0 before): dirFd checks it.
 	uino atomic.Uint64
+	// subdirs caches a merged directory's subdirectory count and
+	// subdirVer versions it (nlink.go).
+	subdirs   atomic.Int64
+	subdirVer atomic.Uint32
 
 	// mu serialises copy-up and the open-mode accounting below.
 	mu sync.Mutex
@@ -406,8 +410,9 @@ func genOf(st *ustat) uint64 {
 	return st.btime
 }
 
-// newChild makes (or finds) the node for identity id under d and fills out.
-func (ov *overlay) newChild(ctx context.Context, d *node, id identity, e *entry, out *fuse.EntryOut) *fusefs.Inode {
+// newChild makes (or finds) the node for identity id, named name under d,
+// and fills out.
+func (ov *overlay) newChild(ctx context.Context, d *node, name string, id identity, e *entry, out *fuse.EntryOut) *fusefs.Inode {
 	n := &node{ov: ov, kind: id.kind, ino: id.ino, lower: id.lower, lowerPath: id.lowerPath}
 	n.upper.Store(id.upper)
 	if id.upper && id.kind == syscall.S_IFDIR {
@@ -421,6 +426,9 @@ func (ov *overlay) newChild(ctx context.Context, d *node, id identity, e *entry,
 		}
 	}
 	ov.fillEntryAttr(&out.Attr, id, e)
+	if cn, ok := ch.Operations().(*node); ok && id.merged {
+		out.Attr.Nlink = ov.mergedNlinkIn(cn, d, name)
+	}
 	return ch
 }
 
@@ -521,7 +529,7 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fu
 	if err != nil {
 		return nil, errnoOf(err)
 	}
-	return ov.newChild(ctx, n, id, &e, out), 0
+	return ov.newChild(ctx, n, name, id, &e, out), 0
 }
 
 // stat returns n's current attributes.
@@ -557,7 +565,7 @@ func (n *node) fillUpperAttr(a *fuse.Attr, st *ustat) {
 	fillAttr(a, st)
 	a.Ino = n.ino
 	if n.isDir() && n.lower != 0 {
-		a.Nlink = 1
+		a.Nlink = n.ov.mergedNlink(n)
 	}
 }
 

@@ -85,10 +85,10 @@ func (n *node) newUpperChild(ctx context.Context, dfd int, name string, bytes in
 		return nil, errnoOf(err)
 	}
 	n.ov.changed(id.ino, bytes)
-	return n.ov.newChild(ctx, n, id, &e, out), 0
+	return n.ov.newChild(ctx, n, name, id, &e, out), 0
 }
 
-func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
+func (n *node) mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
 	if n.ov.opts.ReadOnly {
 		return nil, syscall.EROFS
 	}
@@ -334,10 +334,6 @@ func (n *node) Link(ctx context.Context, target fusefs.InodeEmbedder, name strin
 
 func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
 	return n.remove(ctx, name, false)
-}
-
-func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
-	return n.remove(ctx, name, true)
 }
 
 // remove deletes name (a directory when dir): a whiteout first when the

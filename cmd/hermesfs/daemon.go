@@ -607,7 +607,7 @@ func (d *daemon) serve(ctx context.Context) error {
 	// (and so snapshots) run on other goroutines.
 	d.bgCtx, d.bgCancel = context.WithCancel(context.Background())
 	defer d.bgCancel()
-	base, store, pending := d.st.Base, d.st.Store, d.pending
+	base, store, pending, lastPub := d.st.Base, d.st.Store, d.pending, d.st.LastPublished
 	ctl, err := listenControl(d.sd.socket(), d, d.log)
 	if err != nil {
 		d.cleanupBoot()
@@ -623,10 +623,18 @@ func (d *daemon) serve(ctx context.Context) error {
 		base = d.roBase
 	}
 	shown := base
+	if pending && lastPub != "" {
+		// Recovered changes sit over the base, and they include what
+		// was published from them before the crash: the mount shows the
+		// newest snapshot published, and more.
+		shown = lastPub
+	}
 	if shown == "" {
 		shown = "none"
 	}
-	fmt.Fprintf(d.e.stdout, "ready %s snapshot=%s store=%s\n", cfg.Mountpoint, shown, store)
+	// With recovered local changes the mount shows more than that
+	// snapshot: say so (they are published right after).
+	fmt.Fprintf(d.e.stdout, "ready %s snapshot=%s store=%s%s\n", cfg.Mountpoint, shown, store, recoveredNote(pending))
 	if f, ok := d.e.stdout.(interface{ Sync() error }); ok {
 		f.Sync()
 	}

@@ -409,6 +409,9 @@ func TestE2EKill9(t *testing.T) {
 
 	// Restart on the same state dir: nothing lost, published right after ready.
 	d2 := a.mount(mp, "--interval", "0")
+	if !strings.Contains(d2.ready, "snapshot="+published+" ") || !strings.Contains(d2.ready, "local=recovered") {
+		t.Errorf("ready line after a crash %q: want the base and the recovered changes it shows", d2.ready)
+	}
 	for i := 1; i <= last; i++ {
 		if got, err := os.ReadFile(filepath.Join(mp, "w", fmt.Sprintf("f%d", i))); err != nil || string(got) != fmt.Sprintf("content %d\n", i) {
 			t.Fatalf("f%d after kill -9 and restart: %q %v", i, got, err)

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/hermesfs/hermesfs/fs/memguard"
 )
@@ -63,4 +64,34 @@ func printMemoryStatus(row func(k, f string, a ...any), r statusReport) {
 	for _, p := range r.MemoryConfigProblems {
 		row("memory config", "WARNING: %s (the limit in force is the flag or default, not what config.yaml means)", p)
 	}
+}
+
+// changedLine is status' "changed" figure, named for what it counts: every
+// file or directory created, written, renamed or deleted since the last
+// snapshot (one created and deleted again counts too), not the number of
+// entries that differ from it.
+func changedLine(r statusReport) string {
+	if r.DirtyFiles == 0 {
+		return "nothing since the last snapshot"
+	}
+	return fmt.Sprintf("%d files or directories touched (created, written, renamed or deleted), %s written, since the last snapshot", r.DirtyFiles, humanBytes(r.DirtyBytes))
+}
+
+// lastSnapshotLine is status' "last snapshot" row: one line, its figures
+// after the id when this daemon took it.
+func lastSnapshotLine(l *snapshotRecord) string {
+	s := fmt.Sprintf("%s at %s", l.ID, l.Time.Local().Format(time.DateTime))
+	if l.Duration > 0 {
+		s += fmt.Sprintf(" (%s archive, %s uploaded, took %s)", humanBytes(l.Size), humanBytes(l.BytesUploaded), l.Duration.Round(time.Millisecond))
+	}
+	return s
+}
+
+// recoveredNote ends the ready line when the mount shows local changes a
+// crash or a failed upload left over its base snapshot.
+func recoveredNote(pending bool) string {
+	if !pending {
+		return ""
+	}
+	return " local=recovered (unpublished changes over that snapshot; publishing them now)"
 }

@@ -216,16 +216,13 @@ func printStatus(w io.Writer, rs []statusReport, asJSON bool) error {
 			row("lazy fill", "%s", lazyLine(l))
 		}
 		if r.Running {
-			row("changed", "%d files, %s since the last snapshot", r.DirtyFiles, humanBytes(r.DirtyBytes))
+			row("changed", "%s", changedLine(r))
 		}
 		if r.Unpublished {
 			row("unpublished", "yes: local changes not yet in any snapshot")
 		}
 		if r.Last != nil {
-			row("last snapshot", "%s at %s", r.Last.ID, r.Last.Time.Local().Format(time.DateTime))
-			if r.Last.Duration > 0 {
-				row("", "%s archive, %s uploaded, took %s", humanBytes(r.Last.Size), humanBytes(r.Last.BytesUploaded), r.Last.Duration.Round(time.Millisecond))
-			}
+			row("last snapshot", "%s", lastSnapshotLine(r.Last))
 		} else {
 			row("last snapshot", "none yet")
 		}

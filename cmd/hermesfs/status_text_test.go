@@ -1,0 +1,41 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestStatusTextRows: every row has its label, and the figures say what
+// they count.
+func TestStatusTextRows(t *testing.T) {
+	r := statusReport{
+		Mountpoint: "/home/u/.hermes", Running: true, PID: 42, Store: "file:///s", StateDir: "/st",
+		DirtyFiles: 215, DirtyBytes: 4096, Lease: "held",
+		Last:                 &snapshotRecord{ID: "20261122T134501.123Z-h-1a2b3c4d", Time: time.Now(), snapshotFigures: snapshotFigures{Size: 1 << 20, BytesUploaded: 512, Duration: 1500 * time.Millisecond}},
+		MemoryLimits:         map[string]int{"memory": 3000, "user": 1375},
+		MemoryConfigProblems: []string{`line 3: memory.user_char_limit: "lots" is not a whole number`},
+	}
+	var b bytes.Buffer
+	if err := printStatus(&b, []statusReport{r}, false); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		if strings.HasPrefix(strings.TrimSpace(line), ":") {
+			t.Errorf("row without a label: %q", line)
+		}
+	}
+	for _, want := range []string{
+		"last snapshot:  20261122T134501.123Z-h-1a2b3c4d at ",
+		"(1.0 MiB archive, 512 B uploaded, took 1.5s)",
+		"215 files or directories touched (created, written, renamed or deleted), 4.0 KiB written, since the last snapshot",
+		"memory limits:  memory 3000, user 1375 characters",
+		"memory config:  WARNING: line 3: memory.user_char_limit",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status lacks %q:\n%s", want, out)
+		}
+	}
+}
