@@ -93,3 +93,30 @@ func (n *node) Rename(ctx context.Context, name string, newParent fusefs.InodeEm
 	}
 	return errno
 }
+
+// mergedNlink is the link count of merged directory o of the view, as the
+// mount reports it: 2 plus its subdirectories in both layers.
+func (v *View) mergedNlink(o *vobj) uint64 {
+	n := uint64(2)
+	seen := make(map[string]bool, len(o.dir.ents))
+	for i := range o.dir.ents {
+		e := &o.dir.ents[i]
+		seen[e.name] = true
+		if e.kind == syscall.S_IFDIR {
+			n++
+		}
+	}
+	if v.lower == nil {
+		return n
+	}
+	lents, err := v.lower.ReadDir(o.lower)
+	if err != nil {
+		return 1
+	}
+	for _, le := range lents {
+		if le.Mode.IsDir() && !seen[le.Name] && !o.dir.hidden[le.Name] {
+			n++
+		}
+	}
+	return n
+}

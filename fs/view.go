@@ -293,7 +293,7 @@ func (v *View) info(o *vobj) (*vinfo, error) {
 		// inodes now and must not pack as one.
 		st.Ino = u.ino + upperInoBase
 		if o.dir != nil && o.lower != 0 {
-			st.Nlink = 1
+			st.Nlink = v.mergedNlink(o)
 		}
 	} else {
 		a := &o.lattr
