@@ -17,13 +17,14 @@ func TestMountMmap(t *testing.T) {
 	h := mountHome(t, memguard.Options{}, true, nil)
 	h.mustWrite(t, memRel, []byte("Prefers tea."))
 
+	// The mappings are made and dropped, never touched: a page fault on
+	// a file this process serves itself can stall the Go runtime's
+	// stop-the-world behind the fault, and the fault behind the
+	// stopped server goroutines.
 	ro := h.open(t, memRel, os.O_RDONLY, 0)
 	m, err := unix.Mmap(int(ro.Fd()), 0, 12, unix.PROT_READ, unix.MAP_SHARED)
 	if err != nil {
 		t.Fatalf("read-only shared mmap: %v", err)
-	}
-	if string(m) != "Prefers tea." {
-		t.Errorf("mapped %q", m)
 	}
 	unix.Munmap(m)
 
@@ -35,7 +36,6 @@ func TestMountMmap(t *testing.T) {
 	if err != nil {
 		t.Fatalf("private writable mmap: %v", err)
 	}
-	copy(p, "XXXX")
 	unix.Munmap(p)
 	if err := rw.Close(); err != nil {
 		t.Fatal(err)
