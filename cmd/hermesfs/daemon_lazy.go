@@ -197,6 +197,17 @@ func (d *daemon) closeLazy() {
 }
 
 // lazyStats is the "lazy" part of status; nil when the base is not lazy.
+// lazyFillOf reports r's fill to the metrics (done once complete).
+func lazyFillOf(r *lazy.Reader) func() (lazyFillStats, bool) {
+	return func() (lazyFillStats, bool) {
+		s := r.Stats()
+		return lazyFillStats{
+			TotalBytes: s.TotalBytes, PresentBytes: s.PresentBytes,
+			OnDemandChunks: uint64(s.OnDemandChunks), FillChunks: uint64(s.FillChunks), Errors: uint64(s.Errors),
+		}, true
+	}
+}
+
 func (d *daemon) lazyStats() *lazy.Stats {
 	if d.lazy == nil {
 		return nil

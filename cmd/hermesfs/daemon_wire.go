@@ -217,6 +217,9 @@ func (realParts) mount(ctx context.Context, d *daemon, lowerPath string) (overla
 	}
 	ma := &mountAdapter{Mounted: m, done: make(chan struct{}), lower: lowerFile, guard: guard}
 	d.met.watchParts(lower, m)
+	if d.lazy != nil {
+		d.met.setLazyFill(lazyFillOf(d.lazy.r))
+	}
 	go func() { m.Wait(); close(ma.done) }()
 	return ma, nil
 }

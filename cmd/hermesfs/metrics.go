@@ -62,7 +62,7 @@ type daemonMetrics struct {
 	heldSince, inFlight time.Time
 }
 
-// lazyFillStats is what a LazyFillReporter reports.
+// lazyFillStats is the fill of a lower archive read lazily (lazyFillOf).
 type lazyFillStats struct {
 	TotalBytes, PresentBytes   int64
 	OnDemandChunks, FillChunks uint64
@@ -199,13 +199,6 @@ func opLabel(op string) string {
 	return strings.ReplaceAll(op, " ", "_")
 }
 
-// LazyFillReporter is implemented by a lower layer read lazily from the
-// store: its size, the bytes fetched so far, the chunks fetched because a
-// read needed them and by the background fill, and failed fetches.
-type LazyFillReporter interface {
-	LazyFillStats() (totalBytes, presentBytes int64, onDemandChunks, fillChunks, errors uint64)
-}
-
 // PartialCopyUpReporter is implemented by an overlay whose copy-ups may
 // copy only part of a file: those in progress and the bytes they copied.
 type PartialCopyUpReporter interface {
@@ -213,20 +206,13 @@ type PartialCopyUpReporter interface {
 }
 
 // watchParts registers the progress reports of the parts that give them:
-// the hermesfs_lazy_* and hermesfs_partial_copyup_* metrics exist only
-// when a part reports them.
+// the hermesfs_partial_copyup_* metrics exist only when a part reports
+// them, as the hermesfs_lazy_* ones only after setLazyFill.
 func (m *daemonMetrics) watchParts(parts ...any) {
 	if m == nil {
 		return
 	}
 	for _, p := range parts {
-		if r, ok := p.(LazyFillReporter); ok {
-			m.setLazyFill(func() (lazyFillStats, bool) {
-				var s lazyFillStats
-				s.TotalBytes, s.PresentBytes, s.OnDemandChunks, s.FillChunks, s.Errors = r.LazyFillStats()
-				return s, true
-			})
-		}
 		if r, ok := p.(PartialCopyUpReporter); ok {
 			m.setPartialCopyUps(func() (partialCopyUpStats, bool) {
 				var s partialCopyUpStats

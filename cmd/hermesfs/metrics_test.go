@@ -51,10 +51,6 @@ func TestMetricsAddrValidated(t *testing.T) {
 	}
 }
 
-type fakeLazy struct{}
-
-func (fakeLazy) LazyFillStats() (int64, int64, uint64, uint64, uint64) { return 1000, 250, 3, 7, 1 }
-
 type fakePartial struct{}
 
 func (fakePartial) PartialCopyUps() (int64, int64) { return 2, 4096 }
@@ -87,7 +83,10 @@ func TestMetricsWatchParts(t *testing.T) {
 	if _, ok := got["hermesfs_partial_copyups_in_progress"]; ok {
 		t.Error("partial copy-up metrics without a part making them")
 	}
-	m.watchParts(nil, struct{}{}, fakeLazy{}, fakePartial{})
+	m.watchParts(nil, struct{}{}, fakePartial{})
+	m.setLazyFill(func() (lazyFillStats, bool) {
+		return lazyFillStats{TotalBytes: 1000, PresentBytes: 250, OnDemandChunks: 3, FillChunks: 7, Errors: 1}, true
+	})
 	got = gather()
 	for name, want := range map[string]float64{
 		"hermesfs_lazy_bytes_total": 1000, "hermesfs_lazy_bytes_present": 250,
