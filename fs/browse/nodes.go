@@ -201,7 +201,7 @@ func (n *node) attr(out *fuse.Attr) syscall.Errno {
 	if err != nil {
 		return errno(err)
 	}
-	fillAttr(out, &a)
+	fs.FillArchiveAttr(out, &a)
 	return 0
 }
 
@@ -230,7 +230,7 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fu
 	if err != nil {
 		return nil, errno(err)
 	}
-	fillAttr(&out.Attr, &a)
+	fs.FillArchiveAttr(&out.Attr, &a)
 	out.SetEntryTimeout(immutableTimeout)
 	out.SetAttrTimeout(immutableTimeout)
 	child := &node{t: n.t, s: n.s, ino: a.Ino}
@@ -248,7 +248,7 @@ func (n *node) Readdir(ctx context.Context) (fusefs.DirStream, syscall.Errno) {
 	}
 	out := make([]fuse.DirEntry, len(ents))
 	for i, d := range ents {
-		out[i] = fuse.DirEntry{Name: d.Name, Mode: fileModeToUnix(d.Mode) & syscall.S_IFMT, Ino: n.s.ino | uint64(d.Ino)}
+		out[i] = fuse.DirEntry{Name: d.Name, Mode: fs.UnixMode(d.Mode) & syscall.S_IFMT, Ino: n.s.ino | uint64(d.Ino)}
 	}
 	return fusefs.NewListDirStream(out), 0
 }
@@ -300,47 +300,3 @@ func errno(err error) syscall.Errno {
 	return syscall.EIO
 }
 
-func fillAttr(a *fuse.Attr, la *archive.Attr) {
-	a.Mode = fileModeToUnix(la.Mode)
-	a.Nlink = max(la.Nlink, 1)
-	a.Uid, a.Gid = la.Uid, la.Gid
-	a.Size = uint64(la.Size)
-	a.Blocks = uint64(la.Size+511) / 512
-	a.Blksize = 4096
-	a.Rdev = uint32(la.Rdev)
-	sec, nsec := uint64(la.Mtime.Unix()), uint32(la.Mtime.Nanosecond())
-	a.Atime, a.Atimensec = sec, nsec
-	a.Mtime, a.Mtimensec = sec, nsec
-	a.Ctime, a.Ctimensec = sec, nsec
-}
-
-// fileModeToUnix converts an io/fs mode to st_mode bits.
-func fileModeToUnix(m iofs.FileMode) uint32 {
-	mode := uint32(m.Perm())
-	switch {
-	case m.IsDir():
-		mode |= syscall.S_IFDIR
-	case m&iofs.ModeSymlink != 0:
-		mode |= syscall.S_IFLNK
-	case m&iofs.ModeNamedPipe != 0:
-		mode |= syscall.S_IFIFO
-	case m&iofs.ModeSocket != 0:
-		mode |= syscall.S_IFSOCK
-	case m&iofs.ModeCharDevice != 0:
-		mode |= syscall.S_IFCHR
-	case m&iofs.ModeDevice != 0:
-		mode |= syscall.S_IFBLK
-	default:
-		mode |= syscall.S_IFREG
-	}
-	if m&iofs.ModeSetuid != 0 {
-		mode |= syscall.S_ISUID
-	}
-	if m&iofs.ModeSetgid != 0 {
-		mode |= syscall.S_ISGID
-	}
-	if m&iofs.ModeSticky != 0 {
-		mode |= syscall.S_ISVTX
-	}
-	return mode
-}
