@@ -132,13 +132,21 @@ func (ov *overlay) copyUp(ctx context.Context, n *node, content bool) error {
 	rel := joinRel(prel, name)
 
 	tmp := ov.u.tmpName()
-	if err := ov.copyLowerTo(ctx, tmp, n.lower, &la, content); err != nil {
+	byRange := content && ov.byRange(&la, rel)
+	if err := ov.copyLowerTo(ctx, tmp, n.lower, &la, content && !byRange, byRange); err != nil {
 		unix.Unlinkat(ov.u.work, tmp, 0)
 		return fmt.Errorf("fs: copy up %s: %w", rel, err)
 	}
 	st, err := statxAt(ov.u.work, tmp)
 	if err == nil {
 		err = ov.inos.put(st.ino, inoRec{btime: st.btime, ino: n.ino, gen: 1})
+	}
+	var part *partial
+	if err == nil && byRange {
+		// The sparse file at the lower size, then its map, durable
+		// before the file gets its name: an upper file without a map
+		// is whole.
+		part, err = ov.partials.create(&st, n.lower, &la, ov.opts.CopyUpBlock, rel)
 	}
 	if err != nil {
 		unix.Unlinkat(ov.u.work, tmp, 0)
@@ -153,14 +161,23 @@ func (ov *overlay) copyUp(ctx context.Context, n *node, content bool) error {
 		err = fsyncDir(pfd)
 	}
 	if err == nil {
+		if part != nil {
+			ov.partials.add(part)
+		}
 		n.upper.Store(true)
 		ov.born(st.ino)
 		ov.changed(n.ino, st.size)
 	}
 	ov.gate.leave()
 	if err != nil {
+		if part != nil {
+			ov.partials.discard(part)
+		}
 		unix.Unlinkat(ov.u.work, tmp, 0)
 		return fmt.Errorf("fs: copy up %s: %w", rel, err)
+	}
+	if part != nil {
+		ov.partials.startCompletion(part, n)
 	}
 	if la.Nlink > 1 {
 		if err := ov.copyUpAliases(ctx, n, rel); err != nil {
@@ -170,8 +187,18 @@ func (ov *overlay) copyUp(ctx context.Context, n *node, content bool) error {
 	return nil
 }
 
-// copyLowerTo creates tmp in the work directory as a copy of lower inode ino.
-func (ov *overlay) copyLowerTo(ctx context.Context, tmp string, ino archive.Inode, la *archive.Attr, content bool) error {
+// byRange reports whether lower file la, at rel, is copied up by range.
+func (ov *overlay) byRange(la *archive.Attr, rel string) bool {
+	if ov.partials == nil || ov.partials.dir < 0 || ov.opts.CopyUpByRangeMin < 0 || !la.Mode.IsRegular() || la.Size < ov.opts.CopyUpByRangeMin {
+		return false
+	}
+	// A guarded file's staging reads its upper file whole.
+	return ov.guard == nil || !ov.guard.Guarded(rel)
+}
+
+// copyLowerTo creates tmp in the work directory as a copy of lower inode ino
+// (with sparse, of its size only: copy-up by range).
+func (ov *overlay) copyLowerTo(ctx context.Context, tmp string, ino archive.Inode, la *archive.Attr, content, sparse bool) error {
 	w := ov.u.work
 	mode := fileModeToUnix(la.Mode)
 	switch mode & syscall.S_IFMT {
@@ -183,6 +210,11 @@ func (ov *overlay) copyLowerTo(ctx context.Context, tmp string, ino archive.Inod
 		defer unix.Close(fd)
 		if content && la.Size > 0 {
 			if err := ov.copyContent(ctx, fd, ino, la.Size); err != nil {
+				return err
+			}
+		}
+		if sparse {
+			if err := unix.Ftruncate(fd, la.Size); err != nil {
 				return err
 			}
 		}

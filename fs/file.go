@@ -152,6 +152,15 @@ func (ov *overlay) truncateGated(fd int, size int64) syscall.Errno {
 			return syscall.EIO
 		}
 	}
+	if p := ov.partials.get(0, fd); p != nil {
+		// Lower bytes past the new size must never show again, even
+		// if the file grows back: the map says so once the
+		// truncation is durable.
+		if err := p.truncate(fd, size); err != nil {
+			ov.log.Error("partial copy-up: truncate failed", "err", err)
+			return syscall.EIO
+		}
+	}
 	return errnoOf(unix.Ftruncate(fd, size))
 }
 
@@ -166,6 +175,14 @@ func (ov *overlay) newUpperHandle(ctx context.Context, n *node, fd int, writable
 		noPassthrough = true
 	}
 	h := &upperFile{n: n, fd: fd, uino: st.ino, writable: writable}
+	if err == nil {
+		if p := ov.partials.get(st.ino, fd); p != nil {
+			// The kernel would read its holes: daemon-served until
+			// complete.
+			noPassthrough = true
+			ov.partials.startCompletion(p, n)
+		}
+	}
 	fc, _ := ctx.(*fuse.Context)
 	if fc != nil {
 		h.pid = fc.Caller.Pid
@@ -242,6 +259,9 @@ var (
 )
 
 func (h *upperFile) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	if p := h.n.ov.partials.get(h.uino, h.fd); p != nil {
+		return p.fuseRead(h.fd, dest, off)
+	}
 	return fuse.ReadResultFd(uintptr(h.fd), off, len(dest)), 0
 }
 
@@ -252,6 +272,12 @@ func (h *upperFile) Write(ctx context.Context, data []byte, off int64) (uint32, 
 	}
 	ov.gate.enter()
 	defer ov.gate.leave()
+	if p := ov.partials.get(h.uino, h.fd); p != nil {
+		if err := p.ensure(h.fd, off, off+int64(len(data))); err != nil {
+			ov.log.Error("partial copy-up: copying in blocks before a write failed", "err", err)
+			return 0, syscall.EIO
+		}
+	}
 	if ov.views.active() {
 		if err := ov.views.preserve(h.uino, h.fd, off, off+int64(len(data))); err != nil {
 			ov.log.Error("freeze: saving overwritten bytes failed", "err", err)
@@ -275,6 +301,20 @@ func (h *upperFile) Allocate(ctx context.Context, off, size uint64, mode uint32)
 	}
 	ov.gate.enter()
 	defer ov.gate.leave()
+	if p := ov.partials.get(h.uino, h.fd); p != nil {
+		var err error
+		switch {
+		case mode&(unix.FALLOC_FL_COLLAPSE_RANGE|unix.FALLOC_FL_INSERT_RANGE) != 0:
+			// Bytes move between offsets: every block first.
+			err = p.ensureAll(h.fd)
+		case mode&(unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_ZERO_RANGE) != 0:
+			err = p.ensure(h.fd, int64(off), int64(off+size))
+		}
+		if err != nil {
+			ov.log.Error("partial copy-up: copying in blocks before fallocate failed", "err", err)
+			return syscall.EIO
+		}
+	}
 	if ov.views.active() {
 		// Punching, zeroing, collapsing or inserting changes bytes:
 		// save what the view may still read. Any mode may change the
@@ -298,11 +338,25 @@ func (h *upperFile) Allocate(ctx context.Context, off, size uint64, mode uint32)
 }
 
 func (h *upperFile) Lseek(ctx context.Context, off uint64, whence uint32) (uint64, syscall.Errno) {
+	if p := h.n.ov.partials.get(h.uino, h.fd); p != nil {
+		// Lower content has no holes: report none until complete.
+		st, err := statFd(h.fd)
+		if err != nil {
+			return 0, errnoOf(err)
+		}
+		return seekNoHoles(off, whence, uint64(st.size))
+	}
 	n, err := unix.Seek(h.fd, int64(off), int(whence))
 	return uint64(n), errnoOf(err)
 }
 
 func (h *upperFile) Fsync(ctx context.Context, flags uint32) syscall.Errno {
+	if p := h.n.ov.partials.get(h.uino, h.fd); p != nil {
+		if err := p.flush(h.fd); err != nil {
+			h.n.ov.log.Error("partial copy-up: sync failed", "err", err)
+			return syscall.EIO
+		}
+	}
 	if flags&fsyncDatasync != 0 {
 		return errnoOf(unix.Fdatasync(h.fd))
 	}
@@ -373,6 +427,9 @@ func (h *lowerFile) Read(ctx context.Context, dest []byte, off int64) (fuse.Read
 		fd := h.upperFd
 		h.mu.Unlock()
 		if fd >= 0 {
+			if p := n.ov.partials.get(0, fd); p != nil {
+				return p.fuseRead(fd, dest, off)
+			}
 			return fuse.ReadResultFd(uintptr(fd), off, len(dest)), 0
 		}
 	}
@@ -394,7 +451,12 @@ func (h *lowerFile) Lseek(ctx context.Context, off uint64, whence uint32) (uint6
 	if errno := h.n.stat(nil, &a); errno != 0 {
 		return 0, errno
 	}
-	size := a.Size
+	return seekNoHoles(off, whence, a.Size)
+}
+
+// seekNoHoles answers SEEK_DATA and SEEK_HOLE for a file of size bytes
+// without holes.
+func seekNoHoles(off uint64, whence uint32, size uint64) (uint64, syscall.Errno) {
 	switch whence {
 	case unix.SEEK_DATA:
 		if off >= size {

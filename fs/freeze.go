@@ -338,7 +338,13 @@ func (v *View) preserve(uino uint64, fd int, off, end int64) error {
 	}
 	ci.mu.Lock()
 	defer ci.mu.Unlock()
-	if off == 0 && ci.nsavedBl == 0 && end == ci.st.size && end > 4*preserveBlock {
+	// A partial file's holes are lower content: read it merged.
+	part := v.ov.partials.get(uino, fd)
+	pread := preadFull
+	if part != nil {
+		pread = part.readAt
+	}
+	if part == nil && off == 0 && ci.nsavedBl == 0 && end == ci.st.size && end > 4*preserveBlock {
 		// The whole file, nothing saved yet (a freeze copying a file
 		// written through passthrough, a truncation to zero, an
 		// O_TRUNC open): copied by the kernel, which costs no read
@@ -370,12 +376,12 @@ func (v *View) preserve(uino uint64, fd int, off, end int64) error {
 		if rfd < 0 {
 			rfd = fd
 		}
-		k, err := preadFull(rfd, buf[:want], boff)
+		k, err := pread(rfd, buf[:want], boff)
 		if err == unix.EBADF && rfd == fd {
 			// A write-only descriptor: read through a fresh one.
 			rfd, err = unix.Open("/proc/self/fd/"+strconv.Itoa(fd), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 			if err == nil {
-				k, err = preadFull(rfd, buf[:want], boff)
+				k, err = pread(rfd, buf[:want], boff)
 			}
 		}
 		if err != nil {

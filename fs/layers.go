@@ -36,7 +36,7 @@ func UpperHasChanges(upper string) (bool, error) {
 	for {
 		names, err := f.Readdirnames(64)
 		for _, n := range names {
-			if n != inoMapName && n != workDirName {
+			if n != inoMapName && n != workDirName && n != partialDirName {
 				return true, nil
 			}
 		}

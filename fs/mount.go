@@ -179,6 +179,9 @@ func newOverlay(opts Options) (*overlay, error) {
 		if ov.inos, err = readInoMap(rootFd); err != nil {
 			return fail("inode map", err)
 		}
+		if ov.partials, err = openPartialSet(ov, rootFd, true); err != nil {
+			return fail("partial copy-ups", err)
+		}
 		if err := u.checkDino(); err != nil {
 			return fail("list", err)
 		}
@@ -211,6 +214,10 @@ func newOverlay(opts Options) (*overlay, error) {
 	if ov.inos, err = openInoMap(rootFd); err != nil {
 		return fail("inode map", err)
 	}
+	if ov.partials, err = openPartialSet(ov, rootFd, false); err != nil {
+		return fail("partial copy-ups", err)
+	}
+	ov.partials.pause = opts.CopyUpPause
 	if err := fsyncDir(rootFd); err != nil {
 		return fail("sync", err)
 	}
@@ -248,6 +255,9 @@ func (ov *overlay) maybeClose() {
 func (ov *overlay) close() {
 	if ov.inos != nil {
 		ov.inos.close()
+	}
+	if ov.partials != nil {
+		ov.partials.close()
 	}
 	if ov.u.work >= 0 {
 		unix.Close(ov.u.work)
@@ -292,6 +302,7 @@ func (m *Mounted) Unmount(ctx context.Context) error {
 		return fmt.Errorf("fs: unmount %s: files still open: %w", m.mountpoint, ctx.Err())
 	}
 	m.ov.unmounted.Store(true)
+	m.ov.partials.stopAll()
 	m.ov.prefetching.Wait() // no READ can start one any more: the server is done
 	m.ov.maybeClose()
 	m.ov.log.Info("unmounted", "mountpoint", m.mountpoint)

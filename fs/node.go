@@ -41,6 +41,8 @@ type overlay struct {
 	inos  *inoMap
 	dirty dirtyTracker
 	views viewSet
+	// partials holds the files copied up by range (partial.go).
+	partials *partialSet
 
 	// passthrough is set once the kernel has agreed to FUSE passthrough
 	// and the daemon may register backing files.

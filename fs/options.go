@@ -163,6 +163,22 @@ type Options struct {
 	// a sysfs setting of the mount's backing device). Default 1 MiB;
 	// negative leaves the kernel's default.
 	ReadAhead int
+
+	// CopyUpByRangeMin is the smallest lower regular file copied up by
+	// range (partial.go): its first change copies only the blocks it
+	// touches and the rest follows in the background. Smaller files are
+	// copied whole before the change. Default DefaultCopyUpByRangeMin
+	// (4 MiB); negative copies every file whole.
+	CopyUpByRangeMin int64
+
+	// CopyUpBlock is the block size of copy-up by range: a power of two,
+	// default 256 KiB.
+	CopyUpBlock int64
+
+	// CopyUpPause is the pause of the background copy of a partial file
+	// between batches of blocks (longer while the file is in use).
+	// Default 1ms.
+	CopyUpPause time.Duration
 }
 
 const (
@@ -203,6 +219,15 @@ func (o Options) withDefaults() Options {
 	}
 	if o.ReadAhead == 0 {
 		o.ReadAhead = defaultReadAhead
+	}
+	if o.CopyUpByRangeMin == 0 {
+		o.CopyUpByRangeMin = DefaultCopyUpByRangeMin
+	}
+	if o.CopyUpBlock <= 0 || o.CopyUpBlock&(o.CopyUpBlock-1) != 0 {
+		o.CopyUpBlock = defaultRangeBS
+	}
+	if o.CopyUpPause <= 0 {
+		o.CopyUpPause = time.Millisecond
 	}
 	return o
 }

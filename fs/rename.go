@@ -345,7 +345,7 @@ func whiteoutTarget(dirfd int, marker string) (string, bool) {
 	switch {
 	case !isReserved(marker):
 		return "", false
-	case marker == opaqueMarker || marker == redirectMarker || marker == workDirName || marker == inoMapName:
+	case marker == opaqueMarker || marker == redirectMarker || marker == workDirName || marker == inoMapName || marker == partialDirName:
 		return "", false
 	case len(marker) > len(hashedPrefix) && marker[:len(hashedPrefix)] == hashedPrefix:
 		s, err := readSmall(dirfd, marker)

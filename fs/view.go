@@ -714,7 +714,7 @@ func (v *View) Open(name string) (iofs.File, error) {
 		if err != nil {
 			return nil, &iofs.PathError{Op: "open", Path: name, Err: err}
 		}
-		return &viewFile{fi: fi, cf: ci, size: fi.sys.Size, fd: fd}, nil
+		return &viewFile{fi: fi, cf: ci, size: fi.sys.Size, fd: fd, parts: v.ov.partials}, nil
 	default:
 		return &lowerViewFile{v: v, fi: fi, ino: o.lower, size: o.lattr.Size}, nil
 	}
@@ -757,8 +757,11 @@ type viewFile struct {
 	cf   *capInode
 	size int64 // at the freeze
 	fd   int
-	off  int64
-	mu   sync.Mutex
+	// parts finds the file's partial state: a copy-up by range reads
+	// merged with the lower layer until complete.
+	parts *partialSet
+	off   int64
+	mu    sync.Mutex
 	// buf holds the bytes at bufOff for sequential Reads.
 	buf    []byte
 	bufOff int64
@@ -822,7 +825,11 @@ func (f *viewFile) readAt(p []byte, off int64) (int, error) {
 	}
 	want := min(int64(len(p)), f.size-off)
 	buf := p[:want]
-	k, err := preadFull(f.fd, buf, off)
+	pread := preadFull
+	if part := f.parts.get(cf.uino, f.fd); part != nil {
+		pread = part.readAt
+	}
+	k, err := pread(f.fd, buf, off)
 	if err != nil {
 		return 0, err
 	}

@@ -1,0 +1,341 @@
+package fs
+
+import (
+	"bytes"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/hermesfs/hermesfs/archive"
+)
+
+// rangeLower packs a lower layer holding big.db (size bytes of seeded
+// random content, with a run of zeros) and small.txt.
+func rangeLower(t *testing.T, size int, seed uint64) (*archive.Reader, []byte) {
+	t.Helper()
+	src := tempDir(t)
+	content := randBytes(size, seed)
+	clear(content[size/3 : size/3+100_000]) // zeros in the lower content
+	must(t, os.WriteFile(filepath.Join(src, "big.db"), content, 0o644))
+	must(t, os.WriteFile(filepath.Join(src, "small.txt"), []byte("small"), 0o644))
+	img := filepath.Join(tempDir(t), "lower.sqfs")
+	f, err := os.Create(img)
+	must(t, err)
+	if _, err := archive.PackDir(t.Context(), f, src, archive.PackOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	return openLower(t, img), content
+}
+
+func rangeOpts(pause time.Duration) Options {
+	return Options{CopyUpByRangeMin: 1 << 20, CopyUpBlock: 16 << 10, CopyUpPause: pause}
+}
+
+// waitComplete waits until no file of m is partial.
+func waitComplete(t *testing.T, m *Mounted) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for len(m.PartialCopyUps()) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("background copy did not finish: %+v", m.PartialCopyUps())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func checkFile(t *testing.T, path string, want []byte, what string) {
+	t.Helper()
+	got, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	if !bytes.Equal(got, want) {
+		i := 0
+		for i < min(len(got), len(want)) && got[i] == want[i] {
+			i++
+		}
+		t.Fatalf("%s: content differs at byte %d (size %d, want %d)", what, i, len(got), len(want))
+	}
+}
+
+// TestPartialCopyUpFirstWrite: the first write copies only the blocks it
+// touches; the rest reads from the lower layer, then the background copy
+// completes the file, which survives a remount whole.
+func TestPartialCopyUpFirstWrite(t *testing.T) {
+	t.Parallel()
+	lower, content := rangeLower(t, 3<<20+1234, 1)
+	e := mountEnv(t, lower, rangeOpts(50*time.Millisecond))
+	f, err := os.OpenFile(e.path("big.db"), os.O_RDWR, 0)
+	must(t, err)
+	defer f.Close()
+	if _, err := f.WriteAt([]byte("hello"), 100_000); err != nil {
+		t.Fatal(err)
+	}
+	copy(content[100_000:], "hello")
+	ps := e.m.PartialCopyUps()
+	if len(ps) != 1 || ps[0].Path != "big.db" || ps[0].Size != int64(len(content)) {
+		t.Fatalf("partial copy-ups after the first write: %+v", ps)
+	}
+	if ps[0].Present >= ps[0].Size {
+		t.Fatalf("first write copied the whole file: %+v", ps)
+	}
+	var st unix.Stat_t
+	must(t, unix.Stat(filepath.Join(e.upper, "big.db"), &st))
+	if st.Size != int64(len(content)) {
+		t.Fatalf("upper file size %d, want %d", st.Size, len(content))
+	}
+	checkFile(t, e.path("big.db"), content, "merged read while partial")
+	// Holes are not reported while partial: the lower content has none.
+	if off, err := unix.Seek(int(f.Fd()), 0, unix.SEEK_HOLE); err != nil || off != int64(len(content)) {
+		t.Errorf("SEEK_HOLE = %d, %v; want %d", off, err, len(content))
+	}
+	waitComplete(t, e.m)
+	checkFile(t, e.path("big.db"), content, "after completion")
+	if _, err := os.Stat(filepath.Join(e.upper, partialDirName, mapName(uint64(st.Ino), 0))); err == nil {
+		t.Error("map left behind")
+	}
+	if names, _ := os.ReadDir(filepath.Join(e.upper, partialDirName)); len(names) != 0 {
+		t.Errorf("maps left after completion: %v", names)
+	}
+	f.Close()
+	e.remount()
+	checkFile(t, e.path("big.db"), content, "after remount")
+	checkFile(t, e.path("small.txt"), []byte("small"), "small file")
+}
+
+// TestPartialCopyUpRemountPartial: a file left partial by an unmount keeps
+// its map; the next mount reads it merged and completes it.
+func TestPartialCopyUpRemountPartial(t *testing.T) {
+	t.Parallel()
+	lower, content := rangeLower(t, 2<<20, 2)
+	e := mountEnv(t, lower, rangeOpts(time.Hour))
+	f, err := os.OpenFile(e.path("big.db"), os.O_RDWR, 0)
+	must(t, err)
+	for _, off := range []int64{5, 40_000, 1<<20 + 77, int64(len(content)) - 3} {
+		if _, err := f.WriteAt([]byte("xyz"), off); err != nil {
+			t.Fatal(err)
+		}
+		copy(content[off:], "xyz")
+	}
+	// Past the lower size: zeros between.
+	if _, err := f.WriteAt([]byte("tail"), int64(len(content))+50_000); err != nil {
+		t.Fatal(err)
+	}
+	content = append(content, make([]byte, 50_000)...)
+	content = append(content, "tail"...)
+	f.Close()
+	e.unmount()
+	e.opts.CopyUpPause = time.Millisecond
+	e.mount()
+	if ps := e.m.PartialCopyUps(); len(ps) != 1 {
+		t.Fatalf("partial copy-ups after remount: %+v", ps)
+	}
+	checkFile(t, e.path("big.db"), content, "merged after remount")
+	waitComplete(t, e.m)
+	checkFile(t, e.path("big.db"), content, "completed after remount")
+}
+
+// TestPartialCopyUpFsx runs random writes, reads, truncations, hole
+// punches and extensions on a big lower file against an in-memory shadow
+// while the background copy races them. HERMESFS_FSX_OPS sets the count.
+func TestPartialCopyUpFsx(t *testing.T) {
+	t.Parallel()
+	ops := 20000
+	if s := os.Getenv("HERMESFS_FSX_OPS"); s != "" {
+		ops, _ = strconv.Atoi(s)
+	}
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv("HERMESFS_FSX_SEED"); s != "" {
+		seed, _ = strconv.ParseUint(s, 10, 64)
+	}
+	t.Logf("seed %d (HERMESFS_FSX_SEED), %d ops", seed, ops)
+	lower, shadow := rangeLower(t, 2<<20+999, seed)
+	e := mountEnv(t, lower, rangeOpts(3*time.Millisecond))
+	rng := rand.New(rand.NewPCG(seed, 99))
+	f, err := os.OpenFile(e.path("big.db"), os.O_RDWR, 0)
+	must(t, err)
+	defer func() { f.Close() }()
+	fd := int(f.Fd())
+	maxSize := len(shadow) + 200_000
+	buf := make([]byte, 70_000)
+	for i := range ops {
+		switch k := rng.IntN(100); {
+		case k < 45: // write
+			off := rng.IntN(maxSize)
+			n := 1 + rng.IntN(min(len(buf), maxSize-off))
+			data := buf[:n]
+			for j := range data {
+				data[j] = byte(rng.Uint32())
+			}
+			if _, err := unix.Pwrite(fd, data, int64(off)); err != nil {
+				t.Fatalf("op %d: write %d@%d: %v", i, n, off, err)
+			}
+			if off+n > len(shadow) {
+				shadow = append(shadow, make([]byte, off+n-len(shadow))...)
+			}
+			copy(shadow[off:], data)
+		case k < 85: // read
+			off := rng.IntN(maxSize)
+			n := 1 + rng.IntN(len(buf))
+			got := buf[:n]
+			r, err := unix.Pread(fd, got, int64(off))
+			if err != nil {
+				t.Fatalf("op %d: read: %v", i, err)
+			}
+			want := []byte{}
+			if off < len(shadow) {
+				want = shadow[off:min(off+n, len(shadow))]
+			}
+			if !bytes.Equal(got[:r], want) {
+				t.Fatalf("op %d: read %d@%d: got %d bytes differing from the shadow (%d)", i, n, off, r, len(want))
+			}
+		case k < 91: // truncate, mostly down a little
+			size := rng.IntN(maxSize)
+			if rng.IntN(2) == 0 {
+				size = max(len(shadow)-rng.IntN(100_000), 0)
+			}
+			if err := unix.Ftruncate(fd, int64(size)); err != nil {
+				t.Fatalf("op %d: truncate: %v", i, err)
+			}
+			if size < len(shadow) {
+				shadow = shadow[:size]
+			} else {
+				shadow = append(shadow, make([]byte, size-len(shadow))...)
+			}
+		case k < 96: // punch a hole
+			off := rng.IntN(maxSize)
+			n := 1 + rng.IntN(100_000)
+			if err := unix.Fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, int64(off), int64(n)); err != nil {
+				t.Fatalf("op %d: punch: %v", i, err)
+			}
+			if off < len(shadow) {
+				clear(shadow[off:min(off+n, len(shadow))])
+			}
+		case k < 98: // extend with fallocate
+			n := 1 + rng.IntN(50_000)
+			if err := unix.Fallocate(fd, 0, int64(len(shadow)), int64(n)); err != nil {
+				t.Fatalf("op %d: fallocate: %v", i, err)
+			}
+			shadow = append(shadow, make([]byte, n)...)
+		default:
+			if err := unix.Fdatasync(fd); err != nil {
+				t.Fatalf("op %d: fdatasync: %v", i, err)
+			}
+		}
+	}
+	var st unix.Stat_t
+	must(t, unix.Fstat(fd, &st))
+	if st.Size != int64(len(shadow)) {
+		t.Fatalf("size %d, shadow %d", st.Size, len(shadow))
+	}
+	checkFile(t, e.path("big.db"), shadow, "after the ops")
+	waitComplete(t, e.m)
+	f.Close()
+	e.remount()
+	checkFile(t, e.path("big.db"), shadow, "after completion and remount")
+}
+
+// TestPartialCopyUpSnapshot packs a view frozen while a file is partial:
+// the archive holds the merged content at the freeze, not the writes
+// after it.
+func TestPartialCopyUpSnapshot(t *testing.T) {
+	t.Parallel()
+	lower, content := rangeLower(t, 2<<20, 3)
+	e := mountEnv(t, lower, rangeOpts(time.Hour))
+	f, err := os.OpenFile(e.path("big.db"), os.O_RDWR, 0)
+	must(t, err)
+	defer f.Close()
+	if _, err := f.WriteAt([]byte("before"), 300_000); err != nil {
+		t.Fatal(err)
+	}
+	copy(content[300_000:], "before")
+	must(t, os.Link(e.path("big.db"), e.path("alias.db")))
+	v, err := e.m.Freeze(t.Context())
+	must(t, err)
+	defer v.Close()
+	// After the freeze: a write into a block not copied yet, one into a
+	// copied block, a truncation and a rename.
+	if _, err := f.WriteAt([]byte("after"), 1_500_000); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte("AFTER"), 300_002); err != nil {
+		t.Fatal(err)
+	}
+	must(t, f.Truncate(1_000_000))
+	must(t, os.Rename(e.path("big.db"), e.path("moved.db")))
+	out := filepath.Join(tempDir(t), "snap.sqfs")
+	of, err := os.Create(out)
+	must(t, err)
+	_, err = archive.Pack(t.Context(), of, v, archive.PackOptions{})
+	of.Close()
+	must(t, err)
+	unsq := needTool(t, "unsquashfs")
+	dest := filepath.Join(tempDir(t), "x")
+	if b, err := exec.Command(unsq, "-no-xattrs", "-d", dest, out).CombinedOutput(); err != nil {
+		t.Fatalf("unsquashfs: %v\n%s", err, b)
+	}
+	checkFile(t, filepath.Join(dest, "big.db"), content, "packed partial file")
+	checkFile(t, filepath.Join(dest, "alias.db"), content, "packed hard link")
+	live := append([]byte(nil), content[:1_000_000]...)
+	copy(live[300_002:], "AFTER")
+	checkFile(t, e.path("moved.db"), live, "live file")
+	checkFile(t, e.path("alias.db"), live, "live hard link")
+}
+
+// TestPartialCopyUpSQLite: a database bigger than the threshold, copied up
+// by range by its first transaction, passes integrity_check while partial,
+// after completion and after a remount.
+func TestPartialCopyUpSQLite(t *testing.T) {
+	t.Parallel()
+	sq := needTool(t, "sqlite3")
+	src := tempDir(t)
+	db := filepath.Join(src, "state.db")
+	script := "PRAGMA page_size=4096; CREATE TABLE m(id INTEGER PRIMARY KEY, body TEXT);" +
+		"WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c WHERE x<3000) INSERT INTO m(body) SELECT hex(randomblob(300)) FROM c;"
+	if b, err := exec.Command(sq, db, script).CombinedOutput(); err != nil {
+		t.Fatalf("sqlite3: %v\n%s", err, b)
+	}
+	img := filepath.Join(tempDir(t), "lower.sqfs")
+	f, err := os.Create(img)
+	must(t, err)
+	if _, err := archive.PackDir(t.Context(), f, src, archive.PackOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	e := mountEnv(t, openLower(t, img), rangeOpts(20*time.Millisecond))
+	run := func(sql string) string {
+		t.Helper()
+		b, err := exec.Command(sq, e.path("state.db"), sql).CombinedOutput()
+		if err != nil {
+			t.Fatalf("sqlite3 %q: %v\n%s", sql, err, b)
+		}
+		return strings.TrimSpace(string(b))
+	}
+	run("PRAGMA journal_mode=WAL; INSERT INTO m(body) VALUES('first');")
+	if len(e.m.PartialCopyUps()) != 1 {
+		t.Fatalf("state.db not copied up by range: %+v", e.m.PartialCopyUps())
+	}
+	for i := range 20 {
+		run("BEGIN; INSERT INTO m(body) VALUES('" + strconv.Itoa(i) + "'); UPDATE m SET body='u' WHERE id=" + strconv.Itoa(1+i*137) + "; COMMIT;")
+	}
+	if got := run("PRAGMA integrity_check;"); got != "ok" {
+		t.Fatalf("integrity_check while partial: %s", got)
+	}
+	run("PRAGMA wal_checkpoint(TRUNCATE);")
+	waitComplete(t, e.m)
+	if got := run("PRAGMA integrity_check; SELECT count(*) FROM m;"); got != "ok\n3021" {
+		t.Fatalf("after completion: %s", got)
+	}
+	e.remount()
+	if got := run("PRAGMA integrity_check; SELECT count(*) FROM m;"); got != "ok\n3021" {
+		t.Fatalf("after remount: %s", got)
+	}
+}
