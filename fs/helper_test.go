@@ -34,6 +34,7 @@ func runHelper(h string) int {
 	}
 	mnt, upper, img := os.Getenv("HELPER_MNT"), os.Getenv("HELPER_UPPER"), os.Getenv("HELPER_LOWER")
 	opts := Options{Upper: upper, ReadOnly: os.Getenv("HELPER_RO") == "1"}
+	helperRangeOpts(&opts)
 	if img != "" {
 		f, err := os.Open(img)
 		if err != nil {

@@ -2,6 +2,7 @@ package fs
 
 import (
 	"bytes"
+	"sync/atomic"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -20,6 +21,12 @@ import (
 // random content, with a run of zeros) and small.txt.
 func rangeLower(t *testing.T, size int, seed uint64) (*archive.Reader, []byte) {
 	t.Helper()
+	img, content := rangeImg(t, size, seed)
+	return openLower(t, img), content
+}
+
+func rangeImg(t *testing.T, size int, seed uint64) (string, []byte) {
+	t.Helper()
 	src := tempDir(t)
 	content := randBytes(size, seed)
 	clear(content[size/3 : size/3+100_000]) // zeros in the lower content
@@ -32,7 +39,7 @@ func rangeLower(t *testing.T, size int, seed uint64) (*archive.Reader, []byte) {
 		t.Fatal(err)
 	}
 	f.Close()
-	return openLower(t, img), content
+	return img, content
 }
 
 func rangeOpts(pause time.Duration) Options {
@@ -158,7 +165,9 @@ func TestPartialCopyUpFsx(t *testing.T) {
 	}
 	t.Logf("seed %d (HERMESFS_FSX_SEED), %d ops", seed, ops)
 	lower, shadow := rangeLower(t, 2<<20+999, seed)
-	e := mountEnv(t, lower, rangeOpts(3*time.Millisecond))
+	opts := rangeOpts(3 * time.Millisecond)
+	opts.CopyUpBlock = 4 << 10 // many blocks: the background copy races the ops longer
+	e := mountEnv(t, lower, opts)
 	rng := rand.New(rand.NewPCG(seed, 99))
 	f, err := os.OpenFile(e.path("big.db"), os.O_RDWR, 0)
 	must(t, err)
@@ -166,15 +175,14 @@ func TestPartialCopyUpFsx(t *testing.T) {
 	fd := int(f.Fd())
 	maxSize := len(shadow) + 200_000
 	buf := make([]byte, 70_000)
+	pool := randBytes(1<<20, seed+1) // write data: random slices of it
 	for i := range ops {
 		switch k := rng.IntN(100); {
 		case k < 45: // write
 			off := rng.IntN(maxSize)
 			n := 1 + rng.IntN(min(len(buf), maxSize-off))
-			data := buf[:n]
-			for j := range data {
-				data[j] = byte(rng.Uint32())
-			}
+			p := rng.IntN(len(pool) - n)
+			data := pool[p : p+n]
 			if _, err := unix.Pwrite(fd, data, int64(off)); err != nil {
 				t.Fatalf("op %d: write %d@%d: %v", i, n, off, err)
 			}
@@ -219,7 +227,7 @@ func TestPartialCopyUpFsx(t *testing.T) {
 			if off < len(shadow) {
 				clear(shadow[off:min(off+n, len(shadow))])
 			}
-		case k < 98: // extend with fallocate
+		case k < 99: // extend with fallocate
 			n := 1 + rng.IntN(50_000)
 			if err := unix.Fallocate(fd, 0, int64(len(shadow)), int64(n)); err != nil {
 				t.Fatalf("op %d: fallocate: %v", i, err)
@@ -337,5 +345,166 @@ func TestPartialCopyUpSQLite(t *testing.T) {
 	e.remount()
 	if got := run("PRAGMA integrity_check; SELECT count(*) FROM m;"); got != "ok\n3021" {
 		t.Fatalf("after remount: %s", got)
+	}
+}
+
+// helperRangeOpts sets a helper mount's copy-up by range from
+// HELPER_RANGE ("min,block,pause"); HELPER_NEW_BOOT=1 makes the helper
+// act as if the machine had rebooted since the records were written.
+func helperRangeOpts(o *Options) {
+	if s := os.Getenv("HELPER_RANGE"); s != "" {
+		f := strings.Split(s, ",")
+		o.CopyUpByRangeMin, _ = strconv.ParseInt(f[0], 10, 64)
+		o.CopyUpBlock, _ = strconv.ParseInt(f[1], 10, 64)
+		o.CopyUpPause, _ = time.ParseDuration(f[2])
+	}
+	if os.Getenv("HELPER_NEW_BOOT") == "1" {
+		bootID[0] ^= 0xff
+	}
+}
+
+// TestPartialCopyUpKill SIGKILLs a mount process while a partial file is
+// being written and completed, and mounts the upper layer again. Killed
+// without a machine crash, every write that returned is there; after a
+// (simulated) reboot, every write made durable by fdatasync is there, and
+// every other byte is either its value at the last fdatasync or one
+// written after it.
+func TestPartialCopyUpKill(t *testing.T) {
+	t.Parallel()
+	for _, newBoot := range []bool{false, true} {
+		t.Run("reboot="+strconv.FormatBool(newBoot), func(t *testing.T) {
+			t.Parallel()
+			seed := uint64(time.Now().UnixNano())
+			t.Logf("seed %d", seed)
+			rng := rand.New(rand.NewPCG(seed, 5))
+			img, model := rangeImg(t, 2<<20, seed)
+			base := tempDir(t)
+			mnt, upper := filepath.Join(base, "mnt"), filepath.Join(base, "upper")
+			must(t, os.Mkdir(mnt, 0o755))
+			start := func(env ...string) *helperProc {
+				p, line := startHelper(t, "mount", mnt, upper, img, nil, env...)
+				if line != "ready" {
+					t.Fatalf("helper: %s", line)
+				}
+				return p
+			}
+			p := start("HELPER_RANGE=1048576,16384,20ms")
+			f, err := os.OpenFile(filepath.Join(mnt, "big.db"), os.O_RDWR, 0)
+			must(t, err)
+			synced := append([]byte(nil), model...)
+			type write struct {
+				off  int
+				data []byte
+			}
+			var since []write // writes after the last fdatasync, the failed one included
+			var killed atomic.Bool
+			go func() {
+				time.Sleep(time.Duration(30+rng.IntN(200)) * time.Millisecond)
+				killed.Store(true)
+				p.cmd.Process.Kill()
+			}()
+			pool := randBytes(1<<20, seed+1)
+			wrng := rand.New(rand.NewPCG(seed, 6))
+			for i := 0; ; i++ {
+				if i%8 == 7 {
+					if err := f.Sync(); err != nil {
+						break
+					}
+					copy(synced, model)
+					since = since[:0]
+					continue
+				}
+				n := 1 + wrng.IntN(30_000)
+				off := wrng.IntN(len(model) - n)
+				q := wrng.IntN(len(pool) - n)
+				w := write{off, pool[q : q+n]}
+				since = append(since, w)
+				if _, err := f.WriteAt(w.data, int64(off)); err != nil {
+					if !killed.Load() {
+						t.Fatalf("write: %v", err)
+					}
+					break
+				}
+				copy(model[off:], w.data)
+			}
+			f.Close()
+			p.wait()
+			unix.Unmount(mnt, unix.MNT_DETACH)
+			maps, _ := os.ReadDir(filepath.Join(upper, partialDirName))
+			t.Logf("killed after %d writes since the last fdatasync; %d present-maps left", len(since), len(maps))
+
+			env := []string{"HELPER_RANGE=1048576,16384,1ms"}
+			if newBoot {
+				env = append(env, "HELPER_NEW_BOOT=1")
+			}
+			p = start(env...)
+			t.Cleanup(func() {
+				p.cmd.Process.Signal(unix.SIGTERM)
+				p.wait()
+				unix.Unmount(mnt, unix.MNT_DETACH)
+			})
+			got, err := os.ReadFile(filepath.Join(mnt, "big.db"))
+			must(t, err)
+			if len(got) != len(model) {
+				t.Fatalf("size %d, want %d", len(got), len(model))
+			}
+			bad := 0
+			for i := range got {
+				if got[i] == model[i] || newBoot && got[i] == synced[i] {
+					continue
+				}
+				ok := false
+				for _, w := range since {
+					if i >= w.off && i < w.off+len(w.data) && w.data[i-w.off] == got[i] {
+						ok = true
+						break
+					}
+				}
+				if !ok {
+					if bad == 0 {
+						t.Errorf("byte %d = %#x: neither the model's %#x nor the synced %#x nor a later write's", i, got[i], model[i], synced[i])
+					}
+					bad++
+				}
+			}
+			if bad > 0 {
+				t.Fatalf("%d bytes wrong", bad)
+			}
+			if newBoot {
+				// A durable write at the last fdatasync is never lost.
+				for i := range got {
+					if got[i] != synced[i] {
+						covered := false
+						for _, w := range since {
+							if i >= w.off && i < w.off+len(w.data) {
+								covered = true
+								break
+							}
+						}
+						if !covered {
+							t.Fatalf("byte %d lost its synced value", i)
+						}
+					}
+				}
+			}
+			// The reopened file completes in the background.
+			deadline := time.Now().Add(60 * time.Second)
+			for {
+				names, err := os.ReadDir(filepath.Join(upper, partialDirName))
+				must(t, err)
+				if len(names) == 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("still partial: %v", names)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			got2, err := os.ReadFile(filepath.Join(mnt, "big.db"))
+			must(t, err)
+			if !bytes.Equal(got, got2) {
+				t.Fatal("content changed when the background copy completed")
+			}
+		})
 	}
 }
