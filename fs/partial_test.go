@@ -2,13 +2,13 @@ package fs
 
 import (
 	"bytes"
-	"sync/atomic"
 	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
