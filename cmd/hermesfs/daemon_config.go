@@ -76,6 +76,11 @@ type mountConfig struct {
 	WritePassthroughMax string
 	writePTMax          int64 // parsed by validate; -1 for none
 
+	// CopyUpByRangeMin is the smallest lower file copied up by range
+	// (copyup.go); "off" copies every file whole.
+	CopyUpByRangeMin string
+	copyUpMin        int64 // parsed by validate; -1 for off
+
 	// Debug logs every FUSE request.
 	Debug bool
 
@@ -116,6 +121,7 @@ func newMountConfig() *mountConfig {
 		ReadTimeout: 30 * time.Second,
 
 		WritePassthroughMax: strconv.Itoa(fs.DefaultPassthroughWriteMax>>20) + "M",
+		CopyUpByRangeMin:    strconv.Itoa(fs.DefaultCopyUpByRangeMin>>20) + "M",
 	}
 }
 
@@ -159,6 +165,7 @@ func (c *mountConfig) addFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.Lazy, "lazy", c.Lazy, "boot without downloading the snapshot first: fetch its data as it is read and fill the cache in the background; --lazy=false downloads it whole before mounting (env HERMESFS_LAZY)")
 	fs.DurationVar(&c.ReadTimeout, "read-timeout", c.ReadTimeout, "how long a lazy read retries data the store does not deliver before it fails with EIO (env HERMESFS_READ_TIMEOUT)")
 	fs.StringVar(&c.Owner, "owner", c.Owner, "USER[:GROUP] the mount serves when the daemon runs as root: the mount root becomes theirs, and other users may use the mount as the modes allow (allow_other); files belong to whoever creates them (env HERMESFS_OWNER)")
+	c.addCopyUpFlags(fs)
 }
 
 // applyEnv sets, from the environment, every flag of fs that has a variable
@@ -231,6 +238,9 @@ func (c *mountConfig) validate() error {
 		if os.Geteuid() != 0 {
 			return usageError("--owner needs a daemon running as root (it gives files to the users who create them); without root, run the daemon as %s instead", c.Owner)
 		}
+	}
+	if err := c.validateCopyUp(); err != nil {
+		return err
 	}
 	if _, err := parseLevel(c.LogLevel); err != nil {
 		return usageError("--log-level: %v", err)

@@ -256,6 +256,7 @@ func (d *daemon) status() statusReport {
 	r.Rejections = d.parts.rejections(d.sd.auditLog(), 5)
 	r.Lazy = d.lazyStats()
 	d.memoryStatus(&r)
+	r.PartialCopyUps = partialCopyUps(d.ov)
 	return r
 }
 

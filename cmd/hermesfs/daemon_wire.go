@@ -208,6 +208,7 @@ func (realParts) mount(ctx context.Context, d *daemon, lowerPath string) (overla
 		PassthroughWriteMax: d.cfg.writePTMax,
 		Stats:               d.met.fsStats(),
 		AllowOther:          d.cfg.owner != nil,
+		CopyUpByRangeMin:    d.cfg.copyUpMin,
 	}
 	m, err := fs.Mount(ctx, d.cfg.Mountpoint, opts)
 	if err != nil {

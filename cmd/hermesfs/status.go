@@ -12,6 +12,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/hermesfs/hermesfs/fs"
 	"github.com/hermesfs/hermesfs/uploader/lazy"
 )
 
@@ -95,6 +96,10 @@ type statusReport struct {
 	// means to (memory_status.go).
 	MemoryLimits         map[string]int `json:"memory_limits,omitempty"`
 	MemoryConfigProblems []string       `json:"memory_config_problems,omitempty"`
+
+	// PartialCopyUps are files copied up by range whose background copy
+	// has not finished.
+	PartialCopyUps []fs.PartialCopyUp `json:"partial_copy_ups,omitempty"`
 }
 
 // snapshotFigures are the measurements of one snapshot, logged and shown.
@@ -239,6 +244,7 @@ func printStatus(w io.Writer, rs []statusReport, asJSON bool) error {
 			row("encryption", "%s, to %s recipients", r.Encryption.Scheme, strings.Join(r.Encryption.RecipientTypes, ", "))
 		}
 		printMemoryStatus(row, r)
+		printPartials(row, r.PartialCopyUps)
 		for _, a := range r.Rejections {
 			row("memory rejected", "%s %s: %s", a.Time.Local().Format(time.DateTime), a.File, a.Reason)
 		}
