@@ -142,6 +142,11 @@ func (ov *overlay) truncateFd(n *node, fd int, size int64) syscall.Errno {
 // truncateGated truncates upper file fd, saving for open views what the
 // truncation removes first. The caller holds the gate.
 func (ov *overlay) truncateGated(fd int, size int64) syscall.Errno {
+	p := ov.partials.get(0, fd)
+	if p != nil {
+		p.wmu.RLock()
+		defer p.wmu.RUnlock()
+	}
 	if ov.views.active() {
 		st, err := statFd(fd)
 		if err != nil {
@@ -152,7 +157,7 @@ func (ov *overlay) truncateGated(fd int, size int64) syscall.Errno {
 			return syscall.EIO
 		}
 	}
-	if p := ov.partials.get(0, fd); p != nil {
+	if p != nil {
 		// Lower bytes past the new size must never show again, even
 		// if the file grows back: the map says so once the
 		// truncation is durable.
@@ -273,6 +278,8 @@ func (h *upperFile) Write(ctx context.Context, data []byte, off int64) (uint32, 
 	ov.gate.enter()
 	defer ov.gate.leave()
 	if p := ov.partials.get(h.uino, h.fd); p != nil {
+		p.wmu.RLock()
+		defer p.wmu.RUnlock()
 		if err := p.ensure(h.fd, off, off+int64(len(data))); err != nil {
 			ov.log.Error("partial copy-up: copying in blocks before a write failed", "err", err)
 			return 0, syscall.EIO
@@ -302,6 +309,8 @@ func (h *upperFile) Allocate(ctx context.Context, off, size uint64, mode uint32)
 	ov.gate.enter()
 	defer ov.gate.leave()
 	if p := ov.partials.get(h.uino, h.fd); p != nil {
+		p.wmu.RLock()
+		defer p.wmu.RUnlock()
 		var err error
 		switch {
 		case mode&(unix.FALLOC_FL_COLLAPSE_RANGE|unix.FALLOC_FL_INSERT_RANGE) != 0:

@@ -107,6 +107,11 @@ type partial struct {
 	lastFg   atomic.Int64 // UnixNano of the last foreground copy or read
 
 	flushMu sync.Mutex // serialises flushes
+	// wmu is held shared by changes of the file's bytes (write,
+	// fallocate, truncate) and exclusively by a batch of the background
+	// copy, which puts the file's times back as they were: copying in is
+	// no change of the file.
+	wmu sync.RWMutex
 
 	mu       sync.Mutex
 	present  []uint64 // bitmap of blocks copied in
@@ -726,6 +731,9 @@ func (s *partialSet) complete(p *partial, n *node) error {
 			unix.Unlinkat(s.dir, p.name, 0)
 			return nil
 		}
+		p.wmu.Lock()
+		before, serr := statFd(fd)
+		copied := false
 		for range completionBatch {
 			p.mu.Lock()
 			if p.done || p.missing == 0 {
@@ -744,9 +752,15 @@ func (s *partialSet) complete(p *partial, n *node) error {
 			err := p.copyIn(fd, p.cursor, buf)
 			p.mu.Unlock()
 			if err != nil {
+				p.wmu.Unlock()
 				return err
 			}
+			copied = true
 		}
+		if copied && serr == nil {
+			futimens(fd, []unix.Timespec{before.atime, before.mtime})
+		}
+		p.wmu.Unlock()
 		p.mu.Lock()
 		left, done := p.missing, p.done
 		p.mu.Unlock()

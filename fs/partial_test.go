@@ -99,6 +99,8 @@ func TestPartialCopyUpFirstWrite(t *testing.T) {
 	if st.Size != int64(len(content)) {
 		t.Fatalf("upper file size %d, want %d", st.Size, len(content))
 	}
+	var st0 unix.Stat_t
+	must(t, unix.Stat(filepath.Join(e.upper, "big.db"), &st0))
 	checkFile(t, e.path("big.db"), content, "merged read while partial")
 	// Holes are not reported while partial: the lower content has none.
 	if off, err := unix.Seek(int(f.Fd()), 0, unix.SEEK_HOLE); err != nil || off != int64(len(content)) {
@@ -106,6 +108,12 @@ func TestPartialCopyUpFirstWrite(t *testing.T) {
 	}
 	waitComplete(t, e.m)
 	checkFile(t, e.path("big.db"), content, "after completion")
+	// The background copy is no change of the file: its mtime stays.
+	var st1 unix.Stat_t
+	must(t, unix.Stat(filepath.Join(e.upper, "big.db"), &st1))
+	if st1.Mtim != st0.Mtim {
+		t.Errorf("mtime moved from %v to %v by the background copy", st0.Mtim, st1.Mtim)
+	}
 	if _, err := os.Stat(filepath.Join(e.upper, partialDirName, mapName(uint64(st.Ino), 0))); err == nil {
 		t.Error("map left behind")
 	}
