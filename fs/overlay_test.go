@@ -662,7 +662,8 @@ func TestCopyUpContent(t *testing.T) {
 	}
 	raw[at] ^= 0xff
 	must(t, os.WriteFile(img, raw, 0o644))
-	e := mountEnv(t, openLower(t, img), Options{})
+	// Whole-file copy-up (partial_test.go covers copy-up by range).
+	e := mountEnv(t, openLower(t, img), Options{CopyUpByRangeMin: -1})
 
 	fd, err := unix.Open(e.path("good"), unix.O_WRONLY, 0)
 	must(t, err)
