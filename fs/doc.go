@@ -43,6 +43,8 @@
 //	.wh..wh..ino           (root) the inode map, see below
 //	.wh..wh..work/         (root) temporaries, guarded staging, freeze sidecars;
 //	                       emptied at every mount
+//	.wh..wh..part/         (root) present-maps of files copied up by range
+//	                       (partial.go), named UPPERINO-BIRTHTIME
 //
 // An upper entry and a whiteout of the same name may coexist: the upper entry
 // wins. That ordering is what makes each operation crash-safe with no journal:
@@ -68,6 +70,15 @@
 // names become upper hard links to the copy (names under a renamed or
 // deleted parent are left alone). A read-only handle opened on the lower
 // file before the copy-up reads the upper copy after it.
+//
+// Regular files of Options.CopyUpByRangeMin or more are copied up by range
+// instead (partial.go): the copy starts sparse at the lower size with an
+// empty present-map, each change first copies in the blocks it touches,
+// reads merge the upper blocks present with the lower layer, and a
+// background copy completes the file, after which it is ordinary. Every
+// reader of upper bytes that may meet such a file (handles, the freeze's
+// saving of frozen bytes, the view) asks overlay.partials first; a
+// partial file never gets passthrough.
 //
 // Renaming works for lower files and whole lower directories and never
 // returns EXDEV: the file is copied up first; a directory takes a redirect

@@ -29,6 +29,7 @@ import (
 // directly). Writes therefore always pass through the daemon.
 func (n *node) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, uint32, syscall.Errno) {
 	ov := n.ov
+	ov.partials.foreground()
 	writable := flags&syscall.O_ACCMODE != syscall.O_RDONLY
 	trunc := flags&syscall.O_TRUNC != 0
 	if (writable || trunc) && ov.opts.ReadOnly {
@@ -264,6 +265,7 @@ var (
 )
 
 func (h *upperFile) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	h.n.ov.partials.foreground()
 	if p := h.n.ov.partials.get(h.uino, h.fd); p != nil {
 		return p.fuseRead(h.fd, dest, off)
 	}
@@ -275,6 +277,7 @@ func (h *upperFile) Write(ctx context.Context, data []byte, off int64) (uint32, 
 	if ov.opts.ReadOnly {
 		return 0, syscall.EROFS
 	}
+	ov.partials.foreground()
 	ov.gate.enter()
 	defer ov.gate.leave()
 	if p := ov.partials.get(h.uino, h.fd); p != nil {
@@ -360,6 +363,7 @@ func (h *upperFile) Lseek(ctx context.Context, off uint64, whence uint32) (uint6
 }
 
 func (h *upperFile) Fsync(ctx context.Context, flags uint32) syscall.Errno {
+	h.n.ov.partials.foreground()
 	if p := h.n.ov.partials.get(h.uino, h.fd); p != nil {
 		if err := p.flush(h.fd); err != nil {
 			h.n.ov.log.Error("partial copy-up: sync failed", "err", err)
@@ -426,6 +430,7 @@ var (
 
 func (h *lowerFile) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	n := h.n
+	n.ov.partials.foreground()
 	if n.upper.Load() {
 		h.mu.Lock()
 		if h.upperFd < 0 {

@@ -130,6 +130,9 @@ type partial struct {
 type partialSet struct {
 	ov    *overlay
 	count atomic.Int64 // live entries: the I/O paths check it first
+	// lastFg is when the mount last served a file's I/O (UnixNano), noted
+	// only while partial files exist: background copies slow down then.
+	lastFg atomic.Int64
 	mu    sync.Mutex
 	m     map[uint64]*partial
 	dir   int // descriptor of the partial directory; -1 if none
@@ -693,8 +696,18 @@ func (s *partialSet) startCompletion(p *partial, n *node) {
 }
 
 // completionBatch is how many blocks the background copy takes between
-// pauses.
-const completionBatch = 4
+// pauses; busyPause multiplies the pause while the mount is busy.
+const (
+	completionBatch = 4
+	busyPause       = 10
+)
+
+// foreground notes file I/O being served, for the background copies.
+func (s *partialSet) foreground() {
+	if s != nil && s.count.Load() > 0 {
+		s.lastFg.Store(time.Now().UnixNano())
+	}
+}
 
 func (s *partialSet) complete(p *partial, n *node) error {
 	fd, errno := n.openUpper(true)
@@ -781,11 +794,11 @@ func (s *partialSet) complete(p *partial, n *node) error {
 			}
 			continue
 		}
-		// Yield to the foreground: a pause per batch, longer while
-		// reads and writes of the file are going on.
+		// Yield to the foreground: a pause per batch, much longer
+		// while the mount serves reads and writes.
 		pause := s.pause
-		if time.Since(time.Unix(0, p.lastFg.Load())) < 10*time.Millisecond {
-			pause *= 4
+		if time.Since(time.Unix(0, max(p.lastFg.Load(), s.lastFg.Load()))) < 20*time.Millisecond {
+			pause *= busyPause
 		}
 		select {
 		case <-s.stop:

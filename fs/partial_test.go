@@ -163,7 +163,7 @@ func TestPartialCopyUpRemountPartial(t *testing.T) {
 // while the background copy races them. HERMESFS_FSX_OPS sets the count.
 func TestPartialCopyUpFsx(t *testing.T) {
 	t.Parallel()
-	ops := 20000
+	ops := 16000
 	if s := os.Getenv("HERMESFS_FSX_OPS"); s != "" {
 		ops, _ = strconv.Atoi(s)
 	}
@@ -514,5 +514,68 @@ func TestPartialCopyUpKill(t *testing.T) {
 				t.Fatal("content changed when the background copy completed")
 			}
 		})
+	}
+}
+
+// TestPartialCopyUpDamagedLower: a damaged archive block fails the reads
+// and the writes that need it with EIO and nothing else; the background
+// copy stops at it, leaving the file partial, never wrong.
+func TestPartialCopyUpDamagedLower(t *testing.T) {
+	t.Parallel()
+	needFuse(t)
+	src := tempDir(t)
+	content := randBytes(2<<20, 9)
+	must(t, os.WriteFile(filepath.Join(src, "big.db"), content, 0o644))
+	img := filepath.Join(tempDir(t), "img.sqfs")
+	f, err := os.Create(img)
+	must(t, err)
+	if _, err := archive.PackDir(t.Context(), f, src, archive.PackOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	raw, err := os.ReadFile(img)
+	must(t, err)
+	damage := 1<<20 + 777
+	at := bytes.Index(raw, content[damage:damage+64])
+	if at < 0 {
+		t.Fatal("block not found in the image")
+	}
+	raw[at] ^= 0xff
+	must(t, os.WriteFile(img, raw, 0o644))
+	e := mountEnv(t, openLower(t, img), rangeOpts(time.Millisecond))
+	fd, err := unix.Open(e.path("big.db"), unix.O_RDWR, 0)
+	must(t, err)
+	defer unix.Close(fd)
+	if _, err := unix.Pwrite(fd, []byte("ok"), 10); err != nil {
+		t.Fatalf("write into a good block: %v", err)
+	}
+	if _, err := unix.Pwrite(fd, []byte("no"), int64(damage)); err != unix.EIO {
+		t.Fatalf("write into the damaged block: %v, want EIO", err)
+	}
+	buf := make([]byte, 100)
+	if _, err := unix.Pread(fd, buf, int64(damage)); err != unix.EIO {
+		t.Fatalf("read of the damaged block: %v, want EIO", err)
+	}
+	if _, err := unix.Pread(fd, buf, 0); err != nil || !bytes.Equal(buf[10:12], []byte("ok")) || !bytes.Equal(buf[12:], content[12:100]) {
+		t.Fatalf("read of a good block: %v", err)
+	}
+	// The background copy stops at the damage: the file stays partial.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ps := e.m.PartialCopyUps()
+		if len(ps) != 1 {
+			t.Fatalf("partial copy-ups: %+v", ps)
+		}
+		if !ps[0].Running {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("background copy did not stop")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	tail := make([]byte, 1000)
+	if _, err := unix.Pread(fd, tail, int64(len(content)-1000)); err != nil || !bytes.Equal(tail, content[len(content)-1000:]) {
+		t.Fatalf("read past the damage: %v", err)
 	}
 }
