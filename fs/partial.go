@@ -133,11 +133,11 @@ type partialSet struct {
 	// lastFg is when the mount last served a file's I/O (UnixNano), noted
 	// only while partial files exist: background copies slow down then.
 	lastFg atomic.Int64
-	mu    sync.Mutex
-	m     map[uint64]*partial
-	dir   int // descriptor of the partial directory; -1 if none
-	stop  chan struct{}
-	wg    sync.WaitGroup
+	mu     sync.Mutex
+	m      map[uint64]*partial
+	dir    int // descriptor of the partial directory; -1 if none
+	stop   chan struct{}
+	wg     sync.WaitGroup
 	// pause is the background copy's pause between batches.
 	pause time.Duration
 }
