@@ -566,6 +566,9 @@ func (n *node) stat(f fusefs.FileHandle, a *fuse.Attr) syscall.Errno {
 func (n *node) fillUpperAttr(a *fuse.Attr, st *ustat) {
 	fillAttr(a, st)
 	a.Ino = n.ino
+	if st.mode&syscall.S_IFMT == syscall.S_IFREG {
+		n.ov.partials.fillBlocks(a, st)
+	}
 	if n.isDir() && n.lower != 0 {
 		a.Nlink = n.ov.mergedNlink(n)
 	}

@@ -439,6 +439,26 @@ func (s *partialSet) get(uino uint64, fd int) *partial {
 	return p
 }
 
+// fillBlocks reports a partial file's blocks as if its lower content were
+// all in: what it takes once complete, and what du expects of a file
+// without holes.
+func (s *partialSet) fillBlocks(a *fuse.Attr, st *ustat) {
+	if s == nil || s.count.Load() == 0 {
+		return
+	}
+	s.mu.Lock()
+	p := s.m[st.ino]
+	s.mu.Unlock()
+	if p == nil || !p.verified.Load() || p.btime != st.btime {
+		return
+	}
+	p.mu.Lock()
+	if !p.done {
+		a.Blocks = max(a.Blocks, uint64(min(p.lowerEnd(), st.size)+511)/512)
+	}
+	p.mu.Unlock()
+}
+
 // drop forgets p and, with removeMap, removes its map durably.
 func (s *partialSet) drop(p *partial, removeMap bool) {
 	s.mu.Lock()

@@ -102,6 +102,11 @@ func TestPartialCopyUpFirstWrite(t *testing.T) {
 	var st0 unix.Stat_t
 	must(t, unix.Stat(filepath.Join(e.upper, "big.db"), &st0))
 	checkFile(t, e.path("big.db"), content, "merged read while partial")
+	var sm unix.Stat_t
+	must(t, unix.Fstat(int(f.Fd()), &sm))
+	if sm.Blocks*512 < int64(len(content)) {
+		t.Errorf("st_blocks %d while partial: less than the content", sm.Blocks)
+	}
 	// Holes are not reported while partial: the lower content has none.
 	if off, err := unix.Seek(int(f.Fd()), 0, unix.SEEK_HOLE); err != nil || off != int64(len(content)) {
 		t.Errorf("SEEK_HOLE = %d, %v; want %d", off, err, len(content))
