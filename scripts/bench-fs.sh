@@ -12,7 +12,9 @@
 # writable passthrough raised to cover it, and the freeze it then costs),
 # the stall of the first write into a 1 GiB lower file, passthrough against
 # daemon-served reads of upper files, and the freeze stall with 10 and 100
-# MiB dirty.
+# MiB dirty; and the copy-up group: the first write into 1 and 4 GiB lower files
+# by range against whole-file copy-up, a fresh session's first SQLite commit, random
+# writes while a partial file completes, the freeze with a partial file.
 # Needs root (FUSE, drop_caches) and sqlite3.
 set -eu
 cd "$(dirname "$0")/.."
