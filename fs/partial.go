@@ -680,8 +680,10 @@ func (p *partial) truncate(fd int, size int64) error {
 	if err := p.appendRec(recLimit, size); err != nil {
 		return err
 	}
-	if err := unix.Fdatasync(p.mapFd); err != nil {
-		return err
+	if p.mapFd >= 0 {
+		if err := unix.Fdatasync(p.mapFd); err != nil {
+			return err
+		}
 	}
 	p.limit = size
 	p.recount()

@@ -584,3 +584,44 @@ func TestPartialCopyUpDamagedLower(t *testing.T) {
 		t.Fatalf("read past the damage: %v", err)
 	}
 }
+
+// TestPartialCopyUpUnlinked: a partial file deleted while open stops its
+// background copy and drops its map; the open handle keeps reading and
+// writing the merged content.
+func TestPartialCopyUpUnlinked(t *testing.T) {
+	t.Parallel()
+	lower, content := rangeLower(t, 2<<20, 4)
+	e := mountEnv(t, lower, rangeOpts(2*time.Millisecond))
+	f, err := os.OpenFile(e.path("big.db"), os.O_RDWR, 0)
+	must(t, err)
+	defer f.Close()
+	if _, err := f.WriteAt([]byte("one"), 70_000); err != nil {
+		t.Fatal(err)
+	}
+	copy(content[70_000:], "one")
+	must(t, os.Remove(e.path("big.db")))
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		names, err := os.ReadDir(filepath.Join(e.upper, partialDirName))
+		must(t, err)
+		if len(names) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("map of a deleted file kept: %v", names)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if _, err := f.WriteAt([]byte("two"), 1_500_000); err != nil {
+		t.Fatal(err)
+	}
+	copy(content[1_500_000:], "two")
+	must(t, f.Truncate(1_800_000))
+	content = content[:1_800_000]
+	must(t, f.Sync())
+	got := make([]byte, len(content)+10)
+	k, err := f.ReadAt(got, 0)
+	if k != len(content) || !bytes.Equal(got[:k], content) {
+		t.Fatalf("deleted file reads %d bytes (%v), not its content", k, err)
+	}
+}
