@@ -531,7 +531,13 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fu
 	if err != nil {
 		return nil, errnoOf(err)
 	}
-	return ov.newChild(ctx, n, name, id, &e, out), 0
+	ch := ov.newChild(ctx, n, name, id, &e, out)
+	if e.upper {
+		if cn, ok := ch.Operations().(*node); ok {
+			ov.partials.resume(&e.ust, cn)
+		}
+	}
+	return ch, 0
 }
 
 // stat returns n's current attributes.

@@ -412,23 +412,9 @@ func (s *partialSet) get(uino uint64, fd int) *partial {
 	}
 	if !p.verified.Load() {
 		st, err := statFd(fd)
-		if err != nil {
+		if err != nil || !s.verify(p, &st) {
 			return nil
 		}
-		if st.ino != p.uino {
-			return nil
-		}
-		if st.btime != p.btime {
-			// A map of an earlier inode of the same number: its file
-			// went while no daemon watched.
-			s.drop(p, true)
-			return nil
-		}
-		p.mu.Lock()
-		p.limit = min(p.limit, st.size)
-		p.recount()
-		p.mu.Unlock()
-		p.verified.Store(true)
 	}
 	p.mu.Lock()
 	done := p.done
@@ -457,6 +443,44 @@ func (s *partialSet) fillBlocks(a *fuse.Attr, st *ustat) {
 		a.Blocks = max(a.Blocks, uint64(min(p.lowerEnd(), st.size)+511)/512)
 	}
 	p.mu.Unlock()
+}
+
+// verify checks, the first time a map loaded at mount meets its file
+// (status st), that the file is the one it describes, and bounds its
+// limit by the file's size. A map of an earlier inode of the same number
+// (its file went while no daemon watched) is removed.
+func (s *partialSet) verify(p *partial, st *ustat) bool {
+	if st.ino != p.uino {
+		return false
+	}
+	if st.btime != p.btime {
+		s.drop(p, true)
+		return false
+	}
+	p.mu.Lock()
+	if !p.verified.Load() {
+		p.limit = min(p.limit, st.size)
+		p.recount()
+		p.verified.Store(true)
+	}
+	p.mu.Unlock()
+	return true
+}
+
+// resume starts the background copy of a file loaded partial at mount
+// when the kernel first looks it up (status st, node n), so that it
+// completes without waiting for an open.
+func (s *partialSet) resume(st *ustat, n *node) {
+	if s == nil || s.count.Load() == 0 || st.mode&syscall.S_IFMT != syscall.S_IFREG {
+		return
+	}
+	s.mu.Lock()
+	p := s.m[st.ino]
+	s.mu.Unlock()
+	if p == nil || !s.verify(p, st) {
+		return
+	}
+	s.startCompletion(p, n)
 }
 
 // drop forgets p and, with removeMap, removes its map durably.

@@ -55,7 +55,7 @@ func printPartials(row func(k, f string, a ...any), ps []fs.PartialCopyUp) {
 		case p.LowerGone:
 			state = "STALLED: the archived file it came from is not in the base snapshot"
 		case !p.Running:
-			state = "resumes when the file is next opened"
+			state = "resumes when the file is next used"
 		}
 		row("partial copy-up", "%s: %s of %s (%.0f%%), %s", name, humanBytes(p.Present), humanBytes(p.Size), pct, state)
 	}
