@@ -2,6 +2,8 @@ package fs
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -711,4 +713,52 @@ func TestPartialCopyUpKillSQLite(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestPartialCopyUpMmap: a shared writable mapping of a partial file (in
+// another process: a fault on a mapping served by the test's own process
+// could wait on a stopped world) reads the merged content and its stores
+// reach the file.
+func TestPartialCopyUpMmap(t *testing.T) {
+	t.Parallel()
+	py := needTool(t, "python3")
+	lower, content := rangeLower(t, 2<<20, 5)
+	e := mountEnv(t, lower, rangeOpts(time.Hour))
+	f, err := os.OpenFile(e.path("big.db"), os.O_RDWR, 0)
+	must(t, err)
+	if _, err := f.WriteAt([]byte("w"), 3); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	content[3] = 'w'
+	offs := []int{100_000, 1_000_000, len(content) - 1}
+	script := `
+import hashlib, mmap, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+m = mmap.mmap(fd, 0)
+print(hashlib.sha256(m[:]).hexdigest(), flush=True)
+for o in sys.argv[2:]:
+    m[int(o)] = ord("M")
+m.flush()
+m.close()
+`
+	args := []string{"-c", script, e.path("big.db")}
+	for _, o := range offs {
+		args = append(args, strconv.Itoa(o))
+	}
+	cmd := exec.Command(py, args...)
+	cmd.Dir = "/"
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("python3: %v\n%s", err, out)
+	}
+	if got, want := strings.TrimSpace(string(out)), fmt.Sprintf("%x", sha256.Sum256(content)); got != want {
+		t.Fatalf("the mapping reads %s, want the merged content's %s", got, want)
+	}
+	for _, o := range offs {
+		content[o] = 'M'
+	}
+	checkFile(t, e.path("big.db"), content, "after stores through a mapping")
+	e.remount()
+	checkFile(t, e.path("big.db"), content, "after a remount")
 }
