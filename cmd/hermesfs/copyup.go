@@ -40,6 +40,19 @@ func partialCopyUps(ov overlay) []fs.PartialCopyUp {
 	return nil
 }
 
+// partialCopyUpsOf reports m's partial copy-ups to the metrics: how many,
+// and the bytes copied into them so far.
+func partialCopyUpsOf(m *fs.Mounted) func() (partialCopyUpStats, bool) {
+	return func() (partialCopyUpStats, bool) {
+		var s partialCopyUpStats
+		for _, p := range m.PartialCopyUps() {
+			s.InProgress++
+			s.Bytes += p.Present
+		}
+		return s, true
+	}
+}
+
 func printPartials(row func(k, f string, a ...any), ps []fs.PartialCopyUp) {
 	for _, p := range ps {
 		name := p.Path

@@ -217,7 +217,7 @@ func (realParts) mount(ctx context.Context, d *daemon, lowerPath string) (overla
 		return nil, err
 	}
 	ma := &mountAdapter{Mounted: m, done: make(chan struct{}), lower: lowerFile, guard: guard}
-	d.met.watchParts(lower, m)
+	d.met.setPartialCopyUps(partialCopyUpsOf(m))
 	if d.lazy != nil {
 		d.met.setLazyFill(lazyFillOf(d.lazy.r))
 	}

@@ -69,7 +69,7 @@ type lazyFillStats struct {
 	Errors                     uint64
 }
 
-// partialCopyUpStats is what a PartialCopyUpReporter reports.
+// partialCopyUpStats are the partial copy-ups in progress (partialCopyUpsOf).
 type partialCopyUpStats struct {
 	InProgress int64
 	Bytes      int64
@@ -199,39 +199,23 @@ func opLabel(op string) string {
 	return strings.ReplaceAll(op, " ", "_")
 }
 
-// PartialCopyUpReporter is implemented by an overlay whose copy-ups may
-// copy only part of a file: those in progress and the bytes they copied.
-type PartialCopyUpReporter interface {
-	PartialCopyUps() (inProgress, bytes int64)
-}
-
-// watchParts registers the progress reports of the parts that give them:
-// the hermesfs_partial_copyup_* metrics exist only when a part reports
-// them, as the hermesfs_lazy_* ones only after setLazyFill.
-func (m *daemonMetrics) watchParts(parts ...any) {
+// setLazyFill registers the progress of a lazily read lower layer: the
+// hermesfs_lazy_* metrics exist only once it is set.
+func (m *daemonMetrics) setLazyFill(fn func() (lazyFillStats, bool)) {
 	if m == nil {
 		return
 	}
-	for _, p := range parts {
-		if r, ok := p.(PartialCopyUpReporter); ok {
-			m.setPartialCopyUps(func() (partialCopyUpStats, bool) {
-				var s partialCopyUpStats
-				s.InProgress, s.Bytes = r.PartialCopyUps()
-				return s, true
-			})
-		}
-	}
-}
-
-// setLazyFill registers the progress of a lazily read lower layer.
-func (m *daemonMetrics) setLazyFill(fn func() (lazyFillStats, bool)) {
 	m.provMu.Lock()
 	m.lazyFill = fn
 	m.provMu.Unlock()
 }
 
-// setPartialCopyUps registers the progress of partial copy-ups.
+// setPartialCopyUps registers the progress of partial copy-ups: the
+// hermesfs_partial_copyup* metrics exist only once it is set.
 func (m *daemonMetrics) setPartialCopyUps(fn func() (partialCopyUpStats, bool)) {
+	if m == nil {
+		return
+	}
 	m.provMu.Lock()
 	m.partialCopyUps = fn
 	m.provMu.Unlock()

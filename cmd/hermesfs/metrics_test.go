@@ -51,10 +51,6 @@ func TestMetricsAddrValidated(t *testing.T) {
 	}
 }
 
-type fakePartial struct{}
-
-func (fakePartial) PartialCopyUps() (int64, int64) { return 2, 4096 }
-
 // Progress metrics of optional parts appear only when a part reports them.
 func TestMetricsWatchParts(t *testing.T) {
 	d := &daemon{cfg: newMountConfig(), log: slog.New(slog.DiscardHandler)}
@@ -83,7 +79,7 @@ func TestMetricsWatchParts(t *testing.T) {
 	if _, ok := got["hermesfs_partial_copyups_in_progress"]; ok {
 		t.Error("partial copy-up metrics without a part making them")
 	}
-	m.watchParts(nil, struct{}{}, fakePartial{})
+	m.setPartialCopyUps(func() (partialCopyUpStats, bool) { return partialCopyUpStats{InProgress: 2, Bytes: 4096}, true })
 	m.setLazyFill(func() (lazyFillStats, bool) {
 		return lazyFillStats{TotalBytes: 1000, PresentBytes: 250, OnDemandChunks: 3, FillChunks: 7, Errors: 1}, true
 	})
