@@ -333,12 +333,33 @@ func Open(src io.ReaderAt, size int64, ids *Identities) (io.ReaderAt, int64, err
 		types, _ := HeaderTypes(io.NewSectionReader(src, 0, size))
 		return nil, 0, &KeyError{Types: types, Err: ErrNoIdentity}
 	}
-	r, n, err := age.DecryptReaderAt(src, size, ids.list...)
+	r, n, err := age.DecryptReaderAt(srcReaderAt{src}, size, ids.list...)
 	if err != nil {
+		if se, ok := errors.AsType[*srcError](err); ok {
+			return nil, 0, se.err
+		}
 		return nil, 0, classify(err)
 	}
 	return &authReaderAt{r: r}, n, nil
 }
+
+// srcReaderAt marks the errors of the ciphertext's reader, so that a
+// failure to read (a store that did not deliver, EIO) is reported as what
+// it is and not taken for tampering.
+type srcReaderAt struct{ r io.ReaderAt }
+
+func (s srcReaderAt) ReadAt(p []byte, off int64) (int, error) {
+	n, err := s.r.ReadAt(p, off)
+	if err != nil && err != io.EOF {
+		err = &srcError{err}
+	}
+	return n, err
+}
+
+type srcError struct{ err error }
+
+func (e *srcError) Error() string { return e.err.Error() }
+func (e *srcError) Unwrap() error { return e.err }
 
 // classify turns age's errors into this package's.
 func classify(err error) error {
@@ -368,6 +389,9 @@ type authReaderAt struct{ r io.ReaderAt }
 func (a *authReaderAt) ReadAt(p []byte, off int64) (int, error) {
 	n, err := a.r.ReadAt(p, off)
 	if err != nil && err != io.EOF {
+		if se, ok := errors.AsType[*srcError](err); ok {
+			return n, se.err
+		}
 		err = fmt.Errorf("%w: %v", ErrAuth, err)
 	}
 	return n, err

@@ -265,3 +265,50 @@ func TestCryptLayout(t *testing.T) {
 		}
 	}
 }
+
+// failingAt fails reads of the bytes from off on, as a store that does not
+// deliver them would.
+type failingAt struct {
+	b   []byte
+	off int64
+	err error
+}
+
+func (f failingAt) ReadAt(p []byte, off int64) (int, error) {
+	if off+int64(len(p)) > f.off && off < int64(len(f.b))-ChunkSize {
+		return 0, f.err
+	}
+	return bytes.NewReader(f.b).ReadAt(p, off)
+}
+
+// TestCryptSourceErrors: a failure to read the ciphertext is returned as
+// itself, not as an authentication failure.
+func TestCryptSourceErrors(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	key, pub := newKey(t, dir, "key.txt")
+	r, _ := ParseRecipients([]string{pub})
+	ids, err := LoadIdentities([]string{key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain := make([]byte, 400<<10)
+	rand.Read(plain)
+	ct := seal(t, plain, r)
+	cause := errors.New("store unavailable")
+	ra, _, err := Open(failingAt{b: ct, off: 200 << 10, err: cause}, int64(len(ct)), ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ra.ReadAt(make([]byte, 10), 0); err != nil {
+		t.Fatalf("a readable chunk: %v", err)
+	}
+	_, err = ra.ReadAt(make([]byte, 10), 250<<10)
+	if !errors.Is(err, cause) || errors.Is(err, ErrAuth) {
+		t.Fatalf("read of an unreadable chunk: %v", err)
+	}
+	// Open reads the header: failing there is the source's error too.
+	if _, _, err := Open(failingAt{b: ct, off: 0, err: cause}, int64(len(ct)), ids); !errors.Is(err, cause) || errors.Is(err, ErrAuth) {
+		t.Fatalf("Open over a failing source: %v", err)
+	}
+}
