@@ -507,6 +507,8 @@ func (d *daemon) baseFile(ctx context.Context, base, sha string) (string, error)
 	if d.cfg.Lazy {
 		if _, err := d.openLazy(ctx, base); err == nil {
 			return p, nil
+		} else if isKeyError(err) {
+			return "", fmt.Errorf("base snapshot %s: %w", base, err)
 		} else if !errors.Is(err, errNotLazy) {
 			d.log.Warn("cannot read the base snapshot lazily; downloading it whole", "base", base, "err", err)
 		}
@@ -539,7 +541,9 @@ func (d *daemon) fetchBase(ctx context.Context, id string) (string, error) {
 			d.log.Warn("the cached base snapshot is missing or damaged; downloading it", "id", id, "err", err)
 		}
 	}
-	if p, ok := d.bootLazy(ctx, id); ok {
+	if p, ok, err := d.bootLazy(ctx, id); err != nil {
+		return "", fmt.Errorf("restore newest snapshot: %w", err)
+	} else if ok {
 		return p, nil
 	}
 	t0 := time.Now()

@@ -4,10 +4,8 @@ import (
 	"context"
 	"errors"
 	iofs "io/fs"
-	"os"
 
 	"github.com/hermesfs/hermesfs/uploader"
-	"github.com/hermesfs/hermesfs/uploader/lazy"
 )
 
 // The daemon drives three parts through these small interfaces; the real
@@ -87,7 +85,7 @@ type catalog interface {
 	// path (daemon_lazy.go); errNotLazy when its manifest has no chunk
 	// digests. seed, if not "", is a complete older archive to copy the
 	// shared prefix from.
-	OpenLazy(ctx context.Context, id, path, seed string, o lazyOptions) (*lazy.Reader, *os.File, uploader.Manifest, error)
+	OpenLazy(ctx context.Context, id, path, seed string, o lazyOptions) (*lazyOpen, error)
 	// Close releases the catalog's resources.
 	Close() error
 }

@@ -22,46 +22,77 @@ import (
 // tail, mounts, and fills the cache in the background after ready. The
 // partial cache survives restarts; once complete it is cache/<id>.sqfs,
 // exactly as a download leaves it.
+//
+// An encrypted snapshot is read the same way, through age's decrypting
+// ReaderAt over the lazy reader (daemon_lazy_crypt.go): the partial cache
+// holds ciphertext (cache/<id>.sqfs.age.partial), and once complete and
+// verified it is decrypted into the plaintext cache/<id>.sqfs, again
+// exactly what a download leaves.
 
 // errNotLazy: the snapshot's manifest has no chunk digests (format 1).
 var errNotLazy = errors.New("the snapshot's manifest has no chunk digests")
 
-// errEncryptedNotLazy: encrypted snapshots are downloaded whole (and
-// decrypted into the cache) before the mount; lazy reads of their
-// ciphertext are not wired yet.
-var errEncryptedNotLazy = errors.New("the snapshot is encrypted")
+// sizedReaderAt is an archive's bytes: a lazy reader, or the plaintext
+// decrypted from one.
+type sizedReaderAt interface {
+	io.ReaderAt
+	Size() int64
+}
 
-// lazyArchives maps a cache path to the lazy reader standing in for the
-// file while it is incomplete, so that openArchive (the mount, the packer)
+// lazyArchives maps a cache path to the reader standing in for the file
+// while it is incomplete, so that openArchive (the mount, the packer)
 // reads through it.
-var lazyArchives sync.Map // string -> *lazy.Reader
+var lazyArchives sync.Map // string -> sizedReaderAt
+
+// lazyOpen is an archive opened lazily (catalog.OpenLazy).
+type lazyOpen struct {
+	r *lazy.Reader
+	// src is what the archive reader reads: r, or the plaintext of an
+	// encrypted snapshot decrypted from r.
+	src  sizedReaderAt
+	seed *os.File
+	m    uploader.Manifest
+	// metaStart is where, in the stored object, the bytes of the
+	// archive's metadata tail begin: what boot fetches before the mount.
+	metaStart int64
+	// finish completes the cache of a reader that was complete when it
+	// opened (what the fill's OnComplete does otherwise).
+	finish func()
+}
 
 // lazyBase is the base archive read lazily.
 type lazyBase struct {
-	r    *lazy.Reader
-	id   string
-	path string
-	seed *os.File
-	once sync.Once
-	err  error
+	r      *lazy.Reader
+	src    sizedReaderAt
+	id     string
+	path   string
+	seed   *os.File
+	finish func()
+	cancel context.CancelFunc // stops the decryption of a complete fill
+	wg     sync.WaitGroup
+	once   sync.Once
+	err    error
 }
 
 // OpenLazy implements catalog: snapshot id's archive as a lazy reader with
 // its cache at path, seeded from the complete archive at seed ("" = none).
-func (a *catalogAdapter) OpenLazy(ctx context.Context, id, path, seed string, o lazyOptions) (*lazy.Reader, *os.File, uploader.Manifest, error) {
+func (a *catalogAdapter) OpenLazy(ctx context.Context, id, path, seed string, o lazyOptions) (*lazyOpen, error) {
 	m, err := a.c.Manifest(ctx, id)
 	if err != nil {
-		return nil, nil, m, err
+		return nil, err
 	}
 	if !m.Lazy() {
-		return nil, nil, m, errNotLazy
+		return nil, errNotLazy
 	}
 	if m.Encryption != nil {
-		return nil, nil, m, errEncryptedNotLazy
+		return a.openLazyEncrypted(ctx, m, path, o)
 	}
 	lo := lazy.Options{
 		Store: a.c.Store(), Key: m.Archive, Size: m.Size, ChunkSize: m.ChunkSize, Chunks: m.Chunks, SHA256: m.SHA256,
-		Path: path, ReadTimeout: o.ReadTimeout, Hot: m.Hot, OnComplete: o.OnComplete, Logger: o.Logger,
+		Path: path, ReadTimeout: o.ReadTimeout, Hot: m.Hot, Logger: o.Logger,
+	}
+	if o.OnComplete != nil {
+		lo.OnComplete = func(string) { o.OnComplete(m.SHA256) }
 	}
 	var sf *os.File
 	if seed != "" && m.SharedPrefix > 0 {
@@ -74,9 +105,18 @@ func (a *catalogAdapter) OpenLazy(ctx context.Context, id, path, seed string, o 
 		if sf != nil {
 			sf.Close()
 		}
-		return nil, nil, m, err
+		return nil, err
 	}
-	return r, sf, m, nil
+	tail := m.MetaOffset
+	if tail <= 0 {
+		tail = m.Size - 1 // at least the integrity footer
+	}
+	fin := func() {
+		if lo.OnComplete != nil {
+			lo.OnComplete(path)
+		}
+	}
+	return &lazyOpen{r: r, src: r, seed: sf, m: m, metaStart: tail, finish: fin}, nil
 }
 
 // openLazy makes a lazy reader the base archive id at its cache path and
@@ -89,36 +129,38 @@ func (d *daemon) openLazy(ctx context.Context, id string) (uploader.Manifest, er
 			seed = p
 		}
 	}
-	r, sf, m, err := d.cat.OpenLazy(ctx, id, path, seed, lazyOptions{
+	lctx, cancel := context.WithCancel(context.Background())
+	lo, err := d.cat.OpenLazy(ctx, id, path, seed, lazyOptions{
 		ReadTimeout: d.cfg.ReadTimeout,
 		Logger:      d.base.With("component", "lazy"),
-		OnComplete:  func(string) { d.lazyComplete(id) },
+		OnComplete:  func(sha string) { d.lazyComplete(id, sha) },
+		Ctx:         lctx,
 	})
 	if err != nil {
-		return m, err
+		cancel()
+		return uploader.Manifest{}, err
 	}
+	r, m := lo.r, lo.m
 	t0 := time.Now()
-	tail := m.MetaOffset
-	if tail <= 0 {
-		tail = m.Size - 1 // at least the integrity footer
-	}
 	var wg sync.WaitGroup
 	var e1, e2 error
 	wg.Go(func() { e1 = r.Prefetch(ctx, 0, min(m.ChunkSize, m.Size)) })
-	wg.Go(func() { e2 = r.Prefetch(ctx, tail, m.Size) })
+	wg.Go(func() { e2 = r.Prefetch(ctx, lo.metaStart, m.Size) })
 	wg.Wait()
 	if err := errors.Join(e1, e2); err != nil {
+		cancel()
 		r.Close()
-		if sf != nil {
-			sf.Close()
+		if lo.seed != nil {
+			lo.seed.Close()
 		}
 		return m, fmt.Errorf("fetch the archive's metadata: %w", err)
 	}
-	d.lazy = &lazyBase{r: r, id: id, path: path, seed: sf}
-	lazyArchives.Store(path, r)
+	d.lazy = &lazyBase{r: r, src: lo.src, id: id, path: path, seed: lo.seed, finish: lo.finish, cancel: cancel}
+	lazyArchives.Store(path, lo.src)
 	st := r.Stats()
 	d.log.Info("booting lazily: data is fetched as it is read and filled in the background", "id", id, "size", m.Size,
-		"present_bytes", st.PresentBytes, "metadata_fetch", time.Since(t0).Round(time.Millisecond), "hot_chunks", len(m.Hot))
+		"present_bytes", st.PresentBytes, "metadata_fetch", time.Since(t0).Round(time.Millisecond), "hot_chunks", len(m.Hot),
+		"encrypted", m.Encryption != nil)
 	return m, nil
 }
 
@@ -126,54 +168,83 @@ func (d *daemon) openLazy(ctx context.Context, id string) (uploader.Manifest, er
 type lazyOptions struct {
 	ReadTimeout time.Duration
 	Logger      *slog.Logger
-	OnComplete  func(path string)
+	// OnComplete runs once the complete archive is in place at the
+	// cache path, verified, with the sha256 of that file (the plaintext
+	// for an encrypted snapshot).
+	OnComplete func(sha string)
+	// Ctx bounds the work that completes the cache (the decryption).
+	Ctx context.Context
 }
 
 // bootLazy makes snapshot id the base without downloading it, if it can:
 // false when the manifest has no chunk digests, lazy boot is off, or the
 // metadata could not be fetched (the caller then downloads it whole).
-func (d *daemon) bootLazy(ctx context.Context, id string) (string, bool) {
+//
+// An error is returned (and nothing is downloaded) when the snapshot is
+// encrypted and the identities at hand do not open it.
+func (d *daemon) bootLazy(ctx context.Context, id string) (string, bool, error) {
 	if !d.cfg.Lazy || d.cfg.ReadOnly {
-		return "", false
+		return "", false, nil
 	}
 	m, err := d.openLazy(ctx, id)
 	if err != nil {
 		switch {
-		case errors.Is(err, errEncryptedNotLazy):
-			d.log.Info("the snapshot is encrypted: downloading and decrypting it whole before the mount", "id", id)
+		case isKeyError(err):
+			return "", false, err
 		case !errors.Is(err, errNotLazy):
 			d.log.Warn("cannot boot lazily; downloading the snapshot whole", "id", id, "err", err)
 		default:
 			d.log.Info("the snapshot has no chunk digests (an older hermesfs made it); downloading it whole", "id", id)
 		}
-		return "", false
+		return "", false, nil
 	}
 	st := &d.st
 	st.Base, st.BaseSHA256 = m.ID, m.SHA256
+	if m.Encryption != nil {
+		// The sha256 of the plaintext cache file is known once the fill
+		// completed and decrypted it (lazyComplete).
+		st.BaseSHA256 = ""
+	}
 	if st.LastPublished != m.ID {
 		st.LastPublished = ""
 	}
 	if err := d.sd.save(*st); err != nil {
 		d.log.Error("state", "err", err)
 	}
-	return d.sd.cached(id), true
+	return d.sd.cached(id), true, nil
 }
 
-// lazyComplete runs when the fill completed and verified the base.
-func (d *daemon) lazyComplete(id string) {
+// lazyComplete runs when the fill completed and verified the base: the
+// cache file holds it, with sha256 sha.
+func (d *daemon) lazyComplete(id, sha string) {
 	d.mu.Lock()
 	base := d.st.Base
+	if base == id && d.st.BaseSHA256 == "" {
+		d.st.BaseSHA256 = sha
+		if err := d.sd.save(d.st); err != nil {
+			d.log.Error("state", "err", err)
+		}
+	}
 	d.mu.Unlock()
 	if base == id {
 		d.cleanCache(id)
 	}
 }
 
-// startLazyFill starts the background fill once the mount is ready.
+// startLazyFill starts the background fill once the mount is ready (or
+// completes a cache that was complete already).
 func (d *daemon) startLazyFill() {
-	if d.lazy != nil {
-		d.lazy.r.Fill()
+	l := d.lazy
+	if l == nil {
+		return
 	}
+	if l.r.Complete() {
+		if l.finish != nil {
+			l.wg.Go(l.finish)
+		}
+		return
+	}
+	l.r.Fill()
 }
 
 // Close stops the fill and closes the reader; later calls return the first
@@ -181,6 +252,10 @@ func (d *daemon) startLazyFill() {
 func (l *lazyBase) Close() error {
 	l.once.Do(func() {
 		lazyArchives.Delete(l.path)
+		if l.cancel != nil {
+			l.cancel()
+		}
+		l.wg.Wait()
 		l.err = l.r.Close()
 		if l.seed != nil {
 			l.seed.Close()
@@ -233,9 +308,9 @@ func (d *daemon) hotSet() []int64 {
 // for path, or the file. The hot-set recorder wraps either.
 func (d *daemon) openLower(path string) (io.ReaderAt, int64, io.Closer, error) {
 	if d.lazy != nil && d.lazy.path == path && !fileExists(path) {
-		h := lazy.NewHotRecorder(d.lazy.r, d.lazy.r.ChunkSize(), 0)
+		h := lazy.NewHotRecorder(d.lazy.src, d.lazy.r.ChunkSize(), 0)
 		d.hot = h
-		return h, d.lazy.r.Size(), d.lazy, nil
+		return h, d.lazy.src.Size(), d.lazy, nil
 	}
 	f, err := os.Open(path)
 	if err != nil {
@@ -282,13 +357,13 @@ func keepInCache(dir, name, keep string) bool {
 	return strings.HasPrefix(name, keep+".sqfs.") && !fileExists(filepath.Join(dir, keep+".sqfs"))
 }
 
-// lazyLookup returns the lazy reader standing in for the archive at path.
-func lazyLookup(path string) (*lazy.Reader, bool) {
+// lazyLookup returns the reader standing in for the archive at path.
+func lazyLookup(path string) (sizedReaderAt, bool) {
 	v, ok := lazyArchives.Load(filepath.Clean(path))
 	if !ok {
 		return nil, false
 	}
-	return v.(*lazy.Reader), true
+	return v.(sizedReaderAt), true
 }
 
 // lazyLine is the "lazy fill" row of status.

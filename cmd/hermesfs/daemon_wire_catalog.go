@@ -15,6 +15,7 @@ type catalogAdapter struct {
 	c      *uploader.Catalog
 	closer func() error
 	lease  *uploader.Lease
+	ids    *crypt.Identities // decrypt encrypted snapshots read lazily
 }
 
 var _ catalog = (*catalogAdapter)(nil)
@@ -24,7 +25,7 @@ var _ catalog = (*catalogAdapter)(nil)
 func newCatalogAdapter(s uploader.Store, o uploader.CatalogOptions, closer func() error) *catalogAdapter {
 	o.Version = version
 	c := uploader.NewCatalog(uploader.WithRetry(s, uploader.DefaultRetryPolicy(), o.Logger), o)
-	return &catalogAdapter{c: c, closer: closer}
+	return &catalogAdapter{c: c, closer: closer, ids: o.Identities}
 }
 
 func (a *catalogAdapter) Latest(ctx context.Context) (snapshotInfo, error) {

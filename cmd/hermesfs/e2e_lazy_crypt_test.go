@@ -1,0 +1,197 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hermesfs/hermesfs/uploader/crypt"
+)
+
+// encryptedHost is a host that encrypts to, and decrypts with, key.
+func encryptedHost(t *testing.T, store, key, pub string) *host {
+	t.Helper()
+	h := newHost(t, store)
+	h.extraEnv = []string{"HERMESFS_ENCRYPT_TO=" + pub, "HERMESFS_IDENTITY=" + key}
+	return h
+}
+
+func newTestKey(t *testing.T) (key, pub string) {
+	t.Helper()
+	key = filepath.Join(e2eDir(t, "keys"), "key.txt")
+	pub, err := crypt.WriteNewKey(key, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return key, pub
+}
+
+// checkPlaintextCache checks that the completed cache of snapshot id on h
+// is the plaintext archive, recorded in state.json, with no ciphertext or
+// partial file left beside it.
+func checkPlaintextCache(t *testing.T, h *host, id string) {
+	t.Helper()
+	p := filepath.Join(h.state, "cache", id+".sqfs")
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if crypt.IsEncrypted(b) || len(b) < 4 || string(b[:4]) != "hsqs" {
+		t.Fatalf("the completed cache %s is not a plaintext squashfs archive", p)
+	}
+	var st persistedState
+	sj, _ := os.ReadFile(filepath.Join(h.state, "state.json"))
+	if err := json.Unmarshal(sj, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Base != id || st.BaseSHA256 != sha256hex(b) {
+		t.Fatalf("state.json: base %s sha256 %s; want %s %s", st.Base, st.BaseSHA256, id, sha256hex(b))
+	}
+	if left, _ := filepath.Glob(filepath.Join(h.state, "cache", "*.sqfs.*")); len(left) != 0 {
+		t.Fatalf("cache files left: %v", left)
+	}
+}
+
+// TestE2ELazyEncrypted boots a new host lazily from an encrypted snapshot
+// over a slow link: ready before the archive is fetched, every file reads
+// back, the completed cache is the plaintext archive (a reboot makes no
+// archive GET); a second new host is killed mid-fill and finishes after a
+// restart.
+func TestE2ELazyEncrypted(t *testing.T) {
+	need(t, "/dev/fuse")
+	s3 := startS3Rig(t)
+	g := &archiveGets{}
+	s3.faults.SetRule(g.rule)
+	store := s3.url(s3.faults.URL, "lazyenc")
+	key, pub := newTestKey(t)
+	want, _ := publishHome(t, encryptedHost(t, store, key, pub))
+	id := strings.TrimSpace(mustRead(t, filepath.Join(s3.data, s3.bucket, "lazyenc", "LATEST")))
+	stored, err := os.ReadFile(filepath.Join(s3.data, s3.bucket, "lazyenc", "snapshots", id+".sqfs"))
+	if err != nil || !crypt.IsEncrypted(stored) {
+		t.Fatalf("the stored archive is not encrypted (%v)", err)
+	}
+
+	g.set(10 * time.Millisecond)
+	b := encryptedHost(t, store, key, pub)
+	mp := e2eDir(t, "homeB")
+	d := b.mount(mp, "--interval", "0")
+	if log := d.stderr.String(); !strings.Contains(log, "booting lazily") || !strings.Contains(log, "encrypted=true") {
+		t.Fatalf("did not boot lazily:\n%s", log)
+	}
+	r, _ := b.statusJSON(mp)
+	if r.Lazy == nil || r.Lazy.TotalBytes != int64(len(stored)) {
+		t.Fatalf("status --json: lazy %+v, want the ciphertext's %d bytes", r.Lazy, len(stored))
+	}
+	if diff := diffTrees(want, snapshotTree(t, mp)); diff != "" {
+		t.Fatalf("lazily booted encrypted tree differs:\n%s", diff)
+	}
+	waitLazyComplete(t, b, mp)
+	d.stopOK(t)
+	checkPlaintextCache(t, b, id)
+
+	before := g.set(0)
+	d = b.mount(mp, "--interval", "0")
+	if n := g.count() - before; n != 0 {
+		t.Errorf("reboot with a complete cache made %d archive GETs", n)
+	}
+	if got := mustRead(t, filepath.Join(mp, "config.yaml")); !strings.HasPrefix(got, "model: test") {
+		t.Fatalf("config.yaml after the reboot: %q", got)
+	}
+	d.stopOK(t)
+
+	// kill -9 mid-fill, restart, finish.
+	g.set(60 * time.Millisecond)
+	c := encryptedHost(t, store, key, pub)
+	mpC := e2eDir(t, "homeC")
+	dc := c.mount(mpC, "--interval", "0")
+	if code := dc.stop(syscall.SIGKILL); code != 128+int(syscall.SIGKILL) {
+		t.Fatalf("kill -9: exit %d", code)
+	}
+	if partials, _ := filepath.Glob(filepath.Join(c.state, "cache", "*.sqfs.age.partial")); len(partials) != 1 {
+		t.Logf("no partial cache after kill -9 (the fill finished first?)")
+	} else if pb, _ := os.ReadFile(partials[0]); !crypt.IsEncrypted(pb) {
+		t.Fatalf("the partial cache %s is not ciphertext", partials[0])
+	}
+	g.set(0)
+	dc = c.mount(mpC, "--interval", "0")
+	waitLazyComplete(t, c, mpC)
+	if diff := diffTrees(want, snapshotTree(t, mpC)); diff != "" {
+		t.Fatalf("tree after a restart mid-fill differs:\n%s", diff)
+	}
+	dc.stopOK(t)
+	checkPlaintextCache(t, c, id)
+}
+
+// TestE2ELazyEncryptedRefusals: without an identity a lazy boot of an
+// encrypted snapshot exits 6 before fetching anything, with nothing
+// mounted and nothing written in the state dir; a flipped ciphertext byte
+// in the store is never served: reads of it fail with EIO and the log
+// names the chunk and the digest mismatch.
+func TestE2ELazyEncryptedRefusals(t *testing.T) {
+	need(t, "/dev/fuse")
+	t.Parallel()
+	storeDir := e2eDir(t, "store")
+	store := "file://" + storeDir
+	key, pub := newTestKey(t)
+	want, _ := publishHome(t, encryptedHost(t, store, key, pub))
+	id := localLatest(t, storeDir)
+
+	noKey := newHost(t, store)
+	noKey.extraEnv = []string{"HERMESFS_ENCRYPT_TO=" + pub}
+	mp := e2eDir(t, "homeNoKey")
+	dn := noKey.start(mp)
+	if c := dn.wait(); c != exitCrypt || isMountpoint(mp) || !strings.Contains(dn.stderr.String(), id) || !strings.Contains(dn.stderr.String(), "X25519") {
+		t.Fatalf("lazy boot without an identity: exit %d, mounted %v\n%s", c, isMountpoint(mp), dn.stderr)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(noKey.state, "cache")); len(ents) != 0 {
+		t.Errorf("a refused mount wrote %d entries in the cache", len(ents))
+	}
+
+	m := readManifest(t, storeDir, id)
+	p := filepath.Join(storeDir, "snapshots", id+".sqfs")
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flip := m.Size / 2
+	if c := flip / m.ChunkSize; c == 0 || c >= int64(len(m.Chunks))-2 {
+		t.Fatalf("archive of %d chunks: want the flipped byte (chunk %d) in the data", len(m.Chunks), c)
+	}
+	b[flip] ^= 0x10
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	h := encryptedHost(t, store, key, pub)
+	mpH := e2eDir(t, "homeB")
+	d := h.mount(mpH, "--interval", "0", "--read-timeout", "500ms")
+	eio := 0
+	for name, e := range want {
+		if !e.Mode.IsRegular() {
+			continue
+		}
+		got, err := os.ReadFile(filepath.Join(mpH, name))
+		if errors.Is(err, syscall.EIO) {
+			eio++
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if e.Size != int64(len(got)) || sha256hex(got) != e.Hash {
+			t.Fatalf("%s: WRONG BYTES served from a damaged encrypted store", name)
+		}
+	}
+	if eio == 0 {
+		t.Fatal("no read failed, though the store's ciphertext is damaged")
+	}
+	d.stop(syscall.SIGTERM)
+	if log := d.stderr.String(); !strings.Contains(log, "chunk sha256 does not match the manifest") || !strings.Contains(log, "chunk "+fmt.Sprint(flip/m.ChunkSize)) {
+		t.Fatalf("log does not name the damaged chunk:\n%s", log)
+	}
+}
