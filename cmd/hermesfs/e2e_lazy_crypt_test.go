@@ -195,3 +195,69 @@ func TestE2ELazyEncryptedRefusals(t *testing.T) {
 		t.Fatalf("log does not name the damaged chunk:\n%s", log)
 	}
 }
+
+// TestE2ELazyEncryptedDecryptResume: a daemon stopped after its fill
+// completed but before the ciphertext was decrypted (the complete age file
+// in the cache, state.json without the plaintext's sha256) finishes the
+// decryption at the next start without fetching the archive again; a
+// complete ciphertext file that does not match the manifest is not
+// trusted.
+func TestE2ELazyEncryptedDecryptResume(t *testing.T) {
+	need(t, "/dev/fuse")
+	t.Parallel()
+	storeDir := e2eDir(t, "store")
+	store := "file://" + storeDir
+	key, pub := newTestKey(t)
+	want, _ := publishHome(t, encryptedHost(t, store, key, pub))
+	id := localLatest(t, storeDir)
+	stored, err := os.ReadFile(filepath.Join(storeDir, "snapshots", id+".sqfs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, damaged := range []bool{false, true} {
+		h := encryptedHost(t, store, key, pub)
+		mp := e2eDir(t, "home")
+		d := h.mount(mp, "--interval", "0")
+		waitLazyComplete(t, h, mp)
+		d.stopOK(t)
+		checkPlaintextCache(t, h, id)
+		// The state a crash between the fill's end and the decryption
+		// leaves.
+		cache := filepath.Join(h.state, "cache", id+".sqfs")
+		ct := append([]byte(nil), stored...)
+		if damaged {
+			ct[len(ct)/2] ^= 1
+		}
+		if err := os.WriteFile(cache+".age", ct, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		os.Remove(cache)
+		var st persistedState
+		sj, _ := os.ReadFile(filepath.Join(h.state, "state.json"))
+		json.Unmarshal(sj, &st)
+		st.BaseSHA256, st.CleanShutdown = "", false
+		sj, _ = json.Marshal(st)
+		if err := os.WriteFile(filepath.Join(h.state, "state.json"), sj, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		d = h.mount(mp, "--interval", "0")
+		waitLazyComplete(t, h, mp)
+		r, _ := h.statusJSON(mp)
+		fetched := r.Lazy.OnDemandChunks + r.Lazy.FillChunks
+		if damaged && fetched == 0 || !damaged && fetched != 0 {
+			t.Errorf("damaged %v: %d chunks fetched from the store", damaged, fetched)
+		}
+		if diff := diffTrees(want, snapshotTree(t, mp)); diff != "" {
+			t.Fatalf("tree differs:\n%s", diff)
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		for !fileExists(cache) || fileExists(cache+".age") {
+			if time.Now().After(deadline) {
+				t.Fatal("the complete ciphertext was not decrypted into the cache")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		d.stopOK(t)
+		checkPlaintextCache(t, h, id)
+	}
+}
