@@ -19,7 +19,12 @@
 #   - the same new-host boot forced onto the download-then-mount path
 #     (HERMESFS_LAZY=0, and --lazy=false when the binary has it)
 #   - a plain GET of the archive through the same link (curl)
-# Env: SIZES (default "1G 8G"), LINK_RATE (default 50MB, bytes/s, 10^6),
+#   - read-all: every file of the tree read once on host B after its fill
+#     completed (through the lazy reader, and the decryption when encrypted)
+# ENCRYPT=1 runs it all on encrypted snapshots (a key made with 'hermesfs
+# keygen', HERMESFS_ENCRYPT_TO and HERMESFS_IDENTITY for every host): run it
+# with ENCRYPT=0 and ENCRYPT=1 to compare.
+# Env: SIZES (default "1G 8G"), ENCRYPT (default 0), LINK_RATE (default 50MB, bytes/s, 10^6),
 # LINK_LATENCY (default 20ms), FILL_TIMEOUT (seconds a fill may take before
 # the run fails, default 1800), BENCH_DIR (scratch, default
 # /var/tmp/hermesfs-bench), HERMESFS_BIN (default bin/hermesfs).
@@ -61,6 +66,15 @@ cleanup() {
 trap cleanup EXIT INT TERM
 rm -rf "$work" "$BENCH_DIR/lazy-logs"
 mkdir -p "$work/s3" "$BENCH_DIR/lazy-logs"
+ENCRYPT=${ENCRYPT:-0}
+if [ "$ENCRYPT" = 1 ]; then
+	mkdir -p "$work/key"
+	chmod 700 "$work/key"
+	HERMESFS_ENCRYPT_TO=$("$bin" keygen "$work/key/key.txt")
+	HERMESFS_IDENTITY=$work/key/key.txt
+	export HERMESFS_ENCRYPT_TO HERMESFS_IDENTITY
+	echo "encrypted snapshots (age, to $(printf %s "$HERMESFS_ENCRYPT_TO" | cut -c1-12)…)"
+fi
 
 now() { date +%s.%N; }
 elapsed() { printf '%.3f' "$(echo "$2 - $1" | bc)"; }
@@ -219,6 +233,10 @@ for size in $SIZES; do
 	fill_b=$fill
 	lazy_b=$lazy
 	rss_b=$(hwm "$bpid")
+	t0=$(now)
+	readall=$(find "$sw/mnt-b/" -type f -exec cat {} + | wc -c)
+	readall_t=$(elapsed "$t0" "$(now)")
+	echo "read-all on host B after the fill: $(mib "$readall") MiB in ${readall_t}s ($(echo "scale=1; $readall / 1000000 / $readall_t" | bc) MB/s)"
 	set -- $(data_gets)
 	gets_b="$1 archive GETs, $(mib "$3") MiB through the link"
 	archive=$snapshot
@@ -277,10 +295,10 @@ for size in $SIZES; do
 		"first read set + ready vs download-then-mount $(ratio "$(echo "$boot_b + $rsn_b" | bc)" "$(echo "$boot_d + $rsn_d" | bc)")x;" \
 		"fill complete / plain GET $(ratio "$fill_b" "$get")x; download-then-mount ready / plain GET $(ratio "$boot_d" "$get")x"
 	summary="$summary
-$size $(mib "$size_b") $boot_b $rsn_b $fill_b $rss_b $boot_c $rsn_c $gets_r $boot_d $rsn_d $get"
+$size $(mib "$size_b") $boot_b $rsn_b $fill_b $readall_t $rss_b $boot_c $rsn_c $gets_r $boot_d $rsn_d $get"
 	for f in "$sw"/*.log "$sw"/*.out; do cp "$f" "$BENCH_DIR/lazy-logs/$size-$(basename "$f")" || true; done
 	rm -rf "$sw"
 done
 
 echo "== summary (seconds; MiB)"
-echo "size archive ready readset fill rss ready2 readset2 rebootGETs old_ready old_readset plainGET$summary" | column -t
+echo "size archive ready readset fill readall rss ready2 readset2 rebootGETs old_ready old_readset plainGET$summary" | column -t
