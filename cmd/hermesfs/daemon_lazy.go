@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hermesfs/hermesfs/uploader"
@@ -69,9 +70,12 @@ type lazyBase struct {
 	seed   *os.File
 	finish func()
 	cancel context.CancelFunc // stops the decryption of a complete fill
-	wg     sync.WaitGroup
-	once   sync.Once
-	err    error
+	// done is set once the complete archive is in place at path (for an
+	// encrypted snapshot: decrypted there, after the fill completed).
+	done atomic.Bool
+	wg   sync.WaitGroup
+	once sync.Once
+	err  error
 }
 
 // OpenLazy implements catalog: snapshot id's archive as a lazy reader with
@@ -217,6 +221,9 @@ func (d *daemon) bootLazy(ctx context.Context, id string) (string, bool, error) 
 // lazyComplete runs when the fill completed and verified the base: the
 // cache file holds it, with sha256 sha.
 func (d *daemon) lazyComplete(id, sha string) {
+	if l := d.lazy; l != nil && l.id == id {
+		l.done.Store(true)
+	}
 	d.mu.Lock()
 	base := d.st.Base
 	if base == id && d.st.BaseSHA256 == "" {
@@ -257,6 +264,9 @@ func (l *lazyBase) Close() error {
 		}
 		l.wg.Wait()
 		l.err = l.r.Close()
+		if c, ok := l.src.(io.Closer); ok {
+			c.Close()
+		}
 		if l.seed != nil {
 			l.seed.Close()
 		}
@@ -288,6 +298,8 @@ func (d *daemon) lazyStats() *lazy.Stats {
 		return nil
 	}
 	s := d.lazy.r.Stats()
+	// Complete means the archive is in place, verified (and decrypted).
+	s.Complete = s.Complete && d.lazy.done.Load()
 	return &s
 }
 

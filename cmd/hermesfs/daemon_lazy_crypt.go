@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hermesfs/hermesfs/uploader"
@@ -47,13 +48,42 @@ func isKeyError(err error) bool {
 	return ok
 }
 
-// plainReader is the plaintext of an encrypted archive.
+// plainReader is the plaintext of an encrypted archive: decrypted from
+// the lazy reader, and once the complete archive was decrypted into the
+// cache, read from that file (the same bytes, without the decryption).
 type plainReader struct {
-	io.ReaderAt
-	n int64
+	dec  io.ReaderAt
+	n    int64
+	file atomic.Pointer[os.File]
 }
 
-func (p plainReader) Size() int64 { return p.n }
+func (p *plainReader) Size() int64 { return p.n }
+
+func (p *plainReader) ReadAt(b []byte, off int64) (int, error) {
+	if f := p.file.Load(); f != nil {
+		return f.ReadAt(b, off)
+	}
+	return p.dec.ReadAt(b, off)
+}
+
+// useFile makes reads go to the plaintext file at path.
+func (p *plainReader) useFile(path string) {
+	f, err := os.Open(path)
+	if err != nil {
+		return // the decryption keeps serving
+	}
+	if fi, err := f.Stat(); err != nil || fi.Size() != p.n || !p.file.CompareAndSwap(nil, f) {
+		f.Close()
+	}
+}
+
+// Close closes the plaintext file, if reads went there.
+func (p *plainReader) Close() error {
+	if f := p.file.Swap(nil); f != nil {
+		return f.Close()
+	}
+	return nil
+}
 
 // openLazyEncrypted opens encrypted snapshot m lazily: ciphertext cached at
 // path+".age", plaintext served through the decryption.
@@ -78,6 +108,7 @@ func (a *catalogAdapter) openLazyEncrypted(ctx context.Context, m uploader.Manif
 		o.Ctx = context.Background()
 	}
 	var once sync.Once
+	src := &plainReader{n: -1}
 	finish := func(string) {
 		once.Do(func() {
 			t0 := time.Now()
@@ -91,6 +122,7 @@ func (a *catalogAdapter) openLazyEncrypted(ctx context.Context, m uploader.Manif
 			if o.Logger != nil {
 				o.Logger.Info("decrypted the complete archive into the cache", "path", path, "took", time.Since(t0).Round(time.Millisecond))
 			}
+			src.useFile(path)
 			if o.OnComplete != nil {
 				o.OnComplete(sum)
 			}
@@ -132,7 +164,7 @@ func (a *catalogAdapter) openLazyEncrypted(ctx context.Context, m uploader.Manif
 	// A plaintext file left by a crash before state.json vouched for it
 	// is made again from the verified ciphertext.
 	os.Remove(path)
-	src := plainReader{ReaderAt: plain, n: n}
+	src.dec, src.n = plain, n
 	metaOff := uploader.SquashfsMetaOffset(src, n)
 	if metaOff <= 0 {
 		metaOff = max(n-1, 0)
