@@ -20,7 +20,9 @@
 #     (HERMESFS_LAZY=0, and --lazy=false when the binary has it)
 #   - a plain GET of the archive through the same link (curl)
 #   - read-all: every file of the tree read once on host B after its fill
-#     completed (through the lazy reader, and the decryption when encrypted)
+#     completed (from the complete cache), and on host C right after its read
+#     set (through the lazy reader while it fetches, and the decryption when
+#     encrypted)
 # ENCRYPT=1 runs it all on encrypted snapshots (a key made with 'hermesfs
 # keygen', HERMESFS_ENCRYPT_TO and HERMESFS_IDENTITY for every host): run it
 # with ENCRYPT=0 and ENCRYPT=1 to compare.
@@ -270,6 +272,10 @@ for size in $SIZES; do
 	rsn_c=$rsn
 	set -- $(data_gets)
 	echo "$default, second new host (after the sessions of host B): ready ${boot_c}s, read set ${rs_c} after ready ($1 archive GETs by then)"
+	t0=$(now)
+	readall_c=$(find "$sw/mnt-c/" -type f -exec cat {} + | wc -c)
+	readall_ct=$(elapsed "$t0" "$(now)")
+	echo "read-all on host C right after its read set (data fetched through the link as it is read): $(mib "$readall_c") MiB in ${readall_ct}s ($(echo "scale=1; $readall_c / 1000000 / $readall_ct" | bc) MB/s)"
 	stop_host "$cpid"
 
 	# Host D: a new host on the download-then-mount path.
@@ -295,10 +301,10 @@ for size in $SIZES; do
 		"first read set + ready vs download-then-mount $(ratio "$(echo "$boot_b + $rsn_b" | bc)" "$(echo "$boot_d + $rsn_d" | bc)")x;" \
 		"fill complete / plain GET $(ratio "$fill_b" "$get")x; download-then-mount ready / plain GET $(ratio "$boot_d" "$get")x"
 	summary="$summary
-$size $(mib "$size_b") $boot_b $rsn_b $fill_b $readall_t $rss_b $boot_c $rsn_c $gets_r $boot_d $rsn_d $get"
+$size $(mib "$size_b") $boot_b $rsn_b $fill_b $readall_t $rss_b $boot_c $rsn_c $readall_ct $gets_r $boot_d $rsn_d $get"
 	for f in "$sw"/*.log "$sw"/*.out; do cp "$f" "$BENCH_DIR/lazy-logs/$size-$(basename "$f")" || true; done
 	rm -rf "$sw"
 done
 
 echo "== summary (seconds; MiB)"
-echo "size archive ready readset fill readall rss ready2 readset2 rebootGETs old_ready old_readset plainGET$summary" | column -t
+echo "size archive ready readset fill readall rss ready2 readset2 readall2 rebootGETs old_ready old_readset plainGET$summary" | column -t
