@@ -76,6 +76,7 @@ func immutableDir(t *testing.T, dir string) {
 type tortureStats struct {
 	rounds, kills, pointKills, pointMissed, sigterms, exit0, exit5 int
 	snapshots, pruned, restarts, deadMountRestarts                 int
+	partialsDone                                                   int // partial copy-ups completed
 }
 
 // tortureRig is one home being tortured: a host (state dir), a mountpoint,
@@ -119,6 +120,10 @@ func newTortureRig(t *testing.T, seed uint64, store string, args ...string) *tor
 		verified: map[string]cutSet{},
 		pause:    filepath.Join(jdir, "pause"),
 	}
+	// Files from the archive of 64 KiB and more (blob.bin, state.db
+	// once it grew) are copied up by range, so kills land in partial
+	// copy-ups and their background completion too.
+	r.h.extraEnv = append(r.h.extraEnv, "HERMESFS_COPY_UP_BY_RANGE_MIN=64K")
 	if strings.HasPrefix(store, "file://") {
 		r.storeDir = strings.TrimPrefix(store, "file://")
 	}
@@ -211,6 +216,7 @@ func (r *tortureRig) ended(d *daemonProc) int {
 	t := r.t
 	t.Helper()
 	code := d.wait()
+	r.stats.partialsDone += strings.Count(d.stderr.String(), "partial copy-up complete")
 	switch code {
 	case 128 + int(syscall.SIGKILL):
 		r.stats.kills++
@@ -425,9 +431,9 @@ func TestTortureKillAnywhere(t *testing.T) {
 		r.killRound(i, mode)
 	}
 	r.finish()
-	t.Logf("%d rounds: %d SIGKILLs (%d at chosen points, %d points not reached), %d SIGTERMs (exit 0: %d, exit 5: %d), %d restarts (%d over a dead mount), %d snapshots verified, %d ops acknowledged; ops in flight at a crash: %d done, %d partial, %d never happened",
+	t.Logf("%d rounds: %d SIGKILLs (%d at chosen points, %d points not reached), %d SIGTERMs (exit 0: %d, exit 5: %d), %d restarts (%d over a dead mount), %d snapshots verified, %d ops acknowledged; ops in flight at a crash: %d done, %d partial, %d never happened; %d partial copy-ups completed",
 		r.stats.rounds, r.stats.kills, r.stats.pointKills, r.stats.pointMissed, r.stats.sigterms, r.stats.exit0, r.stats.exit5,
-		r.stats.restarts, r.stats.deadMountRestarts, r.stats.snapshots, r.m.acked, r.m.resolvedFull, r.m.resolvedPartial, r.m.resolvedVoid)
+		r.stats.restarts, r.stats.deadMountRestarts, r.stats.snapshots, r.m.acked, r.m.resolvedFull, r.m.resolvedPartial, r.m.resolvedVoid, r.stats.partialsDone)
 }
 
 func (r *tortureRig) killRound(i int, mode string) {
