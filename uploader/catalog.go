@@ -51,7 +51,12 @@ type Manifest struct {
 	// Parent is the snapshot the tree was restored from ("" for the first).
 	Parent      string `json:"parent,omitempty"`
 	Size        int64  `json:"size"`
-	SHA256      string `json:"sha256"` // hex, of the whole archive
+	// SHA256 (hex) of the whole archive. A format 2 manifest may leave it
+	// out ("") when the archive was published without all of its bytes at
+	// hand (packed on a base still being fetched, see hole.go): its chunk
+	// digests are then the only check, and every reader verifies chunk by
+	// chunk (VerifyChunks).
+	SHA256      string `json:"sha256,omitempty"`
 	Compression string `json:"compression"`
 	Files       int64  `json:"files,omitempty"` // left out of encrypted snapshots
 	Version     string `json:"hermesfs_version"`
@@ -260,7 +265,7 @@ func (c *Catalog) Manifest(ctx context.Context, id string) (Manifest, error) {
 		return Manifest{}, &CorruptError{ID: id, Err: fmt.Errorf("manifest names snapshot %q", m.ID)}
 	case m.Format > ManifestFormat:
 		return Manifest{}, fmt.Errorf("manifest of %s has format %d; this hermesfs reads up to %d: upgrade it", id, m.Format, ManifestFormat)
-	case len(m.SHA256) != 64 || m.Size < 0:
+	case len(m.SHA256) != 64 && !(m.SHA256 == "" && m.Lazy()) || m.Size < 0:
 		return Manifest{}, &CorruptError{ID: id, Err: errors.New("manifest lacks size or sha256")}
 	}
 	if err := m.checkChunks(); err != nil {
@@ -302,6 +307,16 @@ type PublishInput struct {
 	// Hot is recorded in the manifest (see Manifest.Hot); indexes that
 	// name no chunk of this archive are dropped.
 	Hot []int64
+	// Hole, when not empty, is a range of whole chunks (past the first) of
+	// the file at Path left unwritten: the Delta source's bytes at the same
+	// offsets belong there (archive.PackResult.Hole). Publish takes their
+	// chunk digests from the source's manifest, lets the store copy them,
+	// and reads them from Fill only for what the store must receive; the
+	// manifest then has no whole-archive sha256. See hole.go.
+	Hole Hole
+	// Fill reads the Delta source's archive (a reader that verifies what
+	// it fetches); required with Hole.
+	Fill io.ReaderAt
 }
 
 // Delta says which byte ranges of an archive to publish are copies of the
@@ -351,6 +366,13 @@ func (c *Catalog) PublishReport(ctx context.Context, in PublishInput) (Published
 	if latest != in.Expect {
 		return Published{}, &ConflictError{Expected: in.Expect, Latest: latest}
 	}
+	if in.Hole.Len() > 0 && c.opts.Recipients != nil {
+		// The ciphertext is made of every plaintext byte.
+		if err := fillHole(ctx, in.Path, in.Hole, in.Fill); err != nil {
+			return Published{}, fmt.Errorf("publish: %w", err)
+		}
+		in.Hole = Hole{}
+	}
 	enc, cleanup, err := c.sealInput(ctx, latest, &in)
 	if err != nil {
 		return Published{}, fmt.Errorf("publish: %w", err)
@@ -373,8 +395,27 @@ func (c *Catalog) PublishReport(ctx context.Context, in PublishInput) (Published
 		cs = DefaultChunkSize
 	}
 	// One pass gives the chunk digests and the whole file's sha256.
-	sum, chunks, n, metaOff, err := fileChunkSums(ctx, in.Path, cs)
-	if err != nil {
+	var (
+		sum     string
+		chunks  []string
+		n       int64
+		metaOff int64
+		local   io.ReaderAt = f
+	)
+	if in.Hole.Len() > 0 {
+		if in.SHA256 != "" {
+			return Published{}, errors.New("publish: an archive with a hole has no sha256 to check")
+		}
+		digests, err := c.holeDigests(ctx, in, cs)
+		if err != nil {
+			return Published{}, fmt.Errorf("publish: %w", err)
+		}
+		if chunks, metaOff, err = holeChunkSums(ctx, f, st.Size(), cs, in.Hole, digests); err != nil {
+			return Published{}, fmt.Errorf("publish: %w", err)
+		}
+		n = st.Size()
+		local = holeReader{f: f, fill: in.Fill, hole: in.Hole}
+	} else if sum, chunks, n, metaOff, err = fileChunkSums(ctx, in.Path, cs); err != nil {
 		return Published{}, fmt.Errorf("publish: %w", err)
 	}
 	if n != st.Size() {
@@ -421,20 +462,21 @@ func (c *Catalog) PublishReport(ctx context.Context, in PublishInput) (Published
 	var info ObjectInfo
 	if in.Delta != nil && len(in.Delta.Ranges) > 0 {
 		var res ComposeResult
-		res, err = c.putComposed(ctx, m, f, in.Delta)
+		d := in.Delta
+		if in.Hole.Len() > 0 {
+			d = &Delta{Source: d.Source, Ranges: splitHole(d.Ranges, in.Hole)}
+		}
+		res, err = c.putComposed(ctx, m, local, d)
 		info, p.Sent, p.Copied = res.ObjectInfo, res.Sent, res.Copied
 		if err != nil && ctx.Err() == nil {
 			if !errors.Is(err, errors.ErrUnsupported) {
 				c.log.Warn("publish: could not copy from the previous archive; uploading it whole", "id", id, "source", in.Delta.Source, "err", err)
 			}
-			if _, err = f.Seek(0, io.SeekStart); err != nil {
-				return Published{}, fmt.Errorf("publish: %w", err)
-			}
-			info, err = c.store.Put(ctx, m.Archive, f, m.Size, PutOptions{})
+			info, err = c.store.Put(ctx, m.Archive, io.NewSectionReader(local, 0, m.Size), m.Size, PutOptions{})
 			p.Sent, p.Copied = m.Size, 0
 		}
 	} else {
-		info, err = c.store.Put(ctx, m.Archive, f, m.Size, PutOptions{})
+		info, err = c.store.Put(ctx, m.Archive, io.NewSectionReader(local, 0, m.Size), m.Size, PutOptions{})
 		p.Sent = m.Size
 	}
 	if err != nil {
@@ -466,7 +508,7 @@ func (c *Catalog) PublishReport(ctx context.Context, in PublishInput) (Published
 
 // putComposed uploads the archive as ranges of the delta's source plus
 // the rest of f, if the store can and the source is as its manifest says.
-func (c *Catalog) putComposed(ctx context.Context, m Manifest, f *os.File, d *Delta) (ComposeResult, error) {
+func (c *Catalog) putComposed(ctx context.Context, m Manifest, f io.ReaderAt, d *Delta) (ComposeResult, error) {
 	comp, ok := c.store.(Composer)
 	if !ok || !comp.CanCompose() {
 		return ComposeResult{}, fmt.Errorf("store cannot copy: %w", errors.ErrUnsupported)

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"os"
 )
@@ -151,4 +152,71 @@ func fileChunkSums(ctx context.Context, path string, chunkSize int64) (string, [
 		return "", nil, 0, 0, fmt.Errorf("hash %s: %w", path, err)
 	}
 	return whole, chunks, size, SquashfsMetaOffset(f, size), nil
+}
+
+// chunkVerifier is a Writer that checks what passes through it, in order,
+// against the manifest's chunk digests: the check of an archive whose
+// manifest has no whole-archive sha256.
+type chunkVerifier struct {
+	m   Manifest
+	h   hash.Hash
+	in  int64 // bytes of the current chunk written
+	i   int   // the current chunk
+	err error
+}
+
+func newChunkVerifier(m Manifest) *chunkVerifier {
+	return &chunkVerifier{m: m, h: sha256.New()}
+}
+
+func (v *chunkVerifier) Write(p []byte) (int, error) {
+	n := len(p)
+	for len(p) > 0 && v.err == nil {
+		k := min(int64(len(p)), v.m.ChunkSize-v.in)
+		v.h.Write(p[:k])
+		v.in += k
+		p = p[k:]
+		if v.in == v.m.ChunkSize {
+			v.endChunk()
+		}
+	}
+	return n, nil // the first mismatch is reported by Close
+}
+
+func (v *chunkVerifier) endChunk() {
+	if v.i >= len(v.m.Chunks) {
+		v.err = fmt.Errorf("archive longer than its %d chunk digests", len(v.m.Chunks))
+		return
+	}
+	if got := hex.EncodeToString(v.h.Sum(nil)); got != v.m.Chunks[v.i] {
+		v.err = fmt.Errorf("chunk %d (bytes %d-%d) has sha256 %s, the manifest says %s", v.i, int64(v.i)*v.m.ChunkSize,
+			int64(v.i)*v.m.ChunkSize+v.in-1, got, v.m.Chunks[v.i])
+		return
+	}
+	v.i++
+	v.in = 0
+	v.h.Reset()
+}
+
+// Close checks the last (short) chunk and that every chunk was seen.
+func (v *chunkVerifier) Close() error {
+	if v.err == nil && v.in > 0 {
+		v.endChunk()
+	}
+	if v.err == nil && v.i != len(v.m.Chunks) {
+		v.err = fmt.Errorf("archive ends after %d of its %d chunks", v.i, len(v.m.Chunks))
+	}
+	return v.err
+}
+
+// VerifyChunks checks the archive read from r against m's chunk digests.
+func VerifyChunks(ctx context.Context, r io.Reader, m Manifest) error {
+	if !m.Lazy() {
+		return errors.New("the manifest has no chunk digests")
+	}
+	v := newChunkVerifier(m)
+	if _, err := io.CopyBuffer(v, ContextReader(ctx, r), make([]byte, 1<<20)); err != nil {
+		return err
+	}
+	return v.Close()
 }

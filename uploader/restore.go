@@ -152,6 +152,13 @@ func (c *Catalog) fetch(ctx context.Context, id, dst string, o RestoreOptions) (
 		}
 	} else {
 		var w io.Writer = io.MultiWriter(tmp, h)
+		var cv *chunkVerifier
+		if m.SHA256 == "" {
+			// No whole-archive sha256 (see Manifest.SHA256): every chunk
+			// is checked instead.
+			cv = newChunkVerifier(m)
+			w = io.MultiWriter(tmp, h, cv)
+		}
 		if o.Progress != nil {
 			w = &progressWriter{w: w, total: m.Size, fn: o.Progress}
 		}
@@ -162,7 +169,12 @@ func (c *Catalog) fetch(ctx context.Context, id, dst string, o RestoreOptions) (
 		if n != m.Size {
 			return m, "", &CorruptError{ID: id, Err: fmt.Errorf("archive has %d bytes, manifest says %d", n, m.Size)}
 		}
-		if sum = hex.EncodeToString(h.Sum(nil)); sum != m.SHA256 {
+		sum = hex.EncodeToString(h.Sum(nil))
+		if cv != nil {
+			if err := cv.Close(); err != nil {
+				return m, "", &CorruptError{ID: id, Err: err}
+			}
+		} else if sum != m.SHA256 {
 			return m, "", &CorruptError{ID: id, Err: fmt.Errorf("archive sha256 is %s, manifest says %s", sum, m.SHA256)}
 		}
 	}

@@ -189,6 +189,12 @@ type ComposeSource struct {
 // source's bytes [SourceOffset, SourceOffset+Length).
 type ComposeRange struct {
 	Offset, SourceOffset, Length int64
+	// Unchecked: local does not hold these bytes at hand (reading them
+	// there may fetch them from afar), so the store copies them without
+	// comparing them with local's. Whoever relies on the copy checks it
+	// otherwise (a snapshot's chunk digests, taken from the source's
+	// manifest). A store that cannot copy them reads them from local.
+	Unchecked bool
 }
 
 // ComposeResult is what a composed put did.

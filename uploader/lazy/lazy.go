@@ -36,7 +36,9 @@ type Options struct {
 	// ChunkSize and Chunks (hex sha256 of each chunk) from the manifest.
 	ChunkSize int64
 	Chunks    []string
-	// SHA256 (hex) of the whole object, checked once it is complete.
+	// SHA256 (hex) of the whole object, checked once it is complete; ""
+	// when the manifest has none (then the complete file is checked
+	// chunk by chunk once more).
 	SHA256 string
 	// Path is where the complete cache file goes; while incomplete the
 	// bytes are in Path+".partial" and the present log in Path+".present".
@@ -243,7 +245,7 @@ func (r *Reader) openCache() error {
 			return fmt.Errorf("lazy cache: %w", err)
 		}
 	}
-	present, reset, err := loadPresent(pl, r.o.SHA256, r.o.Size, r.o.ChunkSize, r.n)
+	present, reset, err := loadPresent(pl, r.identity(), r.o.Size, r.o.ChunkSize, r.n)
 	if err == nil && reset {
 		// Another object's bytes, or none: start from a hole.
 		err = f.Truncate(0)
@@ -799,12 +801,16 @@ func (r *Reader) finish(t0 time.Time) {
 	if err := r.sync(); err != nil {
 		return
 	}
-	h := sha256.New()
-	if _, err := io.Copy(h, io.NewSectionReader(r.f, 0, r.o.Size)); err != nil {
+	if r.o.SHA256 == "" {
+		m := uploader.Manifest{Size: r.o.Size, ChunkSize: r.o.ChunkSize, Chunks: r.o.Chunks}
+		if err := uploader.VerifyChunks(context.Background(), io.NewSectionReader(r.f, 0, r.o.Size), m); err != nil {
+			r.failFill(fmt.Errorf("the complete archive: %w", err))
+			return
+		}
+	} else if got, err := fileSHA256(r.f, r.o.Size); err != nil {
 		r.failFill(fmt.Errorf("read the cache back: %w", err))
 		return
-	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != r.o.SHA256 {
+	} else if got != r.o.SHA256 {
 		// Every chunk matched its digest, so the manifest contradicts
 		// itself; keep serving (the chunks are right) but do not call
 		// the file a verified archive.
@@ -875,4 +881,25 @@ func syncDir(dir string) error {
 	}
 	defer d.Close()
 	return d.Sync()
+}
+
+// identity names the object in the present log: its sha256, else a digest
+// of its chunk digests.
+func (r *Reader) identity() string {
+	if r.o.SHA256 != "" {
+		return r.o.SHA256
+	}
+	h := sha256.New()
+	for _, c := range r.o.Chunks {
+		io.WriteString(h, c)
+	}
+	return "chunks-" + hex.EncodeToString(h.Sum(nil))
+}
+
+func fileSHA256(f io.ReaderAt, size int64) (string, error) {
+	h := sha256.New()
+	if _, err := io.Copy(h, io.NewSectionReader(f, 0, size)); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
 }

@@ -40,9 +40,10 @@ const maxCopyPart = 5 << 30
 // composedPart is one part of a composed put: n bytes at off of the new
 // object, copied from src of the source when copy is set, else sent.
 type composedPart struct {
-	off, n int64
-	copy   bool
-	src    int64
+	off, n    int64
+	copy      bool
+	src       int64
+	unchecked bool // a copy not compared with local (ComposeRange.Unchecked)
 }
 
 // planParts cuts an object of size bytes into parts, copying what ranges
@@ -54,7 +55,7 @@ type composedPart struct {
 func planParts(size int64, ranges []uploader.ComposeRange, minPart, partSize int64) (parts []composedPart, sent, copied int64) {
 	var kept []composedPart // the copies, trimmed
 	for _, r := range ranges {
-		c := composedPart{off: r.Offset, n: r.Length, copy: true, src: r.SourceOffset}
+		c := composedPart{off: r.Offset, n: r.Length, copy: true, src: r.SourceOffset, unchecked: r.Unchecked}
 		var prev *composedPart
 		end := int64(0)
 		if len(kept) > 0 {
@@ -109,7 +110,7 @@ func planParts(size int64, ranges []uploader.ComposeRange, minPart, partSize int
 		}
 		for i := range k {
 			lo, hi := s.n*i/k, s.n*(i+1)/k
-			p := composedPart{off: s.off + lo, n: hi - lo, copy: s.copy}
+			p := composedPart{off: s.off + lo, n: hi - lo, copy: s.copy, unchecked: s.unchecked}
 			if s.copy {
 				p.src = s.src + lo
 			}
@@ -191,6 +192,9 @@ func (s *Store) copyPart(key string, local io.ReaderAt, src uploader.ComposeSour
 		return sum, sumErr
 	}
 	return part{n: p.n, done: func() {}, send: func(ctx context.Context, uploadID *string, num int32) (*string, error) {
+		if p.unchecked {
+			return s.copyUnchecked(ctx, key, uploadID, num, srcPath, src, p)
+		}
 		// Hash the local bytes while the server copies (the hash stops
 		// when ctx ends).
 		// A copy that cannot be checked stops it early (stopHash); any
@@ -255,4 +259,26 @@ func copySource(bucket, key string) string {
 		segs[i] = url.PathEscape(s)
 	}
 	return url.PathEscape(bucket) + "/" + strings.Join(segs, "/")
+}
+
+// copyUnchecked is a part copy of bytes local does not hold at hand
+// (uploader.ComposeRange.Unchecked): taken as the server copies it, from
+// the source as the caller knows it (its ETag).
+func (s *Store) copyUnchecked(ctx context.Context, key string, uploadID *string, num int32, srcPath string, src uploader.ComposeSource, p composedPart) (*string, error) {
+	out, err := s.client.UploadPartCopy(ctx, &awss3.UploadPartCopyInput{
+		Bucket:            aws.String(s.bucket),
+		Key:               s.full(key),
+		UploadId:          uploadID,
+		PartNumber:        aws.Int32(num),
+		CopySource:        aws.String(srcPath),
+		CopySourceRange:   aws.String(fmt.Sprintf("bytes=%d-%d", p.src, p.src+p.n-1)),
+		CopySourceIfMatch: aws.String(`"` + src.ETag + `"`),
+	})
+	if err != nil {
+		return nil, err
+	}
+	if out.CopyPartResult == nil || out.CopyPartResult.ETag == nil {
+		return nil, errors.New("no ETag for the copied part")
+	}
+	return out.CopyPartResult.ETag, nil
 }

@@ -1,0 +1,117 @@
+package uploader_test
+
+import (
+	"bytes"
+	"crypto/rand"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/hermesfs/hermesfs/uploader"
+)
+
+// countingReaderAt counts the distinct 4 KiB pages read from it (a store
+// may read a part twice: to hash it, then to send it).
+type countingReaderAt struct {
+	r     io.ReaderAt
+	mu    sync.Mutex
+	pages map[int64]bool
+}
+
+func (c *countingReaderAt) ReadAt(p []byte, off int64) (int, error) {
+	n, err := c.r.ReadAt(p, off)
+	c.mu.Lock()
+	if c.pages == nil {
+		c.pages = map[int64]bool{}
+	}
+	for pg := off >> 12; pg<<12 < off+int64(n); pg++ {
+		c.pages[pg] = true
+	}
+	c.mu.Unlock()
+	return n, err
+}
+
+func (c *countingReaderAt) bytes() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return int64(len(c.pages)) << 12
+}
+
+// An archive whose shared prefix is a hole publishes without its bytes
+// being hashed or (where the store can copy) read: the manifest carries
+// the source's chunk digests and no sha256, and a restore on another host
+// checks every chunk and gets the whole archive.
+func TestPublishHole(t *testing.T) {
+	const cs = 64 << 10
+	eachStore(t, func(t *testing.T, s uploader.Store) {
+		cat := uploader.NewCatalog(s, uploader.CatalogOptions{Host: "a"})
+		// S3 parts are at least 5 MiB: the first part (the new head) is
+		// sent, so the prefix must be longer than that to copy any.
+		baseBytes := make([]byte, 12<<20+123)
+		rand.Read(baseBytes)
+		dir := t.TempDir()
+		bp := filepath.Join(dir, "base")
+		os.WriteFile(bp, baseBytes, 0o600)
+		base, err := cat.Publish(t.Context(), uploader.PublishInput{Path: bp, ChunkSize: cs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The next archive: a new head, the base's bytes up to shared,
+		// then new bytes.
+		shared := int64(11<<20 + 4567)
+		want := append([]byte(nil), baseBytes[:shared]...)
+		copy(want, "new head")
+		tail := make([]byte, 300<<10)
+		rand.Read(tail)
+		want = append(want, tail...)
+		hole := uploader.Hole{From: cs, To: shared / cs * cs}
+		np := filepath.Join(dir, "next")
+		holey := append([]byte(nil), want...)
+		clear(holey[hole.From:hole.To])
+		os.WriteFile(np, holey, 0o600)
+		fill := &countingReaderAt{r: bytes.NewReader(baseBytes)}
+		in := uploader.PublishInput{
+			Path: np, ChunkSize: cs, Parent: base.ID, Expect: base.ID, Hole: hole, Fill: fill,
+			Delta: &uploader.Delta{Source: base.ID, Ranges: []uploader.ComposeRange{{Offset: 96, SourceOffset: 96, Length: shared - 96}}},
+		}
+		p, err := cat.PublishReport(t.Context(), in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.SHA256 != "" || !p.Lazy() {
+			t.Errorf("manifest sha256 %q, lazy %v", p.SHA256, p.Lazy())
+		}
+		if p.Copied < hole.Len()-5<<20 {
+			t.Errorf("copied %d bytes of a %d-byte hole", p.Copied, hole.Len())
+		}
+		// What is read from the fill: at most what the first part takes
+		// of it (S3), nothing on a local store.
+		if n := fill.bytes(); n > 5<<20+8<<10 {
+			t.Errorf("%d bytes of the hole read to publish it", n)
+		}
+		other := uploader.NewCatalog(s, uploader.CatalogOptions{Host: "b"})
+		dst := filepath.Join(t.TempDir(), "restored")
+		res, err := other.Restore(t.Context(), dst, uploader.RestoreOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := os.ReadFile(dst)
+		if res.Manifest.ID != p.ID || !bytes.Equal(got, want) {
+			t.Fatalf("restored %s (%d bytes), want %s (%d bytes) equal to the archive", res.Manifest.ID, len(got), p.ID, len(want))
+		}
+
+		// A store whose copy is wrong is caught by the chunk digests.
+		if l, ok := s.(*uploader.Local); ok {
+			f, _ := os.OpenFile(filepath.Join(l.Root(), filepath.FromSlash(p.Archive)), os.O_WRONLY, 0)
+			f.WriteAt([]byte("x"), hole.From+77)
+			f.Close()
+			_, err := other.Restore(t.Context(), dst, uploader.RestoreOptions{ID: p.ID})
+			if !errors.Is(err, uploader.ErrCorrupt) {
+				t.Fatalf("restore of a damaged archive: %v", err)
+			}
+		}
+	})
+}
