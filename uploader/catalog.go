@@ -49,8 +49,8 @@ type Manifest struct {
 	Created time.Time `json:"created"`
 	Host    string    `json:"host"`
 	// Parent is the snapshot the tree was restored from ("" for the first).
-	Parent      string `json:"parent,omitempty"`
-	Size        int64  `json:"size"`
+	Parent string `json:"parent,omitempty"`
+	Size   int64  `json:"size"`
 	// SHA256 (hex) of the whole archive. A format 2 manifest may leave it
 	// out ("") when the archive was published without all of its bytes at
 	// hand (packed on a base still being fetched, see hole.go): its chunk
