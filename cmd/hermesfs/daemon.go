@@ -767,6 +767,7 @@ func (d *daemon) stop(waitBg func()) shutdownResult {
 	t := time.AfterFunc(time.Until(deadline.Add(-reserve)), d.bgCancel)
 	defer t.Stop()
 
+	d.stopLazyFill()
 	res := shutdownResult{Code: exitOK}
 	var finalGen uint64
 	gone := false

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"io"
 	iofs "io/fs"
 
 	"github.com/hermesfs/hermesfs/uploader"
@@ -106,6 +107,12 @@ type publishMeta struct {
 	Copies      []copyRange
 	// Hot is the chunks of the base read first (manifest "hot").
 	Hot []int64
+	// Hole is the range of the archive left unwritten (packed on a base
+	// still being fetched); Fill reads the base there, ChunkSize is the
+	// base's chunk size (the hole is aligned to it).
+	Hole      uploader.Hole
+	Fill      io.ReaderAt
+	ChunkSize int64
 }
 
 // copyRange is a byte range of a new archive that is a copy of a range
@@ -155,6 +162,9 @@ type packStats struct {
 	Copies       []copyRange
 	BytesCopied  int64
 	GarbageBytes int64
+	// Hole: the range left unwritten (archive.PackResult.Hole); SHA256
+	// is "" then.
+	Hole uploader.Hole
 }
 
 // parts builds the real parts; tests of the wiring do not replace it (the

@@ -254,6 +254,15 @@ func (d *daemon) startLazyFill() {
 	l.r.Fill()
 }
 
+// stopLazyFill stops the background fill (a stop): the final snapshot
+// does not wait behind it, nor share the link with it. The next start
+// resumes it.
+func (d *daemon) stopLazyFill() {
+	if d.lazy != nil {
+		d.lazy.r.StopFill()
+	}
+}
+
 // Close stops the fill and closes the reader; later calls return the first
 // one's result.
 func (l *lazyBase) Close() error {

@@ -187,6 +187,13 @@ func (d *daemon) snapshotOnce(ctx context.Context, parent, expect string) (snaps
 	if baseID != "" {
 		meta.DeltaSource, meta.Copies = baseID, ps.Copies
 	}
+	if ps.Hole.Len() > 0 {
+		lr, ok := lazyLookup(base)
+		if !ok {
+			return r, fmt.Errorf("pack: %s left a hole for a base that is not being fetched", out)
+		}
+		meta.Hole, meta.Fill, meta.ChunkSize = ps.Hole, lr, lr.ChunkSize()
+	}
 	pr, err := d.cat.Publish(ctx, out, meta, expect)
 	if err != nil {
 		// Kept: the publish may have moved LATEST before it failed
@@ -205,7 +212,12 @@ func (d *daemon) snapshotOnce(ctx context.Context, parent, expect string) (snaps
 	// the base without downloading it again. The one before goes: the
 	// pack dir holds at most this one and the one being built.
 	keep := filepath.Join(d.sd.packDir(), pr.ID+".sqfs")
-	if err := os.Rename(out, keep); err != nil {
+	if ps.Hole.Len() > 0 {
+		// It lacks the base's bytes: not an archive to pack on or to
+		// rebase on. The next snapshot is packed on the base again, and
+		// a stop keeps base + upper (the base still fetched lazily).
+		os.Remove(out)
+	} else if err := os.Rename(out, keep); err != nil {
 		d.log.Warn("keeping the published archive", "err", err)
 	}
 	olds, _ := filepath.Glob(filepath.Join(d.sd.packDir(), "*.sqfs"))

@@ -11,6 +11,7 @@ import (
 	"github.com/hermesfs/hermesfs/archive"
 	"github.com/hermesfs/hermesfs/fs"
 	"github.com/hermesfs/hermesfs/fs/memguard"
+	"github.com/hermesfs/hermesfs/uploader"
 )
 
 // realParts wires the daemon to the archive writer and reader, the overlay,
@@ -53,6 +54,9 @@ func packTo(out string, pack func(f *os.File) (archive.PackResult, error)) (ps p
 		BytesReused: res.ReusedBytes, SHA256: hex.EncodeToString(res.SHA256[:]),
 		BaseUse: string(res.Base), BytesCopied: res.CopiedBytes, GarbageBytes: res.GarbageBytes,
 	}
+	if res.Hole.Len() > 0 {
+		ps.SHA256, ps.Hole = "", uploader.Hole(res.Hole)
+	}
 	for _, c := range res.Copies {
 		ps.Copies = append(ps.Copies, copyRange{Offset: c.Offset, BaseOffset: c.BaseOffset, Length: c.Length})
 	}
@@ -72,8 +76,16 @@ func (realParts) packView(ctx context.Context, v frozenView, out, base string) (
 		if err != nil {
 			return packStats{}, mark(err, errBadBase)
 		}
-		defer f.Close()
+		if f != nil {
+			defer f.Close()
+		}
 		opts.Base = r
+		if lr, ok := lazyLookup(base); ok && !fileExists(base) {
+			// A base still being fetched: its shared prefix stays a
+			// hole, published as a copy of the base's bytes in the
+			// store (README "Lazy boot").
+			opts.PrefixHole = lr.ChunkSize()
+		}
 	}
 	return packTo(out, func(f *os.File) (archive.PackResult, error) {
 		return archive.Pack(ctx, f, v.(*viewAdapter).View, opts)

@@ -77,6 +77,9 @@ func (a *catalogAdapter) Publish(ctx context.Context, path string, meta publishM
 		Path: path, SHA256: meta.SHA256, Size: meta.Size, Parent: meta.Parent, Expect: expect, Files: meta.Files, Lease: a.lease,
 		Hot: meta.Hot,
 	}
+	if meta.Hole.Len() > 0 {
+		in.Hole, in.Fill, in.ChunkSize = meta.Hole, meta.Fill, meta.ChunkSize
+	}
 	if meta.DeltaSource != "" && len(meta.Copies) > 0 {
 		in.Delta = &uploader.Delta{Source: meta.DeltaSource}
 		for _, c := range meta.Copies {

@@ -142,6 +142,7 @@ type Reader struct {
 
 	demand, ahead, filling chan struct{}
 	waiting                atomic.Int64
+	fillOff                atomic.Bool // StopFill
 	flush                  chan struct{}
 
 	mu        sync.Mutex
@@ -719,7 +720,7 @@ func (r *Reader) fill() {
 	t0 := time.Now()
 	for pass := 0; ; pass++ {
 		for _, i := range order {
-			if r.ctx.Err() != nil || r.stopped() {
+			if r.ctx.Err() != nil || r.stopped() || r.fillOff.Load() {
 				return
 			}
 			// On-demand misses go first: the fill waits while any wait.
@@ -858,6 +859,11 @@ func (r *Reader) FillErr() error {
 	}
 	return r.noWrite
 }
+
+// StopFill stops the background fill for good (a stopping mount needs its
+// link for the final snapshot, not for bytes nobody reads any more); the
+// chunks in flight finish, what was fetched stays, reads go on.
+func (r *Reader) StopFill() { r.fillOff.Store(true) }
 
 // Close stops the fill and fetches in flight, records what was written and
 // closes the files. Reads after Close fail.
