@@ -1,0 +1,108 @@
+package main
+
+import (
+	"crypto/rand"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestE2ELazyStopPublishesWithoutBase: SIGTERM right after a lazy boot
+// over a slow link, with a change made, publishes that change without
+// downloading the base: the snapshot is packed with the base's shared
+// prefix left a hole, S3 copies those bytes from the base's object, and
+// the manifest carries the base's chunk digests for them. Another host
+// then restores it (checked chunk by chunk) with the change.
+func TestE2ELazyStopPublishesWithoutBase(t *testing.T) {
+	need(t, "/dev/fuse")
+	s3 := startS3Rig(t)
+	store := s3.url(s3.faults.URL, "lazypack")
+	a := newHost(t, store)
+	mpA := e2eDir(t, "homeA")
+	seedHome(t, mpA)
+	// Large enough that S3 copies most of it: a multipart upload's
+	// parts are at least 5 MiB, and the first one (with the new
+	// superblock) is sent.
+	for i := range 8 {
+		b := make([]byte, 2<<20)
+		rand.Read(b)
+		writeFile(t, filepath.Join(mpA, "blobs", fmt.Sprintf("b%d.bin", i)), string(b), 0o644)
+	}
+	want := snapshotTree(t, mpA)
+	a.mount(mpA, "--interval", "0").stopOK(t)
+	cat := storeCatalog(t, s3.direct("lazypack"))
+	base, err := cat.Latest(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// A slow link from here on.
+	s3.faults.SetRate(4 << 20)
+	s3.faults.SetLatency(10 * time.Millisecond)
+	down0 := s3.faults.Stats().BytesDown
+	b := newHost(t, store)
+	mp := e2eDir(t, "homeB")
+	d := b.mount(mp, "--interval", "0")
+	if !strings.Contains(d.stderr.String(), "booting lazily") {
+		t.Fatalf("did not boot lazily:\n%s", d.stderr)
+	}
+	writeFile(t, filepath.Join(mp, "new.txt"), "made right after a lazy boot", 0o644)
+	d.stopOK(t)
+	fetched := s3.faults.Stats().BytesDown - down0
+
+	m, err := cat.Latest(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.ID == base.ID || m.Parent != base.ID {
+		t.Fatalf("LATEST %s (parent %s) after the stop; base %s", m.ID, m.Parent, base.ID)
+	}
+	if m.SHA256 != "" || !m.Lazy() || m.SharedPrefix < base.Size/2 {
+		t.Fatalf("final snapshot not packed on the partial base: sha256 %q, lazy %v, shared prefix %d of %d\n%s",
+			m.SHA256, m.Lazy(), m.SharedPrefix, base.Size, d.stderr)
+	}
+	// The head part (5 MiB, S3's smallest) and the metadata: far below
+	// the base.
+	if fetched > base.Size*3/4 {
+		t.Errorf("%d bytes downloaded for a %d-byte base", fetched, base.Size)
+	}
+	t.Logf("base %d bytes; downloaded %d bytes from boot to exit", base.Size, fetched)
+
+	// Another host restores it whole (chunk digests checked) and lazily.
+	s3.faults.SetRate(0)
+	s3.faults.SetLatency(0)
+	for _, lazy := range []string{"false", "true"} {
+		c := newHost(t, store)
+		mpC := e2eDir(t, "homeC")
+		dc := c.mount(mpC, "--interval", "0", "--lazy="+lazy)
+		if got := mustRead(t, filepath.Join(mpC, "new.txt")); got != "made right after a lazy boot" {
+			t.Fatalf("--lazy=%s: new.txt = %q", lazy, got)
+		}
+		if diff := diffTrees(want, withoutNew(snapshotTree(t, mpC))); diff != "" {
+			t.Fatalf("--lazy=%s: tree differs:\n%s", lazy, diff)
+		}
+		if lazy == "true" {
+			waitLazyComplete(t, c, mpC)
+		}
+		dc.stopOK(t)
+	}
+
+	// The host that published it restarts: base + upper, the base still
+	// partly fetched.
+	d = b.mount(mp, "--interval", "0")
+	if got := mustRead(t, filepath.Join(mp, "new.txt")); got != "made right after a lazy boot" {
+		t.Fatalf("after a restart: new.txt = %q", got)
+	}
+	if diff := diffTrees(want, withoutNew(snapshotTree(t, mp))); diff != "" {
+		t.Fatalf("after a restart: tree differs:\n%s", diff)
+	}
+	d.stopOK(t)
+}
+
+// withoutNew is tree without new.txt (checked on its own).
+func withoutNew(tree map[string]entry) map[string]entry {
+	delete(tree, "new.txt")
+	return tree
+}
