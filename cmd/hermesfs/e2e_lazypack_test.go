@@ -31,6 +31,7 @@ func TestE2ELazyStopPublishesWithoutBase(t *testing.T) {
 		writeFile(t, filepath.Join(mpA, "blobs", fmt.Sprintf("b%d.bin", i)), string(b), 0o644)
 	}
 	want := snapshotTree(t, mpA)
+	t0 := time.Now()
 	a.mount(mpA, "--interval", "0").stopOK(t)
 	cat := storeCatalog(t, s3.direct("lazypack"))
 	base, err := cat.Latest(t.Context())
@@ -39,8 +40,9 @@ func TestE2ELazyStopPublishesWithoutBase(t *testing.T) {
 	}
 
 	// A slow link from here on.
-	s3.faults.SetRate(4 << 20)
+	s3.faults.SetRate(8 << 20)
 	s3.faults.SetLatency(10 * time.Millisecond)
+	t.Logf("published the base: %v", time.Since(t0))
 	down0 := s3.faults.Stats().BytesDown
 	b := newHost(t, store)
 	mp := e2eDir(t, "homeB")
@@ -51,6 +53,7 @@ func TestE2ELazyStopPublishesWithoutBase(t *testing.T) {
 	writeFile(t, filepath.Join(mp, "new.txt"), "made right after a lazy boot", 0o644)
 	d.stopOK(t)
 	fetched := s3.faults.Stats().BytesDown - down0
+	t.Logf("lazy boot, change, stop: %v", time.Since(t0))
 
 	m, err := cat.Latest(t.Context())
 	if err != nil {
@@ -87,6 +90,7 @@ func TestE2ELazyStopPublishesWithoutBase(t *testing.T) {
 			waitLazyComplete(t, c, mpC)
 		}
 		dc.stopOK(t)
+		t.Logf("--lazy=%s on another host: %v", lazy, time.Since(t0))
 	}
 
 	// The host that published it restarts: base + upper, the base still
