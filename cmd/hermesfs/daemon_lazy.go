@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -226,15 +228,40 @@ func (d *daemon) lazyComplete(id, sha string) {
 	}
 	d.mu.Lock()
 	base := d.st.Base
-	if base == id && d.st.BaseSHA256 == "" {
+	if base == id && d.st.BaseSHA256 == "" && sha != "" {
 		d.st.BaseSHA256 = sha
 		if err := d.sd.save(d.st); err != nil {
 			d.log.Error("state", "err", err)
 		}
 	}
+	sha = d.st.BaseSHA256
 	d.mu.Unlock()
-	if base == id {
-		d.cleanCache(id)
+	if base != id {
+		return
+	}
+	d.cleanCache(id)
+	if sha == "" {
+		// A manifest without a whole-archive sha256 (published with a
+		// hole): the complete file, every chunk of it checked, gets one
+		// now, so that the next start finds it in the cache by it.
+		p := d.sd.cached(id)
+		f, err := os.Open(p)
+		if err != nil {
+			return
+		}
+		defer f.Close()
+		h := sha256.New()
+		if _, err := io.Copy(h, f); err != nil {
+			return
+		}
+		d.mu.Lock()
+		if d.st.Base == id && d.st.BaseSHA256 == "" {
+			d.st.BaseSHA256 = hex.EncodeToString(h.Sum(nil))
+			if err := d.sd.save(d.st); err != nil {
+				d.log.Warn("state", "err", err)
+			}
+		}
+		d.mu.Unlock()
 	}
 }
 

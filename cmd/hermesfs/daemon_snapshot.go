@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/hermesfs/hermesfs/archive"
+	"github.com/hermesfs/hermesfs/uploader/lazy"
 )
 
 // snapshotNow takes one snapshot: freeze, pack the view, publish, prune.
@@ -188,7 +189,8 @@ func (d *daemon) snapshotOnce(ctx context.Context, parent, expect string) (snaps
 		meta.DeltaSource, meta.Copies = baseID, ps.Copies
 	}
 	if ps.Hole.Len() > 0 {
-		lr, ok := lazyLookup(base)
+		src, _ := lazyLookup(base)
+		lr, ok := src.(*lazy.Reader)
 		if !ok {
 			return r, fmt.Errorf("pack: %s left a hole for a base that is not being fetched", out)
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/hermesfs/hermesfs/fs"
 	"github.com/hermesfs/hermesfs/fs/memguard"
 	"github.com/hermesfs/hermesfs/uploader"
+	"github.com/hermesfs/hermesfs/uploader/lazy"
 )
 
 // realParts wires the daemon to the archive writer and reader, the overlay,
@@ -80,11 +81,14 @@ func (realParts) packView(ctx context.Context, v frozenView, out, base string) (
 			defer f.Close()
 		}
 		opts.Base = r
-		if lr, ok := lazyLookup(base); ok && !fileExists(base) {
+		if src, ok := lazyLookup(base); ok && !fileExists(base) {
 			// A base still being fetched: its shared prefix stays a
 			// hole, published as a copy of the base's bytes in the
-			// store (README "Lazy boot").
-			opts.PrefixHole = lr.ChunkSize()
+			// store (README "Lazy boot"). Not for an encrypted base:
+			// its stored bytes are not the archive's.
+			if lr, plain := src.(*lazy.Reader); plain {
+				opts.PrefixHole = lr.ChunkSize()
+			}
 		}
 	}
 	return packTo(out, func(f *os.File) (archive.PackResult, error) {
