@@ -25,7 +25,7 @@ func TestE2ELazyStopPublishesWithoutBase(t *testing.T) {
 	// Large enough that S3 copies most of it: a multipart upload's
 	// parts are at least 5 MiB, and the first one (with the new
 	// superblock) is sent.
-	for i := range 8 {
+	for i := range 6 {
 		b := make([]byte, 2<<20)
 		rand.Read(b)
 		writeFile(t, filepath.Join(mpA, "blobs", fmt.Sprintf("b%d.bin", i)), string(b), 0o644)
@@ -51,8 +51,10 @@ func TestE2ELazyStopPublishesWithoutBase(t *testing.T) {
 		t.Fatalf("did not boot lazily:\n%s", d.stderr)
 	}
 	writeFile(t, filepath.Join(mp, "new.txt"), "made right after a lazy boot", 0o644)
+	downStop := s3.faults.Stats().BytesDown
 	d.stopOK(t)
-	fetched := s3.faults.Stats().BytesDown - down0
+	down := s3.faults.Stats().BytesDown
+	fetched, byStop := down-down0, down-downStop
 	t.Logf("lazy boot, change, stop: %v", time.Since(t0))
 
 	m, err := cat.Latest(t.Context())
@@ -66,32 +68,34 @@ func TestE2ELazyStopPublishesWithoutBase(t *testing.T) {
 		t.Fatalf("final snapshot not packed on the partial base: sha256 %q, lazy %v, shared prefix %d of %d\n%s",
 			m.SHA256, m.Lazy(), m.SharedPrefix, base.Size, d.stderr)
 	}
-	// The head part (5 MiB, S3's smallest) and the metadata: far below
-	// the base.
-	if fetched > base.Size*3/4 {
-		t.Errorf("%d bytes downloaded for a %d-byte base", fetched, base.Size)
+	// The stop fetched the head part (5 MiB, S3's smallest part) and
+	// the chunks the fill had in flight: far below the base. (What the
+	// fill fetched before the stop depends on the machine's speed.)
+	if byStop > base.Size*3/4 {
+		t.Errorf("%d bytes downloaded by the stop for a %d-byte base", byStop, base.Size)
 	}
-	t.Logf("base %d bytes; downloaded %d bytes from boot to exit", base.Size, fetched)
+	if fileExists(filepath.Join(b.state, "cache", base.ID+".sqfs")) || !fileExists(filepath.Join(b.state, "cache", base.ID+".sqfs.partial")) {
+		t.Errorf("the base is not partly fetched after the stop")
+	}
+	t.Logf("base %d bytes; downloaded %d bytes from boot to exit, %d by the stop", base.Size, fetched, byStop)
 
-	// Another host restores it whole (chunk digests checked) and lazily.
+	// Another host boots it lazily, every chunk checked on arrival and
+	// all once more when complete. (A whole download checks every chunk
+	// too: uploader's TestPublishHole.)
 	s3.faults.SetRate(0)
 	s3.faults.SetLatency(0)
-	for _, lazy := range []string{"false", "true"} {
-		c := newHost(t, store)
-		mpC := e2eDir(t, "homeC")
-		dc := c.mount(mpC, "--interval", "0", "--lazy="+lazy)
-		if got := mustRead(t, filepath.Join(mpC, "new.txt")); got != "made right after a lazy boot" {
-			t.Fatalf("--lazy=%s: new.txt = %q", lazy, got)
-		}
-		if diff := diffTrees(want, withoutNew(snapshotTree(t, mpC))); diff != "" {
-			t.Fatalf("--lazy=%s: tree differs:\n%s", lazy, diff)
-		}
-		if lazy == "true" {
-			waitLazyComplete(t, c, mpC)
-		}
-		dc.stopOK(t)
-		t.Logf("--lazy=%s on another host: %v", lazy, time.Since(t0))
+	c := newHost(t, store)
+	mpC := e2eDir(t, "homeC")
+	dc := c.mount(mpC, "--interval", "0")
+	if got := mustRead(t, filepath.Join(mpC, "new.txt")); got != "made right after a lazy boot" {
+		t.Fatalf("new.txt = %q", got)
 	}
+	if diff := diffTrees(want, withoutNew(snapshotTree(t, mpC))); diff != "" {
+		t.Fatalf("tree differs:\n%s", diff)
+	}
+	waitLazyComplete(t, c, mpC)
+	dc.stopOK(t)
+	t.Logf("another host: %v", time.Since(t0))
 
 	// The host that published it restarts: base + upper, the base still
 	// partly fetched.
