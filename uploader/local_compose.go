@@ -2,7 +2,6 @@ package uploader
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -16,8 +15,8 @@ func (l *Local) CanCompose() bool { return true }
 // PutComposed implements Composer for the ranges the caller does not hold
 // at hand (ComposeRange.Unchecked): those bytes are read from the source
 // object, the store's own file, the rest from local. Copying gains
-// nothing on a local disk otherwise, so without such a range it reports
-// errors.ErrUnsupported and the caller puts plainly.
+// nothing on a local disk otherwise, so without such a range it puts
+// local plainly.
 func (l *Local) PutComposed(ctx context.Context, key string, local io.ReaderAt, size int64, src ComposeSource, ranges []ComposeRange, opts PutOptions) (ComposeResult, error) {
 	if err := CheckComposeArgs(key, size, src, ranges, opts); err != nil {
 		return ComposeResult{}, fmt.Errorf("local: put %s: %w", key, err)
@@ -55,7 +54,7 @@ func (l *Local) PutComposed(ctx context.Context, key string, local io.ReaderAt, 
 		pos, copied = r.Offset+r.Length, copied+r.Length
 	}
 	if sf == nil {
-		return ComposeResult{}, fmt.Errorf("local: put %s: nothing to copy: %w", key, Permanent(errors.ErrUnsupported))
+		readers = nil
 	}
 	if pos < size {
 		readers = append(readers, io.NewSectionReader(local, pos, size-pos))
