@@ -472,11 +472,11 @@ func (c *Catalog) PublishReport(ctx context.Context, in PublishInput) (Published
 			if !errors.Is(err, errors.ErrUnsupported) {
 				c.log.Warn("publish: could not copy from the previous archive; uploading it whole", "id", id, "source", in.Delta.Source, "err", err)
 			}
-			info, err = c.store.Put(ctx, m.Archive, io.NewSectionReader(local, 0, m.Size), m.Size, PutOptions{})
+			info, err = c.store.Put(ctx, m.Archive, wholeBody(f, local, m.Size), m.Size, PutOptions{})
 			p.Sent, p.Copied = m.Size, 0
 		}
 	} else {
-		info, err = c.store.Put(ctx, m.Archive, io.NewSectionReader(local, 0, m.Size), m.Size, PutOptions{})
+		info, err = c.store.Put(ctx, m.Archive, wholeBody(f, local, m.Size), m.Size, PutOptions{})
 		p.Sent = m.Size
 	}
 	if err != nil {
@@ -504,6 +504,18 @@ func (c *Catalog) PublishReport(ctx context.Context, in PublishInput) (Published
 	c.log.Info("published snapshot", "id", id, "parent", in.Parent, "size", m.Size, "sent", p.Sent, "copied", p.Copied,
 		"files", m.Files, "encrypted", enc != nil, "took", time.Since(start).Round(time.Millisecond))
 	return p, nil
+}
+
+// wholeBody is the archive to put whole: the file f, or local standing
+// in for it when the file has a hole.
+func wholeBody(f *os.File, local io.ReaderAt, size int64) io.Reader {
+	if local != io.ReaderAt(f) {
+		return io.NewSectionReader(local, 0, size)
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return io.NewSectionReader(f, 0, size)
+	}
+	return f
 }
 
 // putComposed uploads the archive as ranges of the delta's source plus
