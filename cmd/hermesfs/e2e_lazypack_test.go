@@ -40,7 +40,7 @@ func TestE2ELazyStopPublishesWithoutBase(t *testing.T) {
 	}
 
 	// A slow link from here on.
-	s3.faults.SetRate(8 << 20)
+	s3.faults.SetRate(6 << 20)
 	s3.faults.SetLatency(10 * time.Millisecond)
 	t.Logf("published the base: %v", time.Since(t0))
 	down0 := s3.faults.Stats().BytesDown
