@@ -38,8 +38,15 @@ func ManifestKey(id string) string { return SnapshotsPrefix + id + ManifestExt }
 // ManifestFormat is the version of the manifest's JSON layout.
 // Format 2 adds the chunk digests (ChunkSize, Chunks, MetaOffset) a lazy
 // reader needs, the hot set and the shared prefix; format 1 manifests,
-// without them, stay valid and are restored by a full download.
-const ManifestFormat = 2
+// without them, stay valid and are restored by a full download. Format 3
+// is format 2 without the whole-archive sha256 (a snapshot published
+// with a hole, see hole.go): written only for those, so that a hermesfs
+// that requires the sha256 asks to be upgraded instead of taking the
+// snapshot for a corrupt one and falling back to an older one.
+const ManifestFormat = 3
+
+// manifestFormatHole is the format of a manifest without a sha256.
+const manifestFormatHole = 3
 
 // Manifest describes one snapshot. It is stored as JSON next to the archive
 // and holds nothing secret.
@@ -51,7 +58,7 @@ type Manifest struct {
 	// Parent is the snapshot the tree was restored from ("" for the first).
 	Parent string `json:"parent,omitempty"`
 	Size   int64  `json:"size"`
-	// SHA256 (hex) of the whole archive. A format 2 manifest may leave it
+	// SHA256 (hex) of the whole archive. A format 3 manifest leaves it
 	// out ("") when the archive was published without all of its bytes at
 	// hand (packed on a base still being fetched, see hole.go): its chunk
 	// digests are then the only check, and every reader verifies chunk by
@@ -265,7 +272,7 @@ func (c *Catalog) Manifest(ctx context.Context, id string) (Manifest, error) {
 		return Manifest{}, &CorruptError{ID: id, Err: fmt.Errorf("manifest names snapshot %q", m.ID)}
 	case m.Format > ManifestFormat:
 		return Manifest{}, fmt.Errorf("manifest of %s has format %d; this hermesfs reads up to %d: upgrade it", id, m.Format, ManifestFormat)
-	case len(m.SHA256) != 64 && !(m.SHA256 == "" && m.Lazy()) || m.Size < 0:
+	case len(m.SHA256) != 64 && !(m.SHA256 == "" && m.Format >= manifestFormatHole && m.Lazy()) || m.Size < 0:
 		return Manifest{}, &CorruptError{ID: id, Err: errors.New("manifest lacks size or sha256")}
 	}
 	if err := m.checkChunks(); err != nil {
@@ -426,7 +433,7 @@ func (c *Catalog) PublishReport(ctx context.Context, in PublishInput) (Published
 	}
 	id := c.newID(latest, in.Parent)
 	m := Manifest{
-		Format:      ManifestFormat,
+		Format:      2,
 		ID:          id,
 		Created:     c.opts.Now().UTC(),
 		Host:        c.opts.Host,
@@ -448,6 +455,9 @@ func (c *Catalog) PublishReport(ctx context.Context, in PublishInput) (Published
 		// The ciphertext has no squashfs tables to point at, and the hot
 		// chunks the session read are the plaintext archive's.
 		m.MetaOffset, m.Hot = 0, nil
+	}
+	if sum == "" {
+		m.Format = manifestFormatHole
 	}
 	if d := in.Delta; d != nil && len(d.Ranges) > 0 {
 		// The copied range that keeps its offsets, up to where it ends;

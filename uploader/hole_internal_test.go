@@ -2,7 +2,10 @@ package uploader
 
 import (
 	"bytes"
+	"encoding/json"
+	"errors"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -34,5 +37,35 @@ func TestHoleReader(t *testing.T) {
 	want := append(append(bytes.Repeat([]byte{'l'}, 50), bytes.Repeat([]byte{'f'}, 200)...), bytes.Repeat([]byte{'l'}, 150)...)
 	if !bytes.Equal(buf, want) {
 		t.Fatalf("got %q", buf)
+	}
+}
+
+// Only a format 3 manifest with chunk digests may lack the sha256.
+func TestManifestWithoutSHA256(t *testing.T) {
+	ctx := t.Context()
+	s, err := NewLocal(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := NewCatalog(s, CatalogOptions{Host: "h"})
+	const id = "20261122T134501.123Z-h-1a2b3c4d"
+	put := func(format int, chunks []string) error {
+		m := Manifest{Format: format, ID: id, Size: 10, ChunkSize: 64 << 10, Chunks: chunks}
+		j, _ := json.Marshal(m)
+		if _, err := s.Put(ctx, ManifestKey(id), bytes.NewReader(j), int64(len(j)), PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		_, err := c.Manifest(ctx, id)
+		return err
+	}
+	digest := strings.Repeat("ab", 32)
+	if err := put(3, []string{digest}); err != nil {
+		t.Fatalf("format 3 with chunk digests: %v", err)
+	}
+	if err := put(2, []string{digest}); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("format 2 without sha256: %v", err)
+	}
+	if err := put(3, nil); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("format 3 without chunk digests: %v", err)
 	}
 }

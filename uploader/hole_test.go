@@ -81,8 +81,8 @@ func TestPublishHole(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if p.SHA256 != "" || !p.Lazy() {
-			t.Errorf("manifest sha256 %q, lazy %v", p.SHA256, p.Lazy())
+		if p.SHA256 != "" || !p.Lazy() || p.Format != 3 {
+			t.Errorf("manifest sha256 %q, lazy %v, format %d", p.SHA256, p.Lazy(), p.Format)
 		}
 		if p.Copied < hole.Len()-5<<20 {
 			t.Errorf("copied %d bytes of a %d-byte hole", p.Copied, hole.Len())
