@@ -32,10 +32,19 @@
 //
 // # Scheduling
 //
-// Reads that miss (on demand) have their own pool of in-flight requests;
-// the background fill (Fill) has a smaller one and holds back while on-demand
-// misses wait, so a miss never queues behind fill requests. Concurrent misses
-// on one chunk share one request. A read of the chunk after the previously
+// Reads that miss (on demand) fetch a chunk per request from their own
+// pool of in-flight requests. The background fill (Fill) has a smaller
+// pool, and each of its requests is one ranged Get of a run of absent
+// chunks (up to Options.FillSpan): the body is read a chunk at a time into
+// a buffer the fill reuses, and each chunk is checked against its digest,
+// written and marked present as it arrives, so a fill holds no more than
+// a chunk per request in memory and a damaged chunk costs only itself (it
+// is fetched again later). The fill issues no new request while on-demand
+// misses wait. A miss on a chunk that a fill request is about to deliver
+// waits for it, briefly (then fetches it itself too, and takes whichever
+// comes first); a miss on a chunk further on in a fill request fetches it
+// at once: a miss never queues behind fill requests. Concurrent misses on
+// one chunk share one request. A read of the chunk after the previously
 // read one starts fetching the next few (read-ahead) from a third, small
 // pool. When the cache disk fails a write (full, say), the fill stops and
 // reads are served from the fetched bytes in memory, never from a partly

@@ -1,6 +1,7 @@
 package lazy
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -23,8 +24,13 @@ import (
 const (
 	DefaultReadTimeout  = 30 * time.Second
 	DefaultParallel     = 8
-	DefaultFillParallel = 4
+	DefaultFillParallel = 3
 	DefaultReadAhead    = 4
+	// DefaultFillSpan is the most bytes one fill request asks for: a run
+	// of absent chunks fetched with one ranged Get, each chunk checked
+	// and written as it arrives. A few such requests in flight keep a
+	// link of tens of MB/s and tens of ms per request busy.
+	DefaultFillSpan = 8 << 20
 )
 
 // Options describe the object and the cache. Key, Size, ChunkSize, Chunks,
@@ -51,6 +57,9 @@ type Options struct {
 	// background fill's, ReadAhead the chunks fetched ahead of a
 	// sequential read (0: defaults; ReadAhead < 0 turns it off).
 	Parallel, FillParallel, ReadAhead int
+	// FillSpan is the most bytes one fill request covers (0: default;
+	// at least one chunk).
+	FillSpan int64
 	// Retry gives the delays between attempts (its MaxRetries is not used:
 	// ReadTimeout bounds the attempts).
 	Retry uploader.RetryPolicy
@@ -124,9 +133,42 @@ const (
 // call is one chunk being fetched; waiters share it.
 type call struct {
 	done chan struct{}
-	data []byte // the verified bytes, on success
+	// data holds the verified bytes when they are not in the cache file
+	// (a call of its own keeps them; a fill request's chunk is read from
+	// the file unless the write failed). nil with a nil err: read the file.
+	data []byte
 	err  error
+	// fill is the fill request fetching this chunk among others; nil for
+	// a call of its own.
+	fill *stream
 }
+
+// stream is one fill request: a run of chunks fetched with one ranged Get
+// and received in order.
+type stream struct {
+	at atomic.Int64 // the chunk being received
+}
+
+// streamWait is how many chunks ahead of a fill request's position a read
+// still waits for that request; a read further on fetches its chunk itself
+// rather than wait for the bytes before it. streamPatience is how long it
+// waits before it fetches the chunk itself too (the request may be slow or
+// stalled): a miss never waits behind the fill for long.
+const (
+	streamWait     = 2
+	streamPatience = 100 * time.Millisecond
+)
+
+// errRefetch completes a fill request's chunk that the request did not
+// deliver intact: its waiters fetch the chunk themselves.
+var errRefetch = errors.New("the fill request did not deliver the chunk")
+
+// inFile is a finished call whose chunk is in the cache file.
+var inFile = func() *call {
+	c := &call{done: make(chan struct{})}
+	close(c.done)
+	return c
+}()
 
 // Reader is the io.ReaderAt. Its methods may be called concurrently.
 type Reader struct {
@@ -144,6 +186,7 @@ type Reader struct {
 	waiting                atomic.Int64
 	fillOff                atomic.Bool // StopFill
 	flush                  chan struct{}
+	bufs                   chan []byte // the fill requests' chunk buffers, reused
 
 	mu        sync.Mutex
 	present   []bool
@@ -179,6 +222,9 @@ func Open(o Options) (*Reader, error) {
 	if o.ReadAhead == 0 {
 		o.ReadAhead = DefaultReadAhead
 	}
+	if o.FillSpan <= 0 {
+		o.FillSpan = DefaultFillSpan
+	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -192,6 +238,7 @@ func Open(o Options) (*Reader, error) {
 		ahead:    make(chan struct{}, max(1, o.Parallel/2)),
 		filling:  make(chan struct{}, o.FillParallel),
 		flush:    make(chan struct{}, 1),
+		bufs:     make(chan []byte, o.FillParallel),
 		inflight: map[int]*call{},
 		logged:   map[int]bool{},
 		last:     -2,
@@ -337,15 +384,8 @@ func (r *Reader) ReadAt(p []byte, off int64) (int, error) {
 		lo, hi := max(off, cs), min(end, cs+r.chunkLen(i))
 		dst := p[lo-off : hi-off]
 		if c := calls[i]; c != nil {
-			r.waiting.Add(1)
-			select {
-			case <-c.done:
-			case <-r.ctx.Done():
-			}
-			r.waiting.Add(-1)
-			select {
-			case <-c.done:
-			default:
+			c, err := r.wait(r.ctx, i, c)
+			if err != nil {
 				return int(lo - off), fmt.Errorf("lazy %s: closed", r.o.Key)
 			}
 			if c.err != nil {
@@ -354,8 +394,10 @@ func (r *Reader) ReadAt(p []byte, off int64) (int, error) {
 				}
 				break
 			}
-			copy(dst, c.data[lo-cs:hi-cs])
-			continue
+			if c.data != nil {
+				copy(dst, c.data[lo-cs:hi-cs])
+				continue
+			}
 		}
 		if _, err := r.f.ReadAt(dst, lo); err != nil {
 			return int(lo - off), fmt.Errorf("lazy %s: read cache %s at %d: %w", r.o.Key, r.f.Name(), lo, err)
@@ -368,6 +410,70 @@ func (r *Reader) ReadAt(p []byte, off int64) (int, error) {
 		return int(end - off), io.EOF
 	}
 	return len(p), nil
+}
+
+// wait waits for call c of chunk i and returns the call that delivered it.
+// When c is a fill request's, the chunk is also fetched on demand if the
+// request has not delivered it within streamPatience, and the first of the
+// two to deliver serves; when the request fails to deliver it, the
+// on-demand fetch does. It fails only when ctx ends.
+func (r *Reader) wait(ctx context.Context, i int, c *call) (*call, error) {
+	r.waiting.Add(1)
+	defer r.waiting.Add(-1)
+	var own *call // fetching on demand beside c
+	for {
+		var patience <-chan time.Time
+		var t *time.Timer
+		if c.fill != nil && own == nil {
+			t = time.NewTimer(streamPatience)
+			patience = t.C
+		}
+		var ownDone <-chan struct{}
+		if own != nil {
+			ownDone = own.done
+		}
+		select {
+		case <-c.done:
+		case <-ownDone:
+			c, own = own, nil
+		case <-patience:
+			r.mu.Lock()
+			own = r.ownLocked(i)
+			r.mu.Unlock()
+			continue
+		case <-ctx.Done():
+			if t != nil {
+				t.Stop()
+			}
+			return nil, ctx.Err()
+		}
+		if t != nil {
+			t.Stop()
+		}
+		if c.err != errRefetch {
+			return c, nil
+		}
+		if own != nil {
+			c, own = own, nil
+			continue
+		}
+		r.mu.Lock()
+		c = r.ownLocked(i)
+		r.mu.Unlock()
+	}
+}
+
+// ownLocked returns a call fetching chunk i on its own (not as part of a
+// fill request), starting one if there is none; inFile if the chunk is
+// cached and checked. r.mu is held.
+func (r *Reader) ownLocked(i int) *call {
+	if r.present[i] && r.checked[i] {
+		return inFile
+	}
+	if c := r.inflight[i]; c != nil && c.fill == nil {
+		return c
+	}
+	return r.newLocked(i, onDemand)
 }
 
 // readAheadFrom starts fetching the chunks after last when the read
@@ -392,7 +498,7 @@ func (r *Reader) readAheadFrom(first, last int) {
 		default:
 			return // read-ahead's share of requests is busy
 		}
-		r.startLocked(i, readAhead)
+		r.newLocked(i, readAhead)
 	}
 }
 
@@ -401,7 +507,7 @@ func (r *Reader) readAheadFrom(first, last int) {
 // already, which the call releases; an on-demand call takes its slot
 // itself, in its goroutine. r.mu is held.
 func (r *Reader) startLocked(i int, k kind) *call {
-	if c := r.inflight[i]; c != nil {
+	if c := r.inflight[i]; c != nil && (k != onDemand || c.fill == nil || int64(i) <= c.fill.at.Load()+streamWait) {
 		switch k {
 		case readAhead:
 			<-r.ahead
@@ -410,6 +516,13 @@ func (r *Reader) startLocked(i int, k kind) *call {
 		}
 		return c
 	}
+	return r.newLocked(i, k)
+}
+
+// newLocked starts a call fetching chunk i on its own, in the place of
+// any in flight (which still completes). r.mu is held; see startLocked for
+// the pool slots.
+func (r *Reader) newLocked(i int, k kind) *call {
 	c := &call{done: make(chan struct{})}
 	r.inflight[i] = c
 	r.wg.Add(1)
@@ -475,7 +588,9 @@ func (r *Reader) run(i int, c *call, k kind) {
 		r.store(i, data)
 	}
 	r.mu.Lock()
-	delete(r.inflight, i)
+	if r.inflight[i] == c {
+		delete(r.inflight, i)
+	}
 	switch {
 	case err != nil && r.ctx.Err() == nil:
 		r.stats.Errors++
@@ -513,26 +628,44 @@ func (r *Reader) fetch(ctx context.Context, i int) ([]byte, error) {
 	defer rc.Close()
 	buf := make([]byte, n)
 	got, err := io.ReadFull(rc, buf)
+	changed, serr := r.checkObject(info)
+	if serr != nil {
+		return nil, serr
+	}
+	if err != nil {
+		return nil, fmt.Errorf("got %d of %d bytes: %w%s", got, n, err, changed)
+	}
+	if err := r.verify(i, buf); err != nil {
+		return nil, fmt.Errorf("%w%s", err, changed)
+	}
+	return buf, nil
+}
+
+// checkObject checks what the store says of the object answering a Get:
+// its size, and whether its ETag is still the first one seen (changed
+// describes a change, for error messages).
+func (r *Reader) checkObject(info uploader.ObjectInfo) (changed string, err error) {
 	r.mu.Lock()
 	prev := r.etag
 	if prev == "" {
 		r.etag = info.ETag
 	}
 	r.mu.Unlock()
-	changed := ""
 	if prev != "" && info.ETag != prev {
 		changed = fmt.Sprintf(" (the object changed in the store: ETag %s, was %s)", info.ETag, prev)
 	}
 	if info.Size != r.o.Size {
-		return nil, fmt.Errorf("the store's object has %d bytes, the manifest says %d%s", info.Size, r.o.Size, changed)
+		return changed, fmt.Errorf("the store's object has %d bytes, the manifest says %d%s", info.Size, r.o.Size, changed)
 	}
-	if err != nil {
-		return nil, fmt.Errorf("got %d of %d bytes: %w%s", got, n, err, changed)
+	return changed, nil
+}
+
+// verify checks b against chunk i's digest.
+func (r *Reader) verify(i int, b []byte) error {
+	if sum := sha256.Sum256(b); hex.EncodeToString(sum[:]) != r.o.Chunks[i] {
+		return fmt.Errorf("%w: got %x, want %s", ErrDigest, sum, r.o.Chunks[i])
 	}
-	if sum := sha256.Sum256(buf); hex.EncodeToString(sum[:]) != r.o.Chunks[i] {
-		return nil, fmt.Errorf("%w: got %x, want %s%s", ErrDigest, sum, r.o.Chunks[i], changed)
-	}
-	return buf, nil
+	return nil
 }
 
 // fromCache returns chunk i from the cache file if the present log lists
@@ -583,13 +716,16 @@ func (r *Reader) fromSeed(i int) ([]byte, error) {
 
 // store writes a verified chunk to the cache and marks it present (the
 // durable mark follows the data's fsync, in persist). A failed write stops
-// all further writing: the chunk is served from memory meanwhile.
-func (r *Reader) store(i int, data []byte) {
+// all further writing: the chunk is served from memory meanwhile. inFile
+// reports whether the chunk's bytes are in the cache file now (written
+// here or before), fresh whether this call put them there.
+func (r *Reader) store(i int, data []byte) (inFile, fresh bool) {
 	r.mu.Lock()
-	stop := r.noWrite != nil || r.present[i] || r.completed
+	noWrite := r.noWrite != nil
+	have := r.present[i] && r.checked[i] || r.completed
 	r.mu.Unlock()
-	if stop {
-		return
+	if have || noWrite {
+		return have, false
 	}
 	if _, err := r.o.writeAt(r.f, data, int64(i)*r.o.ChunkSize); err != nil {
 		r.mu.Lock()
@@ -598,7 +734,7 @@ func (r *Reader) store(i int, data []byte) {
 			r.log.Error("cannot write the archive cache; the background fill stops and reads are served from the store", "path", r.partial(), "err", err)
 		}
 		r.mu.Unlock()
-		return
+		return false, false
 	}
 	r.mu.Lock()
 	if !r.present[i] {
@@ -606,12 +742,15 @@ func (r *Reader) store(i int, data []byte) {
 		r.have++
 		r.stats.PresentBytes += int64(len(data))
 		r.durable = append(r.durable, i)
+		fresh = true
 	}
+	r.checked[i] = true
 	r.mu.Unlock()
 	select {
 	case r.flush <- struct{}{}:
 	default:
 	}
+	return true, fresh
 }
 
 // persist records written chunks in the present log: the data first, then
@@ -673,20 +812,19 @@ func (r *Reader) Prefetch(ctx context.Context, off, end int64) error {
 	if off < 0 || end > r.o.Size || off >= end {
 		return nil
 	}
-	var calls []*call
+	calls := map[int]*call{}
 	r.mu.Lock()
 	for i := int(off / r.o.ChunkSize); i <= int((end-1)/r.o.ChunkSize); i++ {
 		if !r.present[i] {
-			calls = append(calls, r.startLocked(i, onDemand))
+			calls[i] = r.startLocked(i, onDemand)
 		}
 	}
 	r.mu.Unlock()
 	var first error
-	for _, c := range calls {
-		select {
-		case <-c.done:
-		case <-ctx.Done():
-			return ctx.Err()
+	for i, c := range calls {
+		c, err := r.wait(ctx, i, c)
+		if err != nil {
+			return err
 		}
 		if c.err != nil && first == nil {
 			first = c.err
@@ -717,13 +855,16 @@ func (r *Reader) fill() {
 	for i := range r.n {
 		order = append(order, i)
 	}
+	span := int(max(1, r.o.FillSpan/r.o.ChunkSize))
 	t0 := time.Now()
 	for pass := 0; ; pass++ {
-		for _, i := range order {
+		for k := 0; k < len(order); k++ {
+			i := order[k]
 			if r.ctx.Err() != nil || r.stopped() || r.fillOff.Load() {
 				return
 			}
-			// On-demand misses go first: the fill waits while any wait.
+			// On-demand misses go first: the fill issues no request
+			// while any wait.
 			for r.waiting.Load() > 0 && r.ctx.Err() == nil {
 				time.Sleep(2 * time.Millisecond)
 			}
@@ -733,12 +874,32 @@ func (r *Reader) fill() {
 				return
 			}
 			r.mu.Lock()
-			if r.present[i] {
+			if r.present[i] || r.inflight[i] != nil {
 				r.mu.Unlock()
 				<-r.filling
 				continue
 			}
-			r.startLocked(i, fill)
+			if r.seeded(i) {
+				r.startLocked(i, fill)
+				r.mu.Unlock()
+				continue
+			}
+			// One request for the run of absent chunks from i (in the
+			// fill's order), at most span of them.
+			j := i + 1
+			for j < r.n && j-i < span && k+1 < len(order) && order[k+1] == j && !r.present[j] && r.inflight[j] == nil && !r.seeded(j) {
+				j++
+				k++
+			}
+			s := &stream{}
+			s.at.Store(int64(i))
+			calls := make([]*call, j-i)
+			for x := range calls {
+				calls[x] = &call{done: make(chan struct{}), fill: s}
+				r.inflight[i+x] = calls[x]
+			}
+			r.wg.Add(1)
+			go r.runStream(i, calls, s)
 			r.mu.Unlock()
 		}
 		// Every fill call holds a slot until it is done: holding them all
@@ -774,6 +935,153 @@ func (r *Reader) fill() {
 			return
 		}
 	}
+}
+
+// seeded reports whether chunk i lies within Options.Seed's bytes. r.mu
+// need not be held.
+func (r *Reader) seeded(i int) bool {
+	return r.o.Seed != nil && int64(i)*r.o.ChunkSize+r.chunkLen(i) <= r.o.SeedLen
+}
+
+// runStream fetches the run of chunks from first, one call each, with one
+// ranged Get (more after a failure, for the rest of the run), verifying
+// and writing each chunk as it arrives into one reused buffer: no request
+// holds more than a chunk in memory. A chunk that arrives damaged, and
+// the rest of the run when the store fails past the read timeout, are
+// left absent for the fill's next pass; their waiters fetch them on
+// demand. It holds a slot of the fill's pool, which it releases.
+func (r *Reader) runStream(first int, calls []*call, s *stream) {
+	defer r.wg.Done()
+	defer func() { <-r.filling }()
+	var buf []byte
+	select {
+	case buf = <-r.bufs:
+	default:
+		buf = make([]byte, r.o.ChunkSize)
+	}
+	defer func() {
+		select {
+		case r.bufs <- buf:
+		default:
+		}
+	}()
+	// The read timeout bounds the time without progress, not the
+	// request: a long run on a slow link is not cut while bytes flow.
+	ctx, cancel := context.WithCancel(r.ctx)
+	defer cancel()
+	watchdog := time.AfterFunc(r.o.ReadTimeout, cancel)
+	defer watchdog.Stop()
+	progress := func() { watchdog.Reset(r.o.ReadTimeout) }
+	next := 0 // calls[:next] are done
+	var err error
+	for attempt := 0; ; attempt++ {
+		var n int
+		t0 := time.Now()
+		n, err = r.receive(ctx, first+next, calls[next:], s, buf, progress)
+		if n > 0 {
+			attempt = 0
+		}
+		next += n
+		if err == nil || next == len(calls) || ctx.Err() != nil || r.stopped() {
+			break
+		}
+		d := r.o.Retry.Delay(attempt, rand.Float64())
+		if n == 0 && time.Since(t0)+d > r.o.ReadTimeout {
+			break
+		}
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
+	}
+	if next < len(calls) && err != nil && r.ctx.Err() == nil && !r.stopped() {
+		r.mu.Lock()
+		r.stats.Errors++
+		r.mu.Unlock()
+		r.log.Warn("a fill request failed; its chunks are fetched again later", "key", r.o.Key,
+			"chunks", fmt.Sprintf("%d-%d", first+next, first+len(calls)-1), "err", err)
+	}
+	for x := next; x < len(calls); x++ {
+		r.chunkDone(first+x, calls[x], nil, errRefetch)
+	}
+}
+
+// receive gets the chunks of calls (from chunk first on) with one ranged
+// Get and completes each call as its chunk arrives. It returns how many
+// calls it completed, and why it stopped before the end.
+func (r *Reader) receive(ctx context.Context, first int, calls []*call, s *stream, buf []byte, progress func()) (int, error) {
+	off := int64(first) * r.o.ChunkSize
+	end := min(int64(first+len(calls))*r.o.ChunkSize, r.o.Size)
+	rc, info, err := r.o.Store.Get(ctx, r.o.Key, off, end-off)
+	if err != nil {
+		return 0, err
+	}
+	defer rc.Close()
+	changed, err := r.checkObject(info)
+	if err != nil {
+		return 0, err
+	}
+	for x, c := range calls {
+		i := first + x
+		s.at.Store(int64(i))
+		b := buf[:r.chunkLen(i)]
+		if got, err := io.ReadFull(rc, b); err != nil {
+			return x, fmt.Errorf("chunk %d: got %d of %d bytes: %w%s", i, got, len(b), err, changed)
+		}
+		if err := r.verify(i, b); err != nil {
+			// The next chunks are still where they belong in the body.
+			r.chunkDone(i, c, nil, fmt.Errorf("%w%s", err, changed))
+			continue
+		}
+		r.chunkDone(i, c, b, nil)
+		progress()
+		if r.stopped() {
+			return x + 1, r.FillErr()
+		}
+	}
+	return len(calls), nil
+}
+
+// chunkDone completes call c of chunk i in a fill request: with the
+// verified bytes b (written to the cache, or kept in memory if they could
+// not be), or with the cause the request did not deliver it (its waiters
+// then fetch it themselves).
+func (r *Reader) chunkDone(i int, c *call, b []byte, cause error) {
+	var data []byte
+	fresh := false
+	if cause == nil {
+		var ok bool
+		if ok, fresh = r.store(i, b); !ok {
+			data = bytes.Clone(b)
+		}
+	}
+	r.mu.Lock()
+	if r.inflight[i] == c {
+		delete(r.inflight, i)
+	}
+	switch {
+	case cause == nil && fresh:
+		r.stats.FillChunks++
+		if r.logged[i] {
+			delete(r.logged, i)
+			r.log.Info("chunk fetched after earlier failures", "key", r.o.Key, "chunk", i)
+		}
+	case cause != nil && cause != errRefetch:
+		r.stats.Errors++
+		if !r.logged[i] {
+			r.logged[i] = true
+			r.log.Warn("a chunk arrived damaged; it is fetched again", "key", r.o.Key, "chunk", i, "err", cause)
+		}
+	}
+	r.mu.Unlock()
+	if cause != nil {
+		c.err = errRefetch
+	} else {
+		c.data = data
+	}
+	close(c.done)
 }
 
 func (r *Reader) stopped() bool {
