@@ -437,6 +437,9 @@ func (r *Reader) wait(ctx context.Context, i int, c *call) (*call, error) {
 		case <-ownDone:
 			c, own = own, nil
 		case <-patience:
+			if r.ctx.Err() != nil {
+				return nil, r.ctx.Err()
+			}
 			r.mu.Lock()
 			own = r.ownLocked(i)
 			r.mu.Unlock()
@@ -456,6 +459,9 @@ func (r *Reader) wait(ctx context.Context, i int, c *call) (*call, error) {
 		if own != nil {
 			c, own = own, nil
 			continue
+		}
+		if r.ctx.Err() != nil {
+			return nil, r.ctx.Err()
 		}
 		r.mu.Lock()
 		c = r.ownLocked(i)
