@@ -590,8 +590,10 @@ func (r *Reader) run(i int, c *call, k kind) {
 	}
 	if err != nil {
 		err = &ChunkError{Key: r.o.Key, Chunk: i, Off: int64(i) * r.o.ChunkSize, Len: r.chunkLen(i), Err: err}
-	} else {
-		r.store(i, data)
+	} else if inFile, fresh := r.store(i, data); inFile && !fresh {
+		// Another call (a fill request racing a read) put it there
+		// first: not counted twice.
+		cached = true
 	}
 	r.mu.Lock()
 	if r.inflight[i] == c {
