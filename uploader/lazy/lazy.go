@@ -149,6 +149,13 @@ type stream struct {
 	at atomic.Int64 // the chunk being received
 }
 
+// followFor is how long after a sequential read the fill follows it: its
+// requests start at the first absent chunk after that read (within
+// FillParallel requests' span), so a file read from start to end gets the
+// fill's ranged requests as its read-ahead instead of competing with
+// them; meanwhile the fill does not hold back for the read's misses.
+const followFor = 500 * time.Millisecond
+
 // streamWait is how many chunks ahead of a fill request's position a read
 // still waits for that request; a read further on fetches its chunk itself
 // rather than wait for the bytes before it. streamPatience is how long it
@@ -199,6 +206,8 @@ type Reader struct {
 	logged    map[int]bool
 	etag      string
 	last      int // chunk of the previous read, for read-ahead
+	seqNext   int       // the chunk after the last read that continued the one before
+	seqAt     time.Time // when that read came
 	stats     Stats
 	fillErr   error
 	completed bool
@@ -492,6 +501,9 @@ func (r *Reader) readAheadFrom(first, last int) {
 	defer r.mu.Unlock()
 	seq := first == r.last || first == r.last+1
 	r.last = last
+	if seq {
+		r.seqNext, r.seqAt = last+1, time.Now()
+	}
 	if !seq || r.completed {
 		return
 	}
@@ -872,8 +884,8 @@ func (r *Reader) fill() {
 				return
 			}
 			// On-demand misses go first: the fill issues no request
-			// while any wait.
-			for r.waiting.Load() > 0 && r.ctx.Err() == nil {
+			// while any wait (unless it follows a sequential read).
+			for r.waiting.Load() > 0 && r.ctx.Err() == nil && r.follow(span) < 0 {
 				time.Sleep(2 * time.Millisecond)
 			}
 			select {
@@ -882,6 +894,16 @@ func (r *Reader) fill() {
 				return
 			}
 			r.mu.Lock()
+			if f := r.followLocked(span); f >= 0 {
+				j := f + 1
+				for j < r.n && j-f < span && !r.present[j] && r.inflight[j] == nil && !r.seeded(j) {
+					j++
+				}
+				r.runLocked(f, j)
+				r.mu.Unlock()
+				k-- // order[k] is still to do
+				continue
+			}
 			if r.present[i] || r.inflight[i] != nil {
 				r.mu.Unlock()
 				<-r.filling
@@ -899,15 +921,7 @@ func (r *Reader) fill() {
 				j++
 				k++
 			}
-			s := &stream{}
-			s.at.Store(int64(i))
-			calls := make([]*call, j-i)
-			for x := range calls {
-				calls[x] = &call{done: make(chan struct{}), fill: s}
-				r.inflight[i+x] = calls[x]
-			}
-			r.wg.Add(1)
-			go r.runStream(i, calls, s)
+			r.runLocked(i, j)
 			r.mu.Unlock()
 		}
 		// Every fill call holds a slot until it is done: holding them all
@@ -943,6 +957,40 @@ func (r *Reader) fill() {
 			return
 		}
 	}
+}
+
+// runLocked starts a fill request for chunks [i, j), holding the fill
+// slot the caller took. r.mu is held.
+func (r *Reader) runLocked(i, j int) {
+	s := &stream{}
+	s.at.Store(int64(i))
+	calls := make([]*call, j-i)
+	for x := range calls {
+		calls[x] = &call{done: make(chan struct{}), fill: s}
+		r.inflight[i+x] = calls[x]
+	}
+	r.wg.Add(1)
+	go r.runStream(i, calls, s)
+}
+
+// follow returns the chunk the fill's next request starts at to follow a
+// sequential read (see followFor), or -1.
+func (r *Reader) follow(span int) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.followLocked(span)
+}
+
+func (r *Reader) followLocked(span int) int {
+	if r.seqAt.IsZero() || time.Since(r.seqAt) > followFor {
+		return -1
+	}
+	for i := r.seqNext; i < min(r.n, r.seqNext+r.o.FillParallel*span); i++ {
+		if !r.present[i] && r.inflight[i] == nil && !r.seeded(i) {
+			return i
+		}
+	}
+	return -1
 }
 
 // seeded reports whether chunk i lies within Options.Seed's bytes. r.mu
