@@ -156,3 +156,40 @@ func TestMissServedWhileFillStalls(t *testing.T) {
 		t.Fatalf("complete cache differs from the object (err %v)", err)
 	}
 }
+
+// TestFillFollowsSequentialRead: after a file was read sequentially, the
+// fill's next request starts after the read (beyond its read-ahead), not
+// at the fill's own place.
+func TestFillFollowsSequentialRead(t *testing.T) {
+	t.Parallel()
+	o := putObject(t, localStore(t), 32*testChunk)
+	opts := o.options(t.TempDir())
+	opts.FillSpan, opts.FillParallel, opts.ReadAhead = 4*testChunk, 1, 1
+	opts.followFor = time.Hour
+	var mu sync.Mutex
+	first := int64(-1)
+	rec := func(off int64, b []byte) []byte {
+		mu.Lock()
+		if len(b) > testChunk && first < 0 {
+			first = off
+		}
+		mu.Unlock()
+		return b
+	}
+	o.store.mangle.Store(&rec)
+	r := open(t, opts)
+	buf := make([]byte, testChunk)
+	for _, c := range []int64{16, 17} {
+		if _, err := r.ReadAt(buf, c*testChunk); err != nil || !bytes.Equal(buf, o.data[c*testChunk:(c+1)*testChunk]) {
+			t.Fatalf("read of chunk %d: %v", c, err)
+		}
+	}
+	r.Fill()
+	waitComplete(t, r)
+	mu.Lock()
+	defer mu.Unlock()
+	// Chunk 18 is the read's read-ahead: the fill starts at 19.
+	if first != 19*testChunk {
+		t.Fatalf("the first fill request started at chunk %d, want 19", first/testChunk)
+	}
+}

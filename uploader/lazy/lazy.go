@@ -84,6 +84,8 @@ type Options struct {
 
 	// writeAt writes to the cache file; tests replace it.
 	writeAt func(f *os.File, b []byte, off int64) (int, error)
+	// followFor replaces the constant followFor in tests.
+	followFor time.Duration
 }
 
 // maxDigestFails is how many times in a row a chunk may arrive damaged
@@ -233,6 +235,9 @@ func Open(o Options) (*Reader, error) {
 	}
 	if o.FillSpan <= 0 {
 		o.FillSpan = DefaultFillSpan
+	}
+	if o.followFor <= 0 {
+		o.followFor = followFor
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
@@ -982,7 +987,7 @@ func (r *Reader) follow(span int) int {
 }
 
 func (r *Reader) followLocked(span int) int {
-	if r.seqAt.IsZero() || time.Since(r.seqAt) > followFor {
+	if r.seqAt.IsZero() || time.Since(r.seqAt) > r.o.followFor {
 		return -1
 	}
 	for i := r.seqNext; i < min(r.n, r.seqNext+r.o.FillParallel*span); i++ {
