@@ -207,7 +207,7 @@ type Reader struct {
 	durable   []int // written, not yet in the present log
 	logged    map[int]bool
 	etag      string
-	last      int // chunk of the previous read, for read-ahead
+	last      int       // chunk of the previous read, for read-ahead
 	seqNext   int       // the chunk after the last read that continued the one before
 	seqAt     time.Time // when that read came
 	stats     Stats
