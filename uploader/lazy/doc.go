@@ -43,7 +43,11 @@
 // misses wait. A miss on a chunk that a fill request is about to deliver
 // waits for it, briefly (then fetches it itself too, and takes whichever
 // comes first); a miss on a chunk further on in a fill request fetches it
-// at once: a miss never queues behind fill requests. Concurrent misses on
+// at once: a miss never queues behind fill requests. For a while after a
+// read that continued the previous one, the fill follows it: its next
+// requests start at the first absent chunk after that read, so a file read
+// from start to end gets the fill's requests as its read-ahead, and the
+// fill does not hold back for that read's misses. Concurrent misses on
 // one chunk share one request. A read of the chunk after the previously
 // read one starts fetching the next few (read-ahead) from a third, small
 // pool. When the cache disk fails a write (full, say), the fill stops and
