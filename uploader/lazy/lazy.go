@@ -194,6 +194,8 @@ type Reader struct {
 	demand, ahead, filling chan struct{}
 	waiting                atomic.Int64
 	fillOff                atomic.Bool // StopFill
+	fillCtx                context.Context
+	fillCancel             context.CancelFunc // StopFill: ends the fill's requests in flight
 	flush                  chan struct{}
 	bufs                   chan []byte // the fill requests' chunk buffers, reused
 
@@ -259,6 +261,7 @@ func Open(o Options) (*Reader, error) {
 	}
 	r.stats.TotalBytes = o.Size
 	r.ctx, r.cancel = context.WithCancel(context.Background())
+	r.fillCtx, r.fillCancel = context.WithCancel(r.ctx)
 	if err := r.openCache(); err != nil {
 		r.cancel()
 		return nil, err
@@ -1028,7 +1031,7 @@ func (r *Reader) runStream(first int, calls []*call, s *stream) {
 	}()
 	// The read timeout bounds the time without progress, not the
 	// request: a long run on a slow link is not cut while bytes flow.
-	ctx, cancel := context.WithCancel(r.ctx)
+	ctx, cancel := context.WithCancel(r.fillCtx)
 	defer cancel()
 	watchdog := time.AfterFunc(r.o.ReadTimeout, cancel)
 	defer watchdog.Stop()
@@ -1057,7 +1060,7 @@ func (r *Reader) runStream(first int, calls []*call, s *stream) {
 		}
 		t.Stop()
 	}
-	if next < len(calls) && err != nil && r.ctx.Err() == nil && !r.stopped() {
+	if next < len(calls) && err != nil && r.fillCtx.Err() == nil && !r.stopped() {
 		r.mu.Lock()
 		r.stats.Errors++
 		r.mu.Unlock()
@@ -1230,9 +1233,13 @@ func (r *Reader) FillErr() error {
 }
 
 // StopFill stops the background fill for good (a stopping mount needs its
-// link for the final snapshot, not for bytes nobody reads any more); the
-// chunks in flight finish, what was fetched stays, reads go on.
-func (r *Reader) StopFill() { r.fillOff.Store(true) }
+// link for the final snapshot, not for bytes nobody reads any more): its
+// requests in flight end (their chunks not yet arrived are fetched by the
+// reads that need them), what was fetched stays, reads go on.
+func (r *Reader) StopFill() {
+	r.fillOff.Store(true)
+	r.fillCancel()
+}
 
 // Close stops the fill and fetches in flight, records what was written and
 // closes the files. Reads after Close fail.
