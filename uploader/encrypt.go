@@ -61,6 +61,10 @@ type KeyError struct {
 func (e *KeyError) Error() string { return fmt.Sprintf("snapshot %s is %v", e.ID, e.Err) }
 func (e *KeyError) Unwrap() error { return e.Err }
 
+// Identities are the identities the catalog decrypts snapshots with (nil:
+// none given).
+func (c *Catalog) Identities() *crypt.Identities { return c.opts.Identities }
+
 // sealInput checks a publish against the encryption of LATEST and, with
 // recipients, encrypts in.Path and points in at the ciphertext. cleanup
 // removes the ciphertext file.

@@ -16,6 +16,7 @@ import (
 	"github.com/hermesfs/hermesfs/fs"
 	"github.com/hermesfs/hermesfs/fs/browse"
 	"github.com/hermesfs/hermesfs/uploader"
+	"github.com/hermesfs/hermesfs/uploader/crypt"
 	"github.com/hermesfs/hermesfs/uploader/ranged"
 )
 
@@ -46,6 +47,7 @@ Examples:
 ` + storeHelp,
 		flags: func(fs *flag.FlagSet) {
 			addStoreFlags(fs)
+			addIdentityFlag(fs)
 			fs.String("cache-size", "1G", "bound on the local cache of archive chunks")
 			fs.String("chunk-size", "256K", "unit of the ranged reads and of the cache, for archives whose manifest has no chunk digests")
 			fs.String("cache-dir", "", "where to make the cache's directory, removed at exit (default: the temporary directory)")
@@ -95,7 +97,7 @@ func runBrowse(ctx context.Context, e *env, fset *flag.FlagSet, args []string) e
 		return err
 	}
 	defer cache.Close()
-	src := &catalogSource{cat: cat, open: rangedOpener(cat.Store(), cache), log: log}
+	src := &catalogSource{cat: cat, open: rangedOpener(cat, cache), log: log}
 	m, err := browse.Mount(ctx, mp, browse.Options{Source: src, RefreshAfter: refresh, Logger: log,
 		Debug: fset.Lookup("debug").Value.String() == "true"})
 	if err != nil {
@@ -118,21 +120,36 @@ func runBrowse(ctx context.Context, e *env, fset *flag.FlagSet, args []string) e
 	return nil
 }
 
-// objectOpener gives random access to a snapshot's archive object without
+// objectOpener gives random access to a snapshot's archive (its size too:
+// an encrypted object is larger than the archive it holds) without
 // downloading it whole. It is the seam where another reader of store
 // objects (a persistent lazy cache) can replace the ranged cache.
-type objectOpener func(ctx context.Context, m uploader.Manifest) (io.ReaderAt, error)
+type objectOpener func(ctx context.Context, m uploader.Manifest) (io.ReaderAt, int64, error)
 
 // rangedOpener reads archives by range through cache, checking each chunk
 // against the manifest's chunk digests when it has them; without them the
-// archive's own block checksums catch damage as blocks are read.
-func rangedOpener(store uploader.Store, cache *ranged.Cache) objectOpener {
-	return func(ctx context.Context, m uploader.Manifest) (io.ReaderAt, error) {
-		d, err := manifestDigests(ctx, store, m.ID)
+// archive's own block checksums catch damage as blocks are read. An
+// encrypted snapshot is decrypted with the catalog's identities, each age
+// chunk authenticated as it is read.
+func rangedOpener(cat *uploader.Catalog, cache *ranged.Cache) objectOpener {
+	return func(ctx context.Context, m uploader.Manifest) (io.ReaderAt, int64, error) {
+		d, err := manifestDigests(ctx, cat.Store(), m.ID)
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
-		return cache.Object(m.Archive, m.Size, d)
+		ra, err := cache.Object(m.Archive, m.Size, d)
+		if err != nil || m.Encryption == nil {
+			return ra, m.Size, err
+		}
+		ids := cat.Identities()
+		if ids == nil {
+			return nil, 0, cryptError(&uploader.KeyError{ID: m.ID, Err: &crypt.KeyError{Types: m.Encryption.RecipientTypes, Err: crypt.ErrNoIdentity}})
+		}
+		plain, n, err := crypt.Open(ra, m.Size, ids)
+		if err != nil {
+			return nil, 0, lazyCryptError(m, err)
+		}
+		return plain, n, nil
 	}
 }
 
@@ -163,11 +180,11 @@ func manifestDigests(ctx context.Context, store uploader.Store, id string) (rang
 // openSnapshotReader opens snapshot m's archive for random access through
 // open. Its block cache is small: a browse mount may have many open.
 func openSnapshotReader(ctx context.Context, open objectOpener, m uploader.Manifest) (*archive.Reader, error) {
-	ra, err := open(ctx, m)
+	ra, size, err := open(ctx, m)
 	if err != nil {
 		return nil, err
 	}
-	r, err := archive.Open(ra, m.Size, archive.ReaderOptions{Name: m.ID, CacheBytes: 8 << 20})
+	r, err := archive.Open(ra, size, archive.ReaderOptions{Name: m.ID, CacheBytes: 8 << 20})
 	if err != nil {
 		return nil, archiveError(fmt.Errorf("open snapshot %s: %w", m.ID, err))
 	}

@@ -84,7 +84,17 @@ func TestCryptCommands(t *testing.T) {
 	if code, _, errs := runCLIEnv(t, environ, "verify", encID); code != exitCrypt || !strings.Contains(errs, "X25519") {
 		t.Fatalf("verify without a key: %d %s", code, errs)
 	}
+	one := filepath.Join(dir, "MEMORY.md")
+	if code, _, errs := runCLIEnv(t, environ, "restore", "--path", "memories/MEMORY.md", one); code != exitCrypt || !strings.Contains(errs, "X25519") {
+		t.Fatalf("restore --path without a key: %d %s", code, errs)
+	}
 	environ["HERMESFS_IDENTITY"] = key
+	if code, _, errs := runCLIEnv(t, environ, "restore", "--path", "memories/MEMORY.md", one); code != 0 {
+		t.Fatalf("restore --path of an encrypted snapshot: %d %s", code, errs)
+	}
+	if b := mustRead(t, one); !strings.HasPrefix(b, "version 2\n") {
+		t.Fatalf("restore --path of an encrypted snapshot gave %q", b)
+	}
 	if code, out, errs := runCLIEnv(t, environ, "verify", encID); code != 0 {
 		t.Fatalf("verify: %d %s %s", code, out, errs)
 	}

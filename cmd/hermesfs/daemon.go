@@ -539,6 +539,8 @@ func (d *daemon) fetchBase(ctx context.Context, id string) (string, error) {
 			d.log.Info("the base snapshot is partly in the cache; resuming it", "id", id)
 		} else {
 			d.log.Warn("the cached base snapshot is missing or damaged; downloading it", "id", id, "err", err)
+			// A damaged file must not pass below for a complete cache.
+			os.Remove(p)
 		}
 	}
 	if p, ok, err := d.bootLazy(ctx, id); err != nil {

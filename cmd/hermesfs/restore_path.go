@@ -48,7 +48,7 @@ func restorePath(ctx context.Context, e *env, fset *flag.FlagSet, id, rel, dest 
 		return err
 	}
 	defer cache.Close()
-	r, err := openSnapshotReader(ctx, rangedOpener(cat.Store(), cache), m)
+	r, err := openSnapshotReader(ctx, rangedOpener(cat, cache), m)
 	if err != nil {
 		return snapshotError(err)
 	}
