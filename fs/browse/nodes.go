@@ -299,4 +299,3 @@ func errno(err error) syscall.Errno {
 	}
 	return syscall.EIO
 }
-
