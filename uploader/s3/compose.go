@@ -193,7 +193,7 @@ func (s *Store) copyPart(key string, local io.ReaderAt, src uploader.ComposeSour
 	}
 	return part{n: p.n, done: func() {}, send: func(ctx context.Context, uploadID *string, num int32) (*string, error) {
 		if p.unchecked {
-			return s.copyUnchecked(ctx, key, uploadID, num, srcPath, src, p)
+			return s.serverCopy(ctx, key, uploadID, num, srcPath, src, p)
 		}
 		// Hash the local bytes while the server copies (the hash stops
 		// when ctx ends).
@@ -204,22 +204,10 @@ func (s *Store) copyPart(key string, local io.ReaderAt, src uploader.ComposeSour
 		hashed := make(chan struct{})
 		go func() { localMD5(hctx); close(hashed) }()
 		defer func() { <-hashed }()
-		out, err := s.client.UploadPartCopy(ctx, &awss3.UploadPartCopyInput{
-			Bucket:            aws.String(s.bucket),
-			Key:               s.full(key),
-			UploadId:          uploadID,
-			PartNumber:        aws.Int32(num),
-			CopySource:        aws.String(srcPath),
-			CopySourceRange:   aws.String(fmt.Sprintf("bytes=%d-%d", p.src, p.src+p.n-1)),
-			CopySourceIfMatch: aws.String(`"` + src.ETag + `"`),
-		})
+		etag, err := s.serverCopy(ctx, key, uploadID, num, srcPath, src, p)
 		if err != nil {
 			return nil, err
 		}
-		if out.CopyPartResult == nil || out.CopyPartResult.ETag == nil {
-			return nil, errors.New("no ETag for the copied part")
-		}
-		etag := out.CopyPartResult.ETag
 		got := strings.Trim(*etag, `"`)
 		if !isMD5(got) {
 			// Nothing to check the copy against: never trust it, and
@@ -261,10 +249,11 @@ func copySource(bucket, key string) string {
 	return url.PathEscape(bucket) + "/" + strings.Join(segs, "/")
 }
 
-// copyUnchecked is a part copy of bytes local does not hold at hand
-// (uploader.ComposeRange.Unchecked): taken as the server copies it, from
-// the source as the caller knows it (its ETag).
-func (s *Store) copyUnchecked(ctx context.Context, key string, uploadID *string, num int32, srcPath string, src uploader.ComposeSource, p composedPart) (*string, error) {
+// serverCopy has the server copy part num from the source as the caller
+// knows it (its ETag) and returns the part's ETag, unchecked: what a range
+// of bytes local does not hold at hand (uploader.ComposeRange.Unchecked)
+// is taken as; the checked path compares it with the local bytes' MD5.
+func (s *Store) serverCopy(ctx context.Context, key string, uploadID *string, num int32, srcPath string, src uploader.ComposeSource, p composedPart) (*string, error) {
 	out, err := s.client.UploadPartCopy(ctx, &awss3.UploadPartCopyInput{
 		Bucket:            aws.String(s.bucket),
 		Key:               s.full(key),
