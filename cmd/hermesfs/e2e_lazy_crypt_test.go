@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -170,26 +169,7 @@ func TestE2ELazyEncryptedRefusals(t *testing.T) {
 	h := encryptedHost(t, store, key, pub)
 	mpH := e2eDir(t, "homeB")
 	d := h.mount(mpH, "--interval", "0", "--read-timeout", "500ms")
-	eio := 0
-	for name, e := range want {
-		if !e.Mode.IsRegular() {
-			continue
-		}
-		got, err := os.ReadFile(filepath.Join(mpH, name))
-		if errors.Is(err, syscall.EIO) {
-			eio++
-			continue
-		}
-		if err != nil {
-			t.Fatalf("%s: %v", name, err)
-		}
-		if e.Size != int64(len(got)) || sha256hex(got) != e.Hash {
-			t.Fatalf("%s: WRONG BYTES served from a damaged encrypted store", name)
-		}
-	}
-	if eio == 0 {
-		t.Fatal("no read failed, though the store's ciphertext is damaged")
-	}
+	readDamaged(t, mpH, want)
 	d.stop(syscall.SIGTERM)
 	if log := d.stderr.String(); !strings.Contains(log, "chunk sha256 does not match the manifest") || !strings.Contains(log, "chunk "+fmt.Sprint(flip/m.ChunkSize)) {
 		t.Fatalf("log does not name the damaged chunk:\n%s", log)

@@ -201,26 +201,7 @@ func TestE2ELazyDamagedStore(t *testing.T) {
 	h := newHost(t, "file://"+storeDir)
 	mp := e2eDir(t, "homeB")
 	d := h.mount(mp, "--interval", "0", "--read-timeout", "500ms")
-	eio := 0
-	for name, e := range want {
-		if !e.Mode.IsRegular() {
-			continue
-		}
-		got, err := os.ReadFile(filepath.Join(mp, name))
-		if errors.Is(err, syscall.EIO) {
-			eio++
-			continue
-		}
-		if err != nil {
-			t.Fatalf("%s: %v", name, err)
-		}
-		if e.Size != int64(len(got)) || sha256hex(got) != e.Hash {
-			t.Fatalf("%s: WRONG BYTES served from a damaged store", name)
-		}
-	}
-	if eio == 0 {
-		t.Fatal("no read failed, though the store's archive is damaged")
-	}
+	readDamaged(t, mp, want)
 	r, _ := h.statusJSON(mp)
 	if r.Lazy == nil || r.Lazy.Errors == 0 || r.Lazy.Complete {
 		t.Fatalf("status: %+v", r.Lazy)
@@ -308,4 +289,31 @@ func readManifest(t *testing.T, storeDir, id string) uploader.Manifest {
 func sha256hex(b []byte) string {
 	s := sha256.Sum256(b)
 	return hex.EncodeToString(s[:])
+}
+
+// readDamaged reads every regular file of want under mp from a store whose
+// archive is damaged: some reads must fail with EIO, and none may return
+// wrong bytes.
+func readDamaged(t *testing.T, mp string, want map[string]entry) {
+	t.Helper()
+	eio := 0
+	for name, e := range want {
+		if !e.Mode.IsRegular() {
+			continue
+		}
+		got, err := os.ReadFile(filepath.Join(mp, name))
+		if errors.Is(err, syscall.EIO) {
+			eio++
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if e.Size != int64(len(got)) || sha256hex(got) != e.Hash {
+			t.Fatalf("%s: WRONG BYTES served from a damaged store", name)
+		}
+	}
+	if eio == 0 {
+		t.Fatal("no read failed, though the store's archive is damaged")
+	}
 }
