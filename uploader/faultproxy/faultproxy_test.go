@@ -67,7 +67,13 @@ func TestRateCapsOneBody(t *testing.T) {
 	if d := time.Since(t0); d < 200*time.Millisecond {
 		t.Fatalf("2 MiB through an 8 MiB/s link took %v, want >= 200ms", d)
 	}
-	if st := p.Stats(); st.BytesDown != int64(len(data)) || st.Gets["/bucket/obj"] != 1 {
+	// The body's bytes are counted once all are relayed, which may be
+	// just after the client read the last one.
+	st := p.Stats()
+	for deadline := time.Now().Add(30 * time.Second); st.BytesDown != int64(len(data)) && time.Now().Before(deadline); st = p.Stats() {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if st.BytesDown != int64(len(data)) || st.Gets["/bucket/obj"] != 1 {
 		t.Fatalf("stats %+v", st)
 	}
 }

@@ -66,13 +66,21 @@ func TestControl(t *testing.T) {
 		t.Fatalf("bad rate answered %d", resp.StatusCode)
 	}
 
+	// The proxy counts a body's bytes once it has relayed all of them,
+	// which may be just after the client read the last one.
 	var st faultproxy.Stats
-	resp, err = http.Get(ctl.URL + "/stats")
-	if err != nil {
-		t.Fatal(err)
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		st = faultproxy.Stats{}
+		resp, err = http.Get(ctl.URL + "/stats")
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = json.NewDecoder(bufio.NewReader(resp.Body)).Decode(&st)
+		resp.Body.Close()
+		if err != nil || st.BytesDown == 5 || time.Now().After(deadline) {
+			break
+		}
 	}
-	err = json.NewDecoder(bufio.NewReader(resp.Body)).Decode(&st)
-	resp.Body.Close()
 	if err != nil || st.Gets["/bucket/key"] != 1 || st.Ops["GetObject"] != 1 || st.BytesDown != 5 {
 		t.Fatalf("stats %+v, %v", st, err)
 	}
