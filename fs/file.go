@@ -36,6 +36,9 @@ func (n *node) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, uint3
 		return nil, 0, syscall.EROFS
 	}
 	guardedPath := false
+	// Taken before the upper file is opened: a commit after it makes the
+	// handle open the file again (upperRef).
+	replaced := n.replaced.Load()
 	if ov.guard != nil {
 		if rel, ok := n.rel(); ok && ov.guard.Guarded(rel) {
 			if writable || trunc {
@@ -65,7 +68,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, uint3
 				// without a READ, and decompressing it again would
 				// only take CPU from readers. The first READ starts
 				// the read-ahead.
-				h := &lowerFile{n: n, upperFd: -1, size: la.Size}
+				h := &lowerFile{n: n, up: upperRef{fd: -1}, size: la.Size}
 				return h, fuse.FOPEN_KEEP_CACHE | fuse.FOPEN_NOFLUSH, 0
 			}
 		}
@@ -87,6 +90,10 @@ func (n *node) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, uint3
 		}
 	}
 	h, fl := ov.newUpperHandle(ctx, n, fd, writable, guardedPath)
+	if guardedPath {
+		// Read-only (a writable open is a guardFile): it follows commits.
+		h.follow = &upperRef{fd: fd, gen: replaced}
+	}
 	return h, fl, 0
 }
 
@@ -174,7 +181,7 @@ func (ov *overlay) truncateGated(fd int, size int64) syscall.Errno {
 // Open). A passthrough handle is attached to its backing file by the raw
 // layer once go-fuse has registered the handle (passthrough.go); ctx
 // carries the request identity that links the two.
-func (ov *overlay) newUpperHandle(ctx context.Context, n *node, fd int, writable, noPassthrough bool) (fusefs.FileHandle, uint32) {
+func (ov *overlay) newUpperHandle(ctx context.Context, n *node, fd int, writable, noPassthrough bool) (*upperFile, uint32) {
 	st, err := statFd(fd)
 	if err != nil {
 		// No passthrough without the file's status; the handle works.
@@ -253,6 +260,10 @@ type upperFile struct {
 	mode     ioMode // guarded by n.mu
 	attached bool   // holds a reference on n's backing file; guarded by n.mu
 	pid      uint32 // the process (thread) that opened it
+	// follow, for a read-only open of a guarded file, holds the upper
+	// file it reads: a commit replaces the file, not its bytes. It owns
+	// fd then.
+	follow *upperRef
 }
 
 var (
@@ -266,6 +277,13 @@ var (
 
 func (h *upperFile) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	h.n.ov.partials.foreground()
+	if h.follow != nil {
+		fd, errno := h.follow.get(h.n)
+		if errno != 0 {
+			return nil, errno
+		}
+		return fuse.ReadResultFd(uintptr(fd), off, len(dest)), 0
+	}
 	if p := h.n.ov.partials.get(h.uino, h.fd); p != nil {
 		return p.fuseRead(h.fd, dest, off)
 	}
@@ -350,6 +368,14 @@ func (h *upperFile) Allocate(ctx context.Context, off, size uint64, mode uint32)
 }
 
 func (h *upperFile) Lseek(ctx context.Context, off uint64, whence uint32) (uint64, syscall.Errno) {
+	if h.follow != nil {
+		fd, errno := h.follow.get(h.n)
+		if errno != 0 {
+			return 0, errno
+		}
+		n, err := unix.Seek(fd, int64(off), int(whence))
+		return uint64(n), errnoOf(err)
+	}
 	if p := h.n.ov.partials.get(h.uino, h.fd); p != nil {
 		// Lower content has no holes: report none until complete.
 		st, err := statFd(h.fd)
@@ -392,12 +418,23 @@ func (h *upperFile) Release(ctx context.Context) syscall.Errno {
 		h.attached = false
 	}
 	n.mu.Unlock()
-	unix.Close(h.fd)
+	if h.follow != nil {
+		h.follow.close()
+	} else {
+		unix.Close(h.fd)
+	}
 	return 0
 }
 
 func (h *upperFile) statHandle(a *fuse.Attr) syscall.Errno {
-	st, err := statFd(h.fd)
+	fd := h.fd
+	if h.follow != nil {
+		var errno syscall.Errno
+		if fd, errno = h.follow.get(h.n); errno != 0 {
+			return errno
+		}
+	}
+	st, err := statFd(fd)
 	if err != nil {
 		return errnoOf(err)
 	}
@@ -409,10 +446,11 @@ func (h *upperFile) statHandle(a *fuse.Attr) syscall.Errno {
 // while it is open (another open writes it), reads follow it to the upper
 // layer: the open file is the same inode and must see its new content.
 type lowerFile struct {
-	n       *node
-	size    int64 // of the lower file
-	mu      sync.Mutex
-	upperFd int
+	n    *node
+	size int64 // of the lower file
+	// up is the upper file once the node has one (copy-up by another
+	// open, a guarded commit).
+	up upperRef
 	// nextOff is where the last read ended; a read starting there is
 	// sequential and has what comes after it decompressed ahead.
 	nextOff atomic.Int64
@@ -432,15 +470,7 @@ func (h *lowerFile) Read(ctx context.Context, dest []byte, off int64) (fuse.Read
 	n := h.n
 	n.ov.partials.foreground()
 	if n.upper.Load() {
-		h.mu.Lock()
-		if h.upperFd < 0 {
-			if fd, errno := n.openUpper(false); errno == 0 {
-				h.upperFd = fd
-			}
-		}
-		fd := h.upperFd
-		h.mu.Unlock()
-		if fd >= 0 {
+		if fd, errno := h.up.get(n); errno == 0 {
 			if p := n.ov.partials.get(0, fd); p != nil {
 				return p.fuseRead(fd, dest, off)
 			}
@@ -488,12 +518,7 @@ func seekNoHoles(off uint64, whence uint32, size uint64) (uint64, syscall.Errno)
 
 func (h *lowerFile) Release(ctx context.Context) syscall.Errno {
 	h.released.Store(true)
-	h.mu.Lock()
-	if h.upperFd >= 0 {
-		unix.Close(h.upperFd)
-		h.upperFd = -1
-	}
-	h.mu.Unlock()
+	h.up.close()
 	h.n.mu.Lock()
 	h.n.cachedOpens--
 	h.n.mu.Unlock()
@@ -569,3 +594,51 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 
 // fsyncDatasync is FUSE_FSYNC_FDATASYNC: fsync_flags bit 0.
 const fsyncDatasync = 1
+
+// upperRef is the upper file a read handle reads when that file can be
+// replaced under it: a guarded commit renames a new file over the node's,
+// and a reader opened before must read the new content, as one does on a
+// disk where the file is written in place. It opens the current file again
+// once n.replaced moved. The descriptors it replaced stay open until
+// close: a reply to an earlier read may still splice from them.
+type upperRef struct {
+	mu  sync.Mutex
+	fd  int    // -1 until opened
+	gen uint32 // n.replaced when fd was opened
+	old []int
+}
+
+// get returns a descriptor of n's current upper file.
+func (r *upperRef) get(n *node) (int, syscall.Errno) {
+	gen := n.replaced.Load()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.fd >= 0 && r.gen == gen {
+		return r.fd, 0
+	}
+	fd, errno := n.openUpper(false)
+	if errno != 0 {
+		if r.fd >= 0 {
+			// Gone (unlinked) since: the file this handle had is
+			// still the one it reads.
+			return r.fd, 0
+		}
+		return -1, errno
+	}
+	if r.fd >= 0 {
+		r.old = append(r.old, r.fd)
+	}
+	r.fd, r.gen = fd, gen
+	return fd, 0
+}
+
+func (r *upperRef) close() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, fd := range append(r.old, r.fd) {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+	}
+	r.fd, r.old = -1, nil
+}

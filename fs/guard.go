@@ -586,6 +586,7 @@ func (g *guardFile) commit(ctx context.Context) syscall.Errno {
 	}
 	if err == nil {
 		n.upper.Store(true)
+		n.replaced.Add(1)
 		ov.born(st.ino)
 		ov.changed(n.ino, st.size)
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -364,5 +365,53 @@ func TestGuardEarlyRefusals(t *testing.T) {
 	}
 	if got := e.names("memories"); len(got) != 1 {
 		t.Errorf("memories lists %v", got)
+	}
+}
+
+// TestGuardReadersFollowCommits: a guarded commit renames a new file over
+// the old one, but a reader opened before it reads one file, as on a disk:
+// it must see (and fstat) the committed content. The kernel also answers a
+// GETATTR without a handle through any open handle of the node, so a stale
+// reader would cut a newer reader's view to the old size.
+func TestGuardReadersFollowCommits(t *testing.T) {
+	e, _ := guardEnv(t)
+	mem := e.path("memories/MEMORY.md")
+	fromLower, err := os.Open(mem) // opened while the file is only in the lower layer
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fromLower.Close()
+	if _, err := writeClose(mem, unix.O_WRONLY|unix.O_TRUNC, "one"); err != nil {
+		t.Fatal(err)
+	}
+	fromUpper, err := os.Open(mem) // opened on the first committed version
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fromUpper.Close()
+	for round, want := range []string{"second, longer", "third version, longer still"} {
+		if _, err := writeClose(mem, unix.O_WRONLY|unix.O_TRUNC, want); err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range []*os.File{fromLower, fromUpper} {
+			buf := make([]byte, 100)
+			k, err := f.ReadAt(buf, 0)
+			if err != nil && err != io.EOF {
+				t.Fatalf("round %d: %s: read: %v", round, f.Name(), err)
+			}
+			if got := string(buf[:k]); got != want {
+				t.Errorf("round %d: reader opened earlier read %q, want %q", round, got, want)
+			}
+			var st unix.Stat_t
+			if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+				t.Fatal(err)
+			}
+			if st.Size != int64(len(want)) {
+				t.Errorf("round %d: fstat of a reader opened earlier: size %d, want %d", round, st.Size, len(want))
+			}
+		}
+		if got := e.read("memories/MEMORY.md"); got != want {
+			t.Errorf("round %d: a new reader read %q, want %q", round, got, want)
+		}
 	}
 }

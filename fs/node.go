@@ -97,6 +97,10 @@ type node struct {
 	subdirs   atomic.Int64
 	subdirVer atomic.Uint32
 
+	// replaced counts the guarded commits that renamed a new upper file
+	// over this node's (guard.go); read handles follow it (upperRef).
+	replaced atomic.Uint32
+
 	// mu serialises copy-up and the open-mode accounting below.
 	mu sync.Mutex
 	// Open handles by the kernel I/O mode they were given: cached (page
