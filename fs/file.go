@@ -73,6 +73,12 @@ func (n *node) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, uint3
 			}
 		}
 	}
+	if writable && !trunc && !guardedPath && !n.upper.Load() {
+		h, fl, ok, errno := ov.openDeferred(ctx, n)
+		if errno != 0 || ok {
+			return h, fl, errno
+		}
+	}
 	if !n.upper.Load() {
 		if err := ov.copyUp(ctx, n, !trunc); err != nil {
 			ov.log.Warn("copy-up failed", "ino", n.ino, "err", err)

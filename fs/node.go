@@ -109,6 +109,9 @@ type node struct {
 	cachedOpens int
 	ptOpens     int
 	writers     int
+	// deferred counts read-write opens of the lower file that copy it up
+	// only at their first change (deferred.go).
+	deferred int
 	// cacheStale is set when the content changed behind the page cache
 	// (passthrough writes, a guarded commit): the next cached open drops
 	// the kernel's cache instead of keeping it.

@@ -377,6 +377,14 @@ func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno 
 			return syscall.ENOTEMPTY
 		}
 	}
+	if !dir {
+		if ch := n.GetChild(name); ch != nil {
+			cn, _ := ch.Operations().(*node)
+			if err := ov.copyUpDeferred(ctx, cn); err != nil {
+				return errnoOf(err)
+			}
+		}
+	}
 	dfd, _, errno := n.prepDir(ctx)
 	if errno != 0 {
 		return errno

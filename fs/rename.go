@@ -73,6 +73,8 @@ func (n *node) rename(ctx context.Context, name string, newParent fusefs.InodeEm
 		if err := ov.copyUp(ctx, dst, true); err != nil {
 			return errnoOf(err)
 		}
+	} else if err := ov.copyUpDeferred(ctx, dst); err != nil {
+		return errnoOf(err)
 	}
 	sfd, srel, errno := n.prepDir(ctx)
 	if errno != 0 {

@@ -208,6 +208,13 @@ func setattrTimes(in *fuse.SetAttrIn) ([]unix.Timespec, bool) {
 
 // upperHandle returns the daemon-served upper handle behind f, if any.
 func upperHandle(f fusefs.FileHandle) *upperFile {
-	h, _ := f.(*upperFile)
-	return h
+	switch h := f.(type) {
+	case *upperFile:
+		return h
+	case *deferredFile:
+		// Setattr copied the file up before asking.
+		up, _ := h.upper(context.Background(), false)
+		return up
+	}
+	return nil
 }
