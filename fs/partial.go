@@ -748,6 +748,13 @@ const (
 	busyPause       = 10
 )
 
+// A background copy starts once the mount's file I/O has paused for
+// completionIdle, and at the latest completionStartMax after it was asked.
+const (
+	completionIdle     = 100 * time.Millisecond
+	completionStartMax = time.Second
+)
+
 // foreground notes file I/O being served, for the background copies.
 func (s *partialSet) foreground() {
 	if s != nil && s.count.Load() > 0 {
@@ -763,6 +770,22 @@ func (s *partialSet) complete(p *partial, n *node) error {
 	defer unix.Close(fd)
 	if st, err := statFd(fd); err != nil || st.ino != p.uino {
 		return fmt.Errorf("upper file of inode %d not found", p.uino)
+	}
+	// Start once file I/O has paused: the write that made the file
+	// partial is usually the first of a transaction, whose commit should
+	// not share the disk and the cores with copying the rest in.
+	start := time.Now()
+	for {
+		idle := time.Since(time.Unix(0, max(p.lastFg.Load(), s.lastFg.Load())))
+		wait := min(completionIdle-idle, completionStartMax-time.Since(start))
+		if wait <= 0 {
+			break
+		}
+		select {
+		case <-s.stop:
+			return nil
+		case <-time.After(wait):
+		}
 	}
 	buf := make([]byte, p.bs)
 	for {
