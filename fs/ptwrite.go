@@ -294,6 +294,15 @@ func (ov *overlay) holdBarrier(n *node, in *fuse.SetAttrIn) bool {
 	return true
 }
 
+// ptTarget is a file whose passthrough writes a freeze stops: its node, a
+// duplicate of its writable backing descriptor, and the processes that
+// opened it for writing.
+type ptTarget struct {
+	n    *node
+	fd   int
+	pids []uint32
+}
+
 // stopPTWrites stops the writes of every file with writable passthrough
 // handles (all of them at the time of the call: no new ones are granted
 // until resumePTWrites, which the caller must call however this returns)
@@ -302,12 +311,7 @@ func (ov *overlay) holdBarrier(n *node, in *fuse.SetAttrIn) bool {
 func (m *Mounted) stopPTWrites(ctx context.Context) ([]*barrier, error) {
 	ov := m.ov
 	p := &ov.ptw
-	type target struct {
-		n    *node
-		fd   int
-		pids []uint32
-	}
-	var ts []target
+	var ts []ptTarget
 	p.mu.Lock()
 	p.freezing++
 	for n, r := range p.nodes {
@@ -320,34 +324,74 @@ func (m *Mounted) stopPTWrites(ctx context.Context) ([]*barrier, error) {
 			}
 			return nil, fmt.Errorf("stop passthrough writes: %w", err)
 		}
-		ts = append(ts, target{n: n, fd: fd, pids: slices.Clone(r.pids)})
+		ts = append(ts, ptTarget{n: n, fd: fd, pids: slices.Clone(r.pids)})
 	}
 	p.mu.Unlock()
+	defer func() {
+		for _, t := range ts {
+			unix.Close(t.fd)
+		}
+	}()
 	if len(ts) == 0 {
 		return nil, nil
 	}
-	var bs []*barrier
-	fail := func(err error) ([]*barrier, error) {
-		releaseBarriers(ov, bs)
-		return nil, fmt.Errorf("stop passthrough writes: %w", err)
-	}
-	// Open every file first, before any is stopped: a lookup needs its
-	// parents, which a rename blocked behind a barrier would hold.
 	root, rootErr := m.openRoot()
 	if root >= 0 {
 		defer unix.Close(root)
 	}
-	for i, t := range ts {
-		b, err := m.openBarrier(root, rootErr, t.n, t.fd, t.pids)
+	// A held barrier keeps its file's inode lock. A rename of one written
+	// file over another takes both files' locks: started while one
+	// barrier was held, it waits for it with the other file's lock taken,
+	// which the other barrier needs. Rounds break that cycle: a round that
+	// does not stop every file within ptBarrierRound lets its barriers go
+	// (the rename goes through) and tries again.
+	deadline := time.Now().Add(ptBarrierWait)
+	for {
+		bs, err := m.stopPTWritesOnce(ctx, root, rootErr, ts, min(ptBarrierRound, time.Until(deadline)))
+		if err != errBarrierRound {
+			return bs, err
+		}
+		if !time.Now().Before(deadline) {
+			return nil, fmt.Errorf("stop passthrough writes: writes did not stop within %v", ptBarrierWait)
+		}
+		ov.log.Debug("freeze: passthrough barriers not all held; trying again", "files", len(ts))
+	}
+}
+
+// ptBarrierRound bounds one try of stopPTWrites to hold every barrier.
+const ptBarrierRound = 2 * time.Second
+
+// errBarrierRound: a try of stopPTWritesOnce ran out of its time.
+var errBarrierRound = errors.New("passthrough barriers not held within a round")
+
+// stopPTWritesOnce tries once, for at most wait, to stop the writes of the
+// files ts: the barriers when all are held, errBarrierRound (with every
+// barrier of the try released) when the time ran out.
+func (m *Mounted) stopPTWritesOnce(ctx context.Context, root int, rootErr error, ts []ptTarget, wait time.Duration) ([]*barrier, error) {
+	ov := m.ov
+	var bs []*barrier
+	fail := func(err error) ([]*barrier, error) {
+		releaseBarriers(ov, bs)
+		if err == errBarrierRound {
+			return nil, err
+		}
+		return nil, fmt.Errorf("stop passthrough writes: %w", err)
+	}
+	// Open every file first, before any is stopped: a lookup needs its
+	// parents, which a rename blocked behind a barrier would hold.
+	for _, t := range ts {
+		// Each barrier closes its own duplicate when done with it.
+		fd, err := unix.FcntlInt(uintptr(t.fd), unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			return fail(err)
+		}
+		b, err := m.openBarrier(root, rootErr, t.n, fd, t.pids)
 		if b == nil {
-			unix.Close(t.fd)
+			unix.Close(fd)
 		} else {
 			bs = append(bs, b)
 		}
 		if err != nil {
-			for _, t := range ts[i+1:] {
-				unix.Close(t.fd)
-			}
 			return fail(err)
 		}
 	}
@@ -359,7 +403,7 @@ func (m *Mounted) stopPTWrites(ctx context.Context) ([]*barrier, error) {
 		b.started = true
 		go func(b *barrier) { b.done <- unix.Fchmod(b.fd, b.mode) }(b)
 	}
-	timer := time.NewTimer(ptBarrierWait)
+	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	for _, b := range bs {
 		if b.fd < 0 {
@@ -368,14 +412,21 @@ func (m *Mounted) stopPTWrites(ctx context.Context) ([]*barrier, error) {
 		select {
 		case <-b.arrived:
 		case err := <-b.done:
-			// Answered without being held: the chmod failed.
 			b.done <- err
+			select {
+			case <-b.arrived:
+				// An earlier round's chmod, arriving late, is held
+				// as this barrier: the file is stopped all the same.
+				continue
+			default:
+			}
+			// Answered without being held: the chmod failed.
 			if err == nil {
 				err = errors.New("not held")
 			}
 			return fail(fmt.Errorf("upper inode %d: %w", b.uino, err))
 		case <-timer.C:
-			return fail(fmt.Errorf("upper inode %d: writes did not stop within %v", b.uino, ptBarrierWait))
+			return fail(errBarrierRound)
 		case <-ctx.Done():
 			return fail(ctx.Err())
 		}
