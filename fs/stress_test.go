@@ -30,6 +30,11 @@ func TestFreezeUnderChurn(t *testing.T) {
 	e := mountEnv(t, lower, Options{})
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
+	// The writers stop however the test ends (a failed freeze too), or
+	// they would churn through the rest of the package's tests.
+	var stopOnce sync.Once
+	halt := func() { stopOnce.Do(func() { close(stop) }); wg.Wait() }
+	defer halt()
 	for w := 0; w < 3; w++ {
 		wg.Add(1)
 		go func() {
@@ -102,14 +107,11 @@ func TestFreezeUnderChurn(t *testing.T) {
 		})
 		v.Close()
 		if err != nil {
-			close(stop)
-			wg.Wait()
 			t.Fatalf("view %d: %v", views, err)
 		}
 		views++
 	}
-	close(stop)
-	wg.Wait()
+	halt()
 	t.Logf("%d views checked", views)
 }
 
