@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/hermesfs/hermesfs/fs"
+	"github.com/hermesfs/hermesfs/uploader/lazy"
 )
 
 // The daemon of `hermesfs mount`. The README section "hermesfs mount" says
@@ -95,7 +96,7 @@ type daemon struct {
 	// lazy is the base read lazily (nil: a complete file); hot records
 	// the chunks the mount reads first (daemon_lazy.go).
 	lazy *lazyBase
-	hot  interface{ Hot() []int64 }
+	hot  *lazy.HotFiles
 	// bgCtx bounds snapshots other than the final one; stop cancels it
 	// when the stop timeout is near.
 	bgCtx    context.Context

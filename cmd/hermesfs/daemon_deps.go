@@ -105,7 +105,8 @@ type publishMeta struct {
 	// Copies the ranges the two share.
 	DeltaSource string
 	Copies      []copyRange
-	// Hot is the chunks of the base read first (manifest "hot").
+	// Hot is the chunks of this archive holding the file bytes the
+	// session read first (manifest "hot").
 	Hot []int64
 	// Hole is the range of the archive left unwritten (packed on a base
 	// still being fetched); Fill reads the base there, ChunkSize is the

@@ -344,19 +344,37 @@ func (d *daemon) lazyIncomplete() bool {
 	return d.lazy != nil && !d.lazy.r.Complete()
 }
 
-// hotSet is the chunks the mount read first, for the next manifest.
-func (d *daemon) hotSet() []int64 {
+// resolveHot ends the hot set's recording, at the first snapshot (before
+// its pack reads the lower), and keeps the files' bytes it read.
+func (d *daemon) resolveHot() {
+	if d.hot == nil {
+		return
+	}
+	if n, err := d.hot.Resolve(); err != nil {
+		d.log.Warn("the hot set is lost", "err", err)
+	} else if n > 0 {
+		d.log.Debug("hot set resolved", "chunks", len(d.hot.Hot()), "file_ranges", n)
+	}
+}
+
+// hotSet is the chunks of the archive at path (just packed) that hold the
+// file bytes the mount read first, for its manifest.
+func (d *daemon) hotSet(path string, chunkSize int64) []int64 {
 	if d.hot == nil {
 		return nil
 	}
-	return d.hot.Hot()
+	hot, err := d.hot.Chunks(path, chunkSize)
+	if err != nil {
+		d.log.Warn("no hot set for the new snapshot", "err", err)
+	}
+	return hot
 }
 
 // openLower opens the lower archive's bytes: the lazy reader standing in
 // for path, or the file. The hot-set recorder wraps either.
 func (d *daemon) openLower(path string) (io.ReaderAt, int64, io.Closer, error) {
 	if d.lazy != nil && d.lazy.path == path && !fileExists(path) {
-		h := lazy.NewHotRecorder(d.lazy.src, d.lazy.r.ChunkSize(), 0)
+		h := lazy.NewHotFiles(d.lazy.src, d.lazy.src.Size(), d.lazy.r.ChunkSize(), 0)
 		d.hot = h
 		return h, d.lazy.src.Size(), d.lazy, nil
 	}
@@ -375,7 +393,7 @@ func (d *daemon) openLower(path string) (io.ReaderAt, int64, io.Closer, error) {
 		// reader still needs closing.
 		closer = multiCloser{f, d.lazy}
 	}
-	h := lazy.NewHotRecorder(f, uploader.DefaultChunkSize, 0)
+	h := lazy.NewHotFiles(f, fi.Size(), uploader.DefaultChunkSize, 0)
 	d.hot = h
 	return h, fi.Size(), closer, nil
 }

@@ -149,6 +149,7 @@ func (d *daemon) packBase() (path, id string) {
 func (d *daemon) snapshotOnce(ctx context.Context, parent, expect string) (snapshotDone, error) {
 	var r snapshotDone
 	t0 := time.Now()
+	d.resolveHot()
 	view, err := d.ov.Freeze(ctx)
 	if err != nil {
 		return r, fmt.Errorf("freeze: %w", err)
@@ -184,7 +185,7 @@ func (d *daemon) snapshotOnce(ctx context.Context, parent, expect string) (snaps
 	r.shared, r.garbage, r.packedOn, r.layout = ps.BytesCopied, ps.GarbageBytes, baseID, ps.BaseUse
 
 	t2 := time.Now()
-	meta := publishMeta{Parent: parent, Files: ps.Files, Host: d.host, SHA256: ps.SHA256, Size: ps.Size, Hot: d.hotSet()}
+	meta := publishMeta{Parent: parent, Files: ps.Files, Host: d.host, SHA256: ps.SHA256, Size: ps.Size}
 	if baseID != "" {
 		meta.DeltaSource, meta.Copies = baseID, ps.Copies
 	}
@@ -196,6 +197,7 @@ func (d *daemon) snapshotOnce(ctx context.Context, parent, expect string) (snaps
 		}
 		meta.Hole, meta.Fill, meta.ChunkSize = ps.Hole, lr, lr.ChunkSize()
 	}
+	meta.Hot = d.hotSet(out, meta.ChunkSize)
 	pr, err := d.cat.Publish(ctx, out, meta, expect)
 	if err != nil {
 		// Kept: the publish may have moved LATEST before it failed

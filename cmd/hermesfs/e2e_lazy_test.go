@@ -9,12 +9,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/hermesfs/hermesfs/archive"
 	"github.com/hermesfs/hermesfs/uploader"
 	"github.com/hermesfs/hermesfs/uploader/faultproxy"
 )
@@ -252,14 +254,54 @@ func TestE2ELazyHotAndStop(t *testing.T) {
 	h := newHost(t, "file://"+storeDir)
 	mp := e2eDir(t, "homeB")
 	d := h.mount(mp, "--interval", "0")
-	mustRead(t, filepath.Join(mp, "blobs", "b07.bin"))
-	mustRead(t, filepath.Join(mp, "config.yaml"))
+	read := map[string]int64{"blobs/b07.bin": int64(len(mustRead(t, filepath.Join(mp, "blobs", "b07.bin"))))}
+	read["config.yaml"] = int64(len(mustRead(t, filepath.Join(mp, "config.yaml"))))
 	writeFile(t, filepath.Join(mp, "new.txt"), "made while lazy", 0o644)
+	// The session rewrites one blob larger and grows the one it read: the
+	// new archive holds both after the old data, the read one elsewhere
+	// than in the archive it was read from.
+	big := make([]byte, 1<<20)
+	rand.Read(big)
+	writeFile(t, filepath.Join(mp, "blobs", "b02.bin"), string(big), 0o644)
+	f, err := os.OpenFile(filepath.Join(mp, "blobs", "b07.bin"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Write(big[:10000])
+	f.Close()
 	d.stopOK(t)
 	id := localLatest(t, storeDir)
 	m := readManifest(t, storeDir, id)
 	if len(m.Hot) == 0 || !m.Lazy() || m.SharedPrefix == 0 {
 		t.Fatalf("manifest of the final snapshot: hot %v, lazy %v, shared prefix %d", m.Hot, m.Lazy(), m.SharedPrefix)
+	}
+	// The hot set names the chunks of the new archive that hold what was
+	// read (as it was read: the bytes b07 had then).
+	na, err := os.Open(filepath.Join(storeDir, uploader.ArchiveKey(id)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer na.Close()
+	nr, err := archive.Open(na, m.Size, archive.ReaderOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, size := range read {
+		fi, err := nr.Lstat(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ext, err := nr.Extents(archive.Inode(fi.Sys().(*syscall.Stat_t).Ino))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range ext {
+			for c := e.At / m.ChunkSize; e.Off < size && c <= (e.At+e.Size-1)/m.ChunkSize; c++ {
+				if !slices.Contains(m.Hot, c) {
+					t.Fatalf("hot set %v lacks chunk %d, holding %s bytes %d-%d in the new archive", m.Hot, c, name, e.Off, e.Off+e.Len)
+				}
+			}
+		}
 	}
 	// Host a holds the older archive in its cache.
 	da := a.mount(mpA, "--interval", "0")

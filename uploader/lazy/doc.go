@@ -58,6 +58,8 @@
 //
 // The reader records the chunk indexes first read during the first minutes
 // after it opened (HotRecorder), in first-read order and at most
-// uploader.MaxHot of them, for the next snapshot's manifest; Fill fetches
-// Options.Hot first.
+// uploader.MaxHot of them; Fill fetches Options.Hot first. HotFiles turns
+// the chunks recorded into the file bytes they hold in the archive read,
+// and those into the chunks of each new archive holding them, for its
+// manifest.
 package lazy

@@ -1,11 +1,14 @@
 package lazy
 
 import (
+	"fmt"
 	"io"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/hermesfs/hermesfs/archive"
 	"github.com/hermesfs/hermesfs/uploader"
 )
 
@@ -20,7 +23,7 @@ type HotRecorder struct {
 	ra        io.ReaderAt
 	chunkSize int64
 
-	closed atomic.Bool // the window passed or the list is full
+	closed atomic.Bool // the window passed, the list is full or Stop
 
 	mu    sync.Mutex
 	until time.Time
@@ -53,6 +56,9 @@ func (h *HotRecorder) Note(off, n int64) {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if h.closed.Load() {
+		return // stopped since the check above
+	}
 	if len(h.order) >= uploader.MaxHot || time.Now().After(h.until) {
 		h.closed.Store(true)
 		return
@@ -65,6 +71,14 @@ func (h *HotRecorder) Note(off, n int64) {
 	}
 }
 
+// Stop ends the recording: reads after it are not recorded. It may be
+// called more than once, concurrently with reads.
+func (h *HotRecorder) Stop() {
+	h.mu.Lock()
+	h.closed.Store(true)
+	h.mu.Unlock()
+}
+
 // Hot returns the chunk indexes recorded so far, in first-read order.
 func (h *HotRecorder) Hot() []int64 {
 	h.mu.Lock()
@@ -74,3 +88,85 @@ func (h *HotRecorder) Hot() []int64 {
 
 // ChunkSize is the chunk size the indexes are in.
 func (h *HotRecorder) ChunkSize() int64 { return h.chunkSize }
+
+// HotFiles carries a hot set from the archive a session reads to the
+// archives its snapshots pack. The recorded chunk indexes name bytes of
+// the archive read (the lower layer); a new archive of the same tree puts
+// changed files elsewhere, so the indexes would name the wrong bytes
+// there. Resolve turns the recorded chunks into the file bytes they hold
+// (once: at the first snapshot, which also ends the recording, so the
+// pack's own reads of the lower are not recorded); Chunks maps those file
+// bytes into each new archive. The file ranges stay in memory: a
+// manifest records only its own archive's chunk indexes.
+type HotFiles struct {
+	*HotRecorder // reads through it are recorded, until Resolve
+	size         int64
+
+	once  sync.Once
+	mu    sync.Mutex
+	files []archive.FileRange
+}
+
+// NewHotFiles records reads of the archive ra (size bytes) in chunks of
+// chunkSize for window (see NewHotRecorder).
+func NewHotFiles(ra io.ReaderAt, size, chunkSize int64, window time.Duration) *HotFiles {
+	return &HotFiles{HotRecorder: NewHotRecorder(ra, chunkSize, window), size: size}
+}
+
+// Resolve stops the recording and turns the chunks recorded into the file
+// byte ranges they hold, read from the archive's metadata (not recorded).
+// Only the first call does anything; it returns how many ranges it found.
+func (s *HotFiles) Resolve() (int, error) {
+	var (
+		n   int
+		err error
+	)
+	s.once.Do(func() {
+		s.Stop()
+		hot := s.Hot()
+		if len(hot) == 0 || s.ra == nil {
+			return
+		}
+		var r *archive.Reader
+		r, err = archive.Open(s.ra, s.size, archive.ReaderOptions{Name: "lower", CacheBytes: 1})
+		if err != nil {
+			err = fmt.Errorf("hot set: %w", err)
+			return
+		}
+		files := archive.ChunkFiles(r, s.chunkSize, hot)
+		s.mu.Lock()
+		s.files = files
+		s.mu.Unlock()
+		n = len(files)
+	})
+	return n, err
+}
+
+// Chunks returns the chunks (of chunkSize; 0: uploader.DefaultChunkSize)
+// of the archive file at path that hold the file bytes Resolve found, in
+// their order, at most uploader.MaxHot; nil before Resolve.
+func (s *HotFiles) Chunks(path string, chunkSize int64) ([]int64, error) {
+	s.mu.Lock()
+	files := s.files
+	s.mu.Unlock()
+	if len(files) == 0 {
+		return nil, nil
+	}
+	if chunkSize <= 0 {
+		chunkSize = uploader.DefaultChunkSize
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	r, err := archive.Open(f, fi.Size(), archive.ReaderOptions{Name: path, CacheBytes: 1})
+	if err != nil {
+		return nil, fmt.Errorf("hot set: %w", err)
+	}
+	return archive.FileChunks(r, chunkSize, files, uploader.MaxHot), nil
+}
