@@ -48,7 +48,7 @@ type statusReport struct {
 	Lazy *lazy.Stats `json:"lazy,omitempty"`
 	// MemoryLimits are the limits in force ("memory", "user");
 	// MemoryConfigProblems say why config.yaml does not set them as it
-	// means to (memory_status.go).
+	// means to (memoryStatus).
 	MemoryLimits         map[string]int `json:"memory_limits,omitempty"`
 	MemoryConfigProblems []string       `json:"memory_config_problems,omitempty"`
 
