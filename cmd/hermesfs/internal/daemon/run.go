@@ -1,3 +1,9 @@
+// Package daemon is the daemon of `hermesfs mount` as a library: Run boots
+// a mount from a Config and serves it until its context ends. The command
+// (cmd/hermesfs) keeps the flags, the environment, the help text and the
+// output; tests drive Run in-process. daemon.go describes the daemon's life,
+// goroutines and lock order; export.go is what the other commands share
+// with it.
 package daemon
 
 import (
