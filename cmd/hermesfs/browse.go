@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/hermesfs/hermesfs/archive"
+	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
 	"github.com/hermesfs/hermesfs/fs"
 	"github.com/hermesfs/hermesfs/fs/browse"
 	"github.com/hermesfs/hermesfs/uploader"
@@ -116,7 +117,7 @@ func runBrowse(ctx context.Context, e *env, fset *flag.FlagSet, args []string) e
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(e.stdout, "unmounted %s (fetched %s in %d requests)\n", mp, humanBytes(st.BytesFetched), st.Gets)
+	fmt.Fprintf(e.stdout, "unmounted %s (fetched %s in %d requests)\n", mp, daemon.HumanBytes(st.BytesFetched), st.Gets)
 	return nil
 }
 
@@ -143,11 +144,11 @@ func rangedOpener(cat *uploader.Catalog, cache *ranged.Cache) objectOpener {
 		}
 		ids := cat.Identities()
 		if ids == nil {
-			return nil, 0, cryptError(&uploader.KeyError{ID: m.ID, Err: &crypt.KeyError{Types: m.Encryption.RecipientTypes, Err: crypt.ErrNoIdentity}})
+			return nil, 0, daemon.CryptError(&uploader.KeyError{ID: m.ID, Err: &crypt.KeyError{Types: m.Encryption.RecipientTypes, Err: crypt.ErrNoIdentity}})
 		}
 		plain, n, err := crypt.Open(ra, m.Size, ids)
 		if err != nil {
-			return nil, 0, lazyCryptError(m, err)
+			return nil, 0, daemon.LazyCryptError(m, err)
 		}
 		return plain, n, nil
 	}
@@ -186,7 +187,7 @@ func openSnapshotReader(ctx context.Context, open objectOpener, m uploader.Manif
 	}
 	r, err := archive.Open(ra, size, archive.ReaderOptions{Name: m.ID, CacheBytes: 8 << 20})
 	if err != nil {
-		return nil, archiveError(fmt.Errorf("open snapshot %s: %w", m.ID, err))
+		return nil, daemon.ArchiveError(fmt.Errorf("open snapshot %s: %w", m.ID, err))
 	}
 	return r, nil
 }
@@ -235,7 +236,7 @@ func isBrowseMount(path string) bool {
 	for _, line := range strings.Split(string(b), "\n") {
 		pre, post, ok := strings.Cut(line, " - ")
 		f, g := strings.Fields(pre), strings.Fields(post)
-		if ok && len(f) > 4 && len(g) > 0 && unescapeMountinfo(f[4]) == path && g[0] == "fuse."+browse.FsName {
+		if ok && len(f) > 4 && len(g) > 0 && daemon.UnescapeMountinfo(f[4]) == path && g[0] == "fuse."+browse.FsName {
 			return true
 		}
 	}
@@ -249,7 +250,7 @@ func umountBrowse(e *env, mountpoint string) (bool, error) {
 	if err != nil || !isBrowseMount(mp) {
 		return false, nil
 	}
-	if err := detach(mp); err != nil {
+	if err := daemon.Detach(mp); err != nil {
 		return true, fmt.Errorf("%s: %w", mp, err)
 	}
 	fmt.Fprintf(e.stdout, "unmounted the browse tree at %s\n", mp)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
 	"github.com/hermesfs/hermesfs/fs"
 )
 
@@ -21,36 +22,15 @@ func (c *mountConfig) addCopyUpFlags(fs *flag.FlagSet) {
 func (c *mountConfig) validateCopyUp() error {
 	switch v := strings.ToLower(strings.TrimSpace(c.CopyUpByRangeMin)); v {
 	case "off", "0", "false", "no":
-		c.copyUpMin = -1
+		c.CopyUpMin = -1
 	default:
 		n, err := parseSize(v)
 		if err != nil {
 			return usageError("--copy-up-by-range-min: %v (or off)", err)
 		}
-		c.copyUpMin = n
+		c.CopyUpMin = n
 	}
 	return nil
-}
-
-// partialCopyUps lists the mount's partial files, if it can say.
-func partialCopyUps(ov overlay) []fs.PartialCopyUp {
-	if p, ok := ov.(interface{ PartialCopyUps() []fs.PartialCopyUp }); ok {
-		return p.PartialCopyUps()
-	}
-	return nil
-}
-
-// partialCopyUpsOf reports m's partial copy-ups to the metrics: how many,
-// and the bytes copied into them so far.
-func partialCopyUpsOf(m *fs.Mounted) func() (partialCopyUpStats, bool) {
-	return func() (partialCopyUpStats, bool) {
-		var s partialCopyUpStats
-		for _, p := range m.PartialCopyUps() {
-			s.InProgress++
-			s.Bytes += p.Present
-		}
-		return s, true
-	}
 }
 
 func printPartials(row func(k, f string, a ...any), ps []fs.PartialCopyUp) {
@@ -70,6 +50,6 @@ func printPartials(row func(k, f string, a ...any), ps []fs.PartialCopyUp) {
 		case !p.Running:
 			state = "resumes when the file is next used"
 		}
-		row("partial copy-up", "%s: %s of %s (%.0f%%), %s", name, humanBytes(p.Present), humanBytes(p.Size), pct, state)
+		row("partial copy-up", "%s: %s of %s (%.0f%%), %s", name, daemon.HumanBytes(p.Present), daemon.HumanBytes(p.Size), pct, state)
 	}
 }

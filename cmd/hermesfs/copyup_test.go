@@ -46,8 +46,8 @@ func TestCopyUpByRangeMinFlag(t *testing.T) {
 		}
 		if err != nil {
 			t.Errorf("%v env %q: %v", c.args, c.env, err)
-		} else if cfg.copyUpMin != c.want {
-			t.Errorf("%v env %q: %d, want %d", c.args, c.env, cfg.copyUpMin, c.want)
+		} else if cfg.CopyUpMin != c.want {
+			t.Errorf("%v env %q: %d, want %d", c.args, c.env, cfg.CopyUpMin, c.want)
 		}
 	}
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -12,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/hermesfs/hermesfs/archive"
+	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
 	"github.com/hermesfs/hermesfs/uploader"
 	"github.com/hermesfs/hermesfs/uploader/crypt"
 )
@@ -102,17 +102,6 @@ func cryptOptions(e *env, fs *flag.FlagSet, o *uploader.CatalogOptions) error {
 	return nil
 }
 
-// cryptError gives encryption errors their exit code.
-func cryptError(err error) error {
-	if _, ok := errors.AsType[*crypt.KeyError](err); ok || errors.Is(err, uploader.ErrPlaintext) {
-		return withCode(exitCrypt, err)
-	}
-	if errors.Is(err, crypt.ErrAuth) || errors.Is(err, crypt.ErrHeader) {
-		return withCode(exitCorrupt, err)
-	}
-	return err
-}
-
 // openArchiveAt opens the archive file at path, decrypting it through a
 // ReaderAt if it is an age file (only the chunks read are decrypted).
 func openArchiveAt(e *env, fs *flag.FlagSet, path string) (*archive.Reader, io.Closer, error) {
@@ -124,7 +113,7 @@ func openArchiveAt(e *env, fs *flag.FlagSet, path string) (*archive.Reader, io.C
 	n, _ := io.ReadFull(f, head)
 	if !crypt.IsEncrypted(head[:n]) {
 		f.Close()
-		return openArchive(path, archive.ReaderOptions{})
+		return daemon.OpenArchive(path, archive.ReaderOptions{})
 	}
 	var o uploader.CatalogOptions
 	if err := cryptOptions(e, fs, &o); err != nil {
@@ -147,7 +136,7 @@ func openArchiveAt(e *env, fs *flag.FlagSet, path string) (*archive.Reader, io.C
 	r, err := archive.Open(ra, size, archive.ReaderOptions{Name: path})
 	if err != nil {
 		f.Close()
-		return nil, nil, archiveError(err)
+		return nil, nil, daemon.ArchiveError(err)
 	}
 	return r, f, nil
 }
@@ -159,26 +148,4 @@ func filesOrEncrypted(m uploader.Manifest) string {
 		return "encrypted (" + strings.Join(m.Encryption.RecipientTypes, ", ") + ")"
 	}
 	return fmt.Sprintf("%d files", m.Files)
-}
-
-// checkEncryptedLatest refuses, before anything is mounted, a writable
-// mount that would publish plaintext over an encrypted LATEST (a
-// forgotten --encrypt-to), rather than failing at every snapshot.
-func checkEncryptedLatest(ctx context.Context, c *uploader.Catalog, o uploader.CatalogOptions) error {
-	if o.Recipients != nil || o.AllowPlaintext {
-		return nil
-	}
-	m, err := c.Latest(ctx)
-	if err != nil || m.Encryption == nil {
-		return nil // no LATEST, or one the boot deals with
-	}
-	return withCode(exitCrypt, fmt.Errorf("%w: LATEST (%s) is encrypted to %s recipients; pass --encrypt-to (or HERMESFS_ENCRYPT_TO) with the recipients new snapshots should go to, or --allow-plaintext to publish unencrypted on purpose",
-		uploader.ErrPlaintext, m.ID, strings.Join(m.Encryption.RecipientTypes, ", ")))
-}
-
-// encryptionInfo is how a mount encrypts new snapshots, as status shows
-// it: the scheme and the kinds of recipient, never a key.
-type encryptionInfo struct {
-	Scheme         string   `json:"scheme"`
-	RecipientTypes []string `json:"recipient_types"`
 }

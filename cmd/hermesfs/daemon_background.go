@@ -13,6 +13,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
 )
 
 // runBackground starts the daemon again as a child in its own session
@@ -24,7 +26,7 @@ func runBackground(ctx context.Context, e *env, cfg *mountConfig, fset *flag.Fla
 	stateDir := cfg.StateDir
 	if stateDir == "" {
 		var err error
-		if stateDir, err = defaultStateDir(cfg.Mountpoint, os.Getuid(), e.getenv); err != nil {
+		if stateDir, err = daemon.DefaultStateDir(cfg.Mountpoint, os.Getuid(), e.getenv); err != nil {
 			return err
 		}
 	}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"flag"
-	"fmt"
 	"log/slog"
 	"net"
 	"os"
@@ -11,44 +10,23 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
 	"github.com/hermesfs/hermesfs/fs"
 	"github.com/hermesfs/hermesfs/uploader"
+	"github.com/hermesfs/hermesfs/uploader/storeurl"
 )
 
-// mountConfig is everything `hermesfs mount` can be told. Flags map onto its
-// fields one to one, and HERMESFS_* environment variables onto the flags (a
-// flag given on the command line wins over the variable). Defaults are set in
-// newMountConfig and nowhere else.
+// mountConfig is everything `hermesfs mount` can be told: the daemon's
+// Config and what only the command line has (--keep, --background, sizes
+// and the owner as text). Flags map onto its fields one to one, and
+// HERMESFS_* environment variables onto the flags (a flag given on the
+// command line wins over the variable). Defaults are set in newMountConfig
+// and nowhere else.
 type mountConfig struct {
-	// Mountpoint is the absolute path of the directory to mount over.
-	Mountpoint string
-
-	// StateDir holds the lower archive cache, the upper layer, the control
-	// socket and state.json; one per mountpoint. Empty means the default
-	// (see defaultStateDir). Env HERMESFS_STATE_DIR.
-	StateDir string
-
-	// Interval between periodic snapshots; 0 disables them (snapshots are
-	// then taken only on demand and at shutdown). Env HERMESFS_INTERVAL.
-	Interval time.Duration
+	daemon.Config
 
 	// Keep is --keep, the same as --keep-last. Env HERMESFS_KEEP.
 	Keep int
-	// Retention is the policy the --keep-* flags make (see retention.go),
-	// resolved by validate.
-	Retention uploader.RetentionPolicy
-
-	// ReadOnly mounts the newest snapshot read-only and never publishes.
-	ReadOnly bool
-
-	// OnConflict says what to do when the upper layer holds unpublished
-	// changes but another host published since: "" (refuse), "keep-local"
-	// or "discard-local".
-	OnConflict string
-
-	// StopTimeout bounds shutdown: final snapshot, upload and unmount.
-	// systemd's TimeoutStopSec must be larger. Env HERMESFS_STOP_TIMEOUT.
-	StopTimeout time.Duration
 
 	// Background returns once the mount is ready, leaving the daemon running
 	// in its own session with its output in LogFile.
@@ -58,67 +36,39 @@ type mountConfig struct {
 	// <state dir>/hermesfs.log.
 	LogFile string
 
-	// LogFormat is "text" or "json"; LogLevel is debug, info, warn or error.
-	// Env HERMESFS_LOG_FORMAT, HERMESFS_LOG_LEVEL.
-	LogFormat string
-	LogLevel  string
-
-	// MemoryLimit and UserLimit are the character limits of
-	// memories/MEMORY.md and memories/USER.md when the home's config.yaml
-	// does not set them.
-	MemoryLimit int
-	UserLimit   int
-
-	// WritePassthroughMax is the largest file opened for writing with
-	// FUSE passthrough (root, Linux >= 6.9): a size such as 32M, or 0 for
-	// none. Each snapshot stops such files' writes for as long as it takes
-	// to copy them (fs.Options.PassthroughWriteMax).
+	// WritePassthroughMax is --write-passthrough-max as given (a size such
+	// as 32M, or 0 for none); validate parses it into
+	// Config.PassthroughWriteMax.
 	WritePassthroughMax string
-	writePTMax          int64 // parsed by validate; -1 for none
 
-	// CopyUpByRangeMin is the smallest lower file copied up by range
-	// (copyup.go); "off" copies every file whole.
+	// CopyUpByRangeMin is --copy-up-by-range-min as given ("off" copies
+	// every file whole); validate parses it into Config.CopyUpMin.
 	CopyUpByRangeMin string
-	copyUpMin        int64 // parsed by validate; -1 for off
 
-	// Debug logs every FUSE request.
-	Debug bool
+	// OwnerSpec is --owner (USER[:GROUP]); validate parses it into
+	// Config.Owner. Env HERMESFS_OWNER.
+	OwnerSpec string
 
-	// MetricsAddr, if set, is the HOST:PORT where Prometheus metrics are
-	// served (/metrics). Env HERMESFS_METRICS_ADDR.
-	MetricsAddr string
-	// Lazy boots from a snapshot whose manifest has chunk digests without
-	// downloading it first: ready after its metadata, data fetched as it
-	// is read and filled in the background. Env HERMESFS_LAZY.
-	Lazy bool
-	// ReadTimeout bounds how long a lazy read retries a chunk the store
-	// does not deliver before it fails with EIO. Env HERMESFS_READ_TIMEOUT.
-	ReadTimeout time.Duration
-	// Owner (USER[:GROUP]) is the user a root daemon serves: the mount
-	// root becomes theirs, with the mode of the directory it covers, and
-	// every user of the host may use the mount under the kernel's
-	// permission checks (allow_other, default_permissions). Empty: the
-	// mount is the mounting user's alone. Env HERMESFS_OWNER.
-	Owner string
-	owner *owner // parsed by validate
-
-	// flags holds the store flags (declared by addStoreFlags), read with
-	// storeOptions when the store is opened.
+	// flags holds the store and encryption flags (declared by
+	// addStoreFlags, addIdentityFlag, addEncryptFlags), read when the
+	// daemon opens the store.
 	flags *flag.FlagSet
 }
 
 // newMountConfig returns the defaults.
 func newMountConfig() *mountConfig {
 	return &mountConfig{
-		Interval:    15 * time.Minute,
-		Keep:        10,
-		StopTimeout: 90 * time.Second,
-		LogFormat:   "text",
-		LogLevel:    "info",
-		MemoryLimit: 2200,
-		UserLimit:   1375,
-		Lazy:        true,
-		ReadTimeout: 30 * time.Second,
+		Config: daemon.Config{
+			Interval:    15 * time.Minute,
+			StopTimeout: 90 * time.Second,
+			LogFormat:   "text",
+			LogLevel:    "info",
+			MemoryLimit: 2200,
+			UserLimit:   1375,
+			Lazy:        true,
+			ReadTimeout: 30 * time.Second,
+		},
+		Keep: 10,
 
 		WritePassthroughMax: strconv.Itoa(fs.DefaultPassthroughWriteMax>>20) + "M",
 		CopyUpByRangeMin:    strconv.Itoa(fs.DefaultCopyUpByRangeMin>>20) + "M",
@@ -164,7 +114,7 @@ func (c *mountConfig) addFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", c.MetricsAddr, "serve Prometheus metrics at http://HOST:PORT/metrics (port 0: any free one, logged); off by default (env HERMESFS_METRICS_ADDR)")
 	fs.BoolVar(&c.Lazy, "lazy", c.Lazy, "boot without downloading the snapshot first: fetch its data as it is read and fill the cache in the background; --lazy=false downloads it whole before mounting (env HERMESFS_LAZY)")
 	fs.DurationVar(&c.ReadTimeout, "read-timeout", c.ReadTimeout, "how long a lazy read retries data the store does not deliver before it fails with EIO (env HERMESFS_READ_TIMEOUT)")
-	fs.StringVar(&c.Owner, "owner", c.Owner, "USER[:GROUP] the mount serves when the daemon runs as root: the mount root becomes theirs, and other users may use the mount as the modes allow (allow_other); files belong to whoever creates them (env HERMESFS_OWNER)")
+	fs.StringVar(&c.OwnerSpec, "owner", c.OwnerSpec, "USER[:GROUP] the mount serves when the daemon runs as root: the mount root becomes theirs, and other users may use the mount as the modes allow (allow_other); files belong to whoever creates them (env HERMESFS_OWNER)")
 	c.addCopyUpFlags(fs)
 }
 
@@ -222,8 +172,8 @@ func (c *mountConfig) validate() error {
 		return usageError("--memory-limit and --user-limit must be positive")
 	}
 	if v := strings.TrimSpace(c.WritePassthroughMax); v == "0" {
-		c.writePTMax = -1
-	} else if c.writePTMax, err = parseSize(v); err != nil {
+		c.PassthroughWriteMax = -1
+	} else if c.PassthroughWriteMax, err = parseSize(v); err != nil {
 		return usageError("--write-passthrough-max: %v", err)
 	}
 	if c.MetricsAddr != "" {
@@ -231,18 +181,18 @@ func (c *mountConfig) validate() error {
 			return usageError("--metrics-addr %q: want HOST:PORT, e.g. 127.0.0.1:9452 (%v)", c.MetricsAddr, err)
 		}
 	}
-	if c.Owner != "" {
-		if c.owner, err = parseOwner(c.Owner); err != nil {
+	if c.OwnerSpec != "" {
+		if c.Owner, err = daemon.ParseOwner(c.OwnerSpec); err != nil {
 			return usageError("--owner %v", err)
 		}
 		if os.Geteuid() != 0 {
-			return usageError("--owner needs a daemon running as root (it gives files to the users who create them); without root, run the daemon as %s instead", c.Owner)
+			return usageError("--owner needs a daemon running as root (it gives files to the users who create them); without root, run the daemon as %s instead", c.OwnerSpec)
 		}
 	}
 	if err := c.validateCopyUp(); err != nil {
 		return err
 	}
-	if _, err := parseLevel(c.LogLevel); err != nil {
+	if _, err := daemon.ParseLevel(c.LogLevel); err != nil {
 		return usageError("--log-level: %v", err)
 	}
 	if c.LogFormat != "text" && c.LogFormat != "json" {
@@ -265,88 +215,19 @@ func within(path, dir string) bool {
 	return err == nil && rel != ".." && !strings.HasPrefix(rel, "../")
 }
 
-func parseLevel(s string) (slog.Level, error) {
-	var l slog.Level
-	if err := l.UnmarshalText([]byte(s)); err != nil {
-		return 0, fmt.Errorf("%q: want debug, info, warn or error", s)
+// daemonOptions connects the daemon to this process: stdout for the ready
+// line, the environment, and the store and encryption flags, resolved when
+// the daemon opens the store.
+func (c *mountConfig) daemonOptions(e *env) daemon.Options {
+	return daemon.Options{
+		Stdout:  e.stdout,
+		Getenv:  e.getenv,
+		Version: version,
+		Store: func(logger *slog.Logger) (string, storeurl.Options, error) {
+			return storeOptions(e, c.flags, logger)
+		},
+		Encryption: func(o *uploader.CatalogOptions) error {
+			return cryptOptions(e, c.flags, o)
+		},
 	}
-	return l, nil
-}
-
-// newLogger builds the process logger: text or JSON to w at level.
-func newLogger(w *os.File, format, level string) *slog.Logger {
-	l, err := parseLevel(level)
-	if err != nil {
-		l = slog.LevelInfo
-	}
-	opts := &slog.HandlerOptions{Level: l}
-	if format == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
-	}
-	return slog.New(slog.NewTextHandler(w, opts))
-}
-
-// defaultStateDir is the state directory for mountpoint when none is given:
-// /var/lib/hermesfs/mounts/<escaped> for root (a level below the default
-// store, /var/lib/hermesfs/store, so that a mountpoint named /store cannot
-// meet it), $XDG_STATE_HOME/hermesfs/<escaped> (else
-// ~/.local/state/hermesfs/<escaped>) for others.
-func defaultStateDir(mountpoint string, uid int, getenv func(string) string) (string, error) {
-	name := escapePath(mountpoint)
-	if uid == 0 {
-		return filepath.Join("/var/lib/hermesfs", "mounts", name), nil
-	}
-	if x := getenv("XDG_STATE_HOME"); x != "" && filepath.IsAbs(x) {
-		return filepath.Join(x, "hermesfs", name), nil
-	}
-	home := getenv("HOME")
-	if home == "" {
-		return "", fmt.Errorf("no state directory: HOME is not set (use --state-dir)")
-	}
-	return filepath.Join(home, ".local", "state", "hermesfs", name), nil
-}
-
-// runtimeDir is where running mounts register themselves for `status`
-// without arguments: $XDG_RUNTIME_DIR/hermesfs, else /run/hermesfs for root,
-// else a per-user directory under the temp dir.
-func runtimeDir(uid int, getenv func(string) string) string {
-	if x := getenv("HERMESFS_RUNTIME_DIR"); x != "" {
-		return x
-	}
-	if x := getenv("XDG_RUNTIME_DIR"); x != "" && filepath.IsAbs(x) {
-		return filepath.Join(x, "hermesfs")
-	}
-	if uid == 0 {
-		return "/run/hermesfs"
-	}
-	return filepath.Join(os.TempDir(), "hermesfs-"+strconv.Itoa(uid))
-}
-
-// escapePath turns an absolute path into one file name, reversibly:
-// "/home/u/.hermes" -> "home-u-%2Ehermes". Letters, digits, '_' and '.'
-// (not leading a component) stay; '/' becomes '-'; every other byte %XX.
-func escapePath(p string) string {
-	p = strings.Trim(filepath.Clean(p), "/")
-	if p == "" {
-		return "-"
-	}
-	var b strings.Builder
-	lead := true
-	for i := 0; i < len(p); i++ {
-		c := p[i]
-		switch {
-		case c == '/':
-			b.WriteByte('-')
-			lead = true
-			continue
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '_':
-			b.WriteByte(c)
-		case c == '.' && !lead:
-			b.WriteByte(c)
-		default:
-			fmt.Fprintf(&b, "%%%02X", c)
-		}
-		lead = false
-	}
-	return b.String()
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
 	"github.com/hermesfs/hermesfs/uploader/crypt"
 )
 
@@ -44,7 +45,7 @@ func checkPlaintextCache(t *testing.T, h *host, id string) {
 	if crypt.IsEncrypted(b) || len(b) < 4 || string(b[:4]) != "hsqs" {
 		t.Fatalf("the completed cache %s is not a plaintext squashfs archive", p)
 	}
-	var st persistedState
+	var st daemon.PersistedState
 	sj, _ := os.ReadFile(filepath.Join(h.state, "state.json"))
 	if err := json.Unmarshal(sj, &st); err != nil {
 		t.Fatal(err)
@@ -145,8 +146,8 @@ func TestE2ELazyEncryptedRefusals(t *testing.T) {
 	noKey.extraEnv = []string{"HERMESFS_ENCRYPT_TO=" + pub}
 	mp := e2eDir(t, "homeNoKey")
 	dn := noKey.start(mp)
-	if c := dn.wait(); c != exitCrypt || isMountpoint(mp) || !strings.Contains(dn.stderr.String(), id) || !strings.Contains(dn.stderr.String(), "X25519") {
-		t.Fatalf("lazy boot without an identity: exit %d, mounted %v\n%s", c, isMountpoint(mp), dn.stderr)
+	if c := dn.wait(); c != exitCrypt || daemon.IsMountpoint(mp) || !strings.Contains(dn.stderr.String(), id) || !strings.Contains(dn.stderr.String(), "X25519") {
+		t.Fatalf("lazy boot without an identity: exit %d, mounted %v\n%s", c, daemon.IsMountpoint(mp), dn.stderr)
 	}
 	if ents, _ := os.ReadDir(filepath.Join(noKey.state, "cache")); len(ents) != 0 {
 		t.Errorf("a refused mount wrote %d entries in the cache", len(ents))
@@ -212,7 +213,7 @@ func TestE2ELazyEncryptedDecryptResume(t *testing.T) {
 			t.Fatal(err)
 		}
 		os.Remove(cache)
-		var st persistedState
+		var st daemon.PersistedState
 		sj, _ := os.ReadFile(filepath.Join(h.state, "state.json"))
 		json.Unmarshal(sj, &st)
 		st.BaseSHA256, st.CleanShutdown = "", false

@@ -24,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
 	"github.com/hermesfs/hermesfs/fs"
 	"github.com/hermesfs/hermesfs/uploader/s3test"
 )
@@ -61,7 +62,7 @@ func mountsBelow(dir string) []string {
 	for _, line := range strings.Split(string(b), "\n") {
 		f := strings.Fields(line)
 		if len(f) > 4 {
-			if mp := unescapeMountinfo(f[4]); strings.HasPrefix(mp, dir+"/") {
+			if mp := daemon.UnescapeMountinfo(f[4]); strings.HasPrefix(mp, dir+"/") {
 				out = append(out, mp)
 			}
 		}
@@ -264,7 +265,7 @@ func (h *host) start(mp string, args ...string) *daemonProc {
 				d.exited(120 * time.Second)
 			}
 		}
-		if isMountpoint(mp) {
+		if daemon.IsMountpoint(mp) {
 			syscall.Unmount(mp, syscall.MNT_DETACH)
 		}
 	})
@@ -292,7 +293,7 @@ func (d *daemonProc) waitReady() {
 	case <-time.After(90 * time.Second):
 		d.t.Fatalf("hermesfs mount: no ready line after 90s:\n%s", d.stderr)
 	}
-	if !isMountpoint(d.mp) {
+	if !daemon.IsMountpoint(d.mp) {
 		d.t.Fatalf("ready, but %s is not a mountpoint", d.mp)
 	}
 }
@@ -316,7 +317,7 @@ func (d *daemonProc) exited(limit time.Duration) bool {
 		return true
 	case <-time.After(15 * time.Second):
 	}
-	if isMountpoint(d.mp) && probeFUSE(d.mp, time.Second) == fuseHung {
+	if daemon.IsMountpoint(d.mp) && daemon.ProbeFUSE(d.mp, time.Second) == daemon.FUSEHung {
 		err := fs.AbortConnection(d.mp, slog.Default())
 		d.t.Logf("the daemon did not exit and its mount hangs: aborted its connection (err %v)", err)
 	}
@@ -424,10 +425,10 @@ func integrityOK(t *testing.T, db string) {
 }
 
 // statusJSON runs `hermesfs status --json MP`.
-func (h *host) statusJSON(mp string) (statusReport, int) {
+func (h *host) statusJSON(mp string) (daemon.StatusReport, int) {
 	h.t.Helper()
 	code, out, errOut := h.run("status", "--json", mp)
-	var r statusReport
+	var r daemon.StatusReport
 	if err := json.Unmarshal([]byte(out), &r); err != nil {
 		h.t.Fatalf("status --json: exit %d, %v:\n%s\n%s", code, err, out, errOut)
 	}
@@ -519,4 +520,9 @@ func mustRead(t *testing.T, p string) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
 }

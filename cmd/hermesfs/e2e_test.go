@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
 	"github.com/hermesfs/hermesfs/uploader"
 	"github.com/hermesfs/hermesfs/uploader/s3test"
 	"github.com/hermesfs/hermesfs/uploader/storeurl"
@@ -118,18 +119,18 @@ func fullCycle(t *testing.T, store string, fetch func(id string) string) {
 	if code := d.stop(syscall.SIGTERM); code != 0 {
 		t.Fatalf("SIGTERM: exit %d\n%s", code, d.stderr)
 	}
-	if isMountpoint(mp) {
+	if daemon.IsMountpoint(mp) {
 		t.Fatal("still mounted after exit")
 	}
 	// The original directory under the mount was never touched.
 	if diff := diffTrees(orig, snapshotTree(t, mp)); diff != "" {
 		t.Fatalf("the directory under the mount changed:\n%s", diff)
 	}
-	st, err := readState(a.state)
+	st, err := daemon.ReadState(a.state)
 	if err != nil || st.LastPublished == "" || st.Base != st.LastPublished || st.Unpublished || !st.CleanShutdown {
 		t.Errorf("state after a clean stop (want rebased onto the final snapshot): %+v %v", st, err)
 	}
-	if empty, _ := dirEmpty(filepath.Join(a.state, "upper")); !empty {
+	if empty, _ := daemon.DirEmpty(filepath.Join(a.state, "upper")); !empty {
 		t.Error("upper layer not emptied by the rebase")
 	}
 
@@ -278,11 +279,11 @@ func TestE2ESdNotifyAndBackground(t *testing.T) {
 		t.Fatalf("mount --background: exit %d %q\n%s", code, out, errOut)
 	}
 	t.Cleanup(func() {
-		if isMountpoint(mp) {
+		if daemon.IsMountpoint(mp) {
 			h.run("umount", mp)
 		}
 	})
-	if !isMountpoint(mp) {
+	if !daemon.IsMountpoint(mp) {
 		t.Fatal("--background returned but nothing is mounted")
 	}
 	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
@@ -307,10 +308,10 @@ func TestE2ESdNotifyAndBackground(t *testing.T) {
 	if code != 0 || strings.TrimSpace(out) == "" {
 		t.Fatalf("umount: exit %d %q %s", code, out, errOut)
 	}
-	for i := 0; processAlive(r.PID) && i < 100; i++ {
+	for i := 0; daemon.ProcessAlive(r.PID) && i < 100; i++ {
 		time.Sleep(50 * time.Millisecond)
 	}
-	if processAlive(r.PID) || isMountpoint(mp) {
+	if daemon.ProcessAlive(r.PID) || daemon.IsMountpoint(mp) {
 		t.Error("daemon still running or mounted after umount")
 	}
 	log := mustRead(t, filepath.Join(h.state, "hermesfs.log"))
@@ -384,7 +385,7 @@ func TestE2EKill9(t *testing.T) {
 		t.Fatalf("writer only got to %d", last)
 	}
 	// The dead mount: umount detaches it.
-	if !isMountpoint(mp) {
+	if !daemon.IsMountpoint(mp) {
 		t.Fatal("expected the dead FUSE mount to linger")
 	}
 	code, out, errOut := a.run("umount", mp)
@@ -455,7 +456,7 @@ func TestE2ELeaseAndConflict(t *testing.T) {
 	if msg := db.stderr.String(); !strings.Contains(msg, "read-only") {
 		t.Errorf("refusal should name the holder and --read-only:\n%s", msg)
 	}
-	if isMountpoint(mpB) {
+	if daemon.IsMountpoint(mpB) {
 		t.Fatal("refused host left a mount")
 	}
 	// --read-only works next to the writer: EROFS on writes.
@@ -550,7 +551,7 @@ func TestE2EStoreDownAtSigterm(t *testing.T) {
 	if got := mustRead(t, filepath.Join(h.state, "upper", "precious.txt")); got != "do not lose me" {
 		t.Fatalf("upper layer not kept: %q", got)
 	}
-	st, _ := readState(h.state)
+	st, _ := daemon.ReadState(h.state)
 	if !st.Unpublished {
 		t.Errorf("state.json should record unpublished changes: %+v", st)
 	}
@@ -727,13 +728,13 @@ i=0; while :; do i=$((i+1)); sqlite3 "$H/state.db" "INSERT INTO t VALUES ($i);";
 	}
 	t.Cleanup(func() {
 		cmd.Process.Kill()
-		if isMountpoint(mp) {
+		if daemon.IsMountpoint(mp) {
 			syscall.Unmount(mp, syscall.MNT_DETACH)
 		}
 	})
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
-		if b, err := os.ReadFile(filepath.Join(mp, "counter")); err == nil && len(b) > 0 && isMountpoint(mp) {
+		if b, err := os.ReadFile(filepath.Join(mp, "counter")); err == nil && len(b) > 0 && daemon.IsMountpoint(mp) {
 			if n, _ := strconv.Atoi(strings.TrimSpace(string(b))); n >= 10 {
 				break
 			}
@@ -755,7 +756,7 @@ i=0; while :; do i=$((i+1)); sqlite3 "$H/state.db" "INSERT INTO t VALUES ($i);";
 	if i, j := strings.Index(log, "agent stopping"), strings.Index(log, "snapshot published"); i < 0 || j < 0 || i > j {
 		t.Errorf("the agent must stop before the final snapshot:\n%s", log)
 	}
-	if isMountpoint(mp) {
+	if daemon.IsMountpoint(mp) {
 		t.Fatal("still mounted after the entrypoint exited")
 	}
 	out := unsquashLatest(t, storeDir)
@@ -866,7 +867,7 @@ func TestE2ELeaseTakenOver(t *testing.T) {
 	if got := mustRead(t, filepath.Join(h.state, "upper", "after.txt")); got != "kept locally" {
 		t.Errorf("local change not kept: %q", got)
 	}
-	if st, _ := readState(h.state); !st.Unpublished {
+	if st, _ := daemon.ReadState(h.state); !st.Unpublished {
 		t.Errorf("state.json should record unpublished changes: %+v", st)
 	}
 }
@@ -889,7 +890,7 @@ func takeLeaseOver(t *testing.T, h *host, d *daemonProc, mp, storeDir string) *u
 	}
 	// The heartbeat (every 10s) finds it.
 	deadline := time.Now().Add(30 * time.Second)
-	var r statusReport
+	var r daemon.StatusReport
 	for time.Now().Before(deadline) {
 		if r, _ = h.statusJSON(mp); r.Lease == "lost" {
 			break
@@ -924,7 +925,7 @@ func TestE2ELeaseLostIdle(t *testing.T) {
 		t.Errorf("snapshot with nothing changed after losing the lease: exit %d, want 0: %s", code, errOut)
 	}
 	d.stopOK(t)
-	if st, err := readState(h.state); err != nil || st.Unpublished || !st.CleanShutdown {
+	if st, err := daemon.ReadState(h.state); err != nil || st.Unpublished || !st.CleanShutdown {
 		t.Errorf("state after an idle stop: %+v %v", st, err)
 	}
 }
@@ -947,7 +948,7 @@ func TestE2EUnmountedFromOutside(t *testing.T) {
 			t.Fatal(err)
 		}
 		code := d.wait()
-		st, _ := readState(h.state)
+		st, _ := daemon.ReadState(h.state)
 		if unpublished {
 			if code != exitUnsynced || !st.Unpublished {
 				t.Errorf("unmounted from outside with a change after the last snapshot: exit %d, state %+v", code, st)
@@ -1031,7 +1032,7 @@ func TestE2ECrashAfterPublish(t *testing.T) {
 	d.wait()
 	syscall.Unmount(mp, syscall.MNT_DETACH)
 	// Roll state.json back to before the second publish was recorded.
-	st, err := readState(h.state)
+	st, err := daemon.ReadState(h.state)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1106,7 +1107,7 @@ func TestE2EPublishedUpperKeptForAnotherStore(t *testing.T) {
 	d.stopOK(t)
 	// What a stop that could not rebase leaves: a clean, published state
 	// with the published change still in the upper layer.
-	st, err := readState(h.state)
+	st, err := daemon.ReadState(h.state)
 	if err != nil || !st.CleanShutdown || st.Unpublished {
 		t.Fatalf("state after a clean stop: %+v %v", st, err)
 	}
@@ -1215,7 +1216,7 @@ func TestE2EKeepLocal(t *testing.T) {
 	// What a failed final upload leaves in A's state dir (its lease was
 	// released, so B need not wait for it to go stale).
 	writeFile(t, filepath.Join(a.state, "upper", "local.txt"), "mine", 0o644)
-	st, _ := readState(a.state)
+	st, _ := daemon.ReadState(a.state)
 	st.Unpublished, st.CleanShutdown = true, false
 	j, _ := json.Marshal(st)
 	writeFile(t, filepath.Join(a.state, "state.json"), string(j), 0o600)

@@ -54,6 +54,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+
+	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
 )
 
 const workloadEnv = "HERMESFS_TORTURE_WORKLOAD"
@@ -288,7 +290,7 @@ func (w *workload) files(r *rand.Rand) error {
 				if err := os.Rename(p+".tmp", p); err != nil {
 					return err
 				}
-				return syncDir(dir)
+				return daemon.SyncDir(dir)
 			}
 			s, err := w.j.begin("files", kind, rel, n)
 			if err != nil {
@@ -306,7 +308,7 @@ func (w *workload) files(r *rand.Rand) error {
 				if err := os.Remove(p); err != nil {
 					return err
 				}
-				return syncDir(dir)
+				return daemon.SyncDir(dir)
 			}, "files", kind, rel); err != nil {
 				return err
 			}
@@ -319,7 +321,7 @@ func (w *workload) files(r *rand.Rand) error {
 				if err := os.Rename(p, w.path(to)); err != nil {
 					return err
 				}
-				return syncDir(dir)
+				return daemon.SyncDir(dir)
 			}, "files", kind, rel, to); err != nil {
 				return err
 			}

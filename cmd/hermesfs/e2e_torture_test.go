@@ -31,6 +31,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
 	"github.com/hermesfs/hermesfs/uploader"
 	"github.com/hermesfs/hermesfs/uploader/faultproxy"
 	"github.com/hermesfs/hermesfs/uploader/s3test"
@@ -227,7 +228,7 @@ func (r *tortureRig) ended(d *daemonProc) int {
 	default:
 		t.Fatalf("daemon exit %d:\n%s", code, tail(d.stderr.String(), 60))
 	}
-	if _, err := readState(r.h.state); err != nil {
+	if _, err := daemon.ReadState(r.h.state); err != nil {
 		t.Fatalf("state.json after the daemon ended (exit %d): %v", code, err)
 	}
 	return code
@@ -238,7 +239,7 @@ func (r *tortureRig) ended(d *daemonProc) int {
 func (r *tortureRig) detach() {
 	t := r.t
 	t.Helper()
-	if !isMountpoint(r.mp) {
+	if !daemon.IsMountpoint(r.mp) {
 		return
 	}
 	if r.rng.IntN(3) == 0 {
@@ -516,13 +517,13 @@ func (r *tortureRig) killRound(i int, mode string) {
 	if code == exitOK {
 		// Exit 0 promises the store has every acknowledged write.
 		r.latestHasEverything(fmt.Sprintf("round %d (%s): exit 0", i, mode))
-		st, _ := readState(r.h.state)
+		st, _ := daemon.ReadState(r.h.state)
 		if mode == "term-quiet" && (st.Unpublished || !st.CleanShutdown || st.Base != st.LastPublished) {
 			t.Errorf("round %d: a clean stop with nothing written after the final snapshot should rebase: %+v", i, st)
 		}
 	}
 	if code == exitUnsynced {
-		if st, _ := readState(r.h.state); !st.Unpublished {
+		if st, _ := daemon.ReadState(r.h.state); !st.Unpublished {
 			t.Errorf("round %d: exit 5 but state.json does not record unpublished changes: %+v", i, st)
 		}
 	}
@@ -796,7 +797,7 @@ func TestTortureRestartOverDeadMount(t *testing.T) {
 		}
 		d.cmd.Process.Kill()
 		d.wait()
-		if !isMountpoint(mp) || probeFUSE(mp, time.Minute) != fuseDead {
+		if !daemon.IsMountpoint(mp) || daemon.ProbeFUSE(mp, time.Minute) != daemon.FUSEDead {
 			t.Fatalf("round %d: expected a dead mount after kill -9", round)
 		}
 	}
@@ -888,7 +889,7 @@ func TestTortureStoreOutage(t *testing.T) {
 		} else {
 			s3.faults.SetRule(ph.rule)
 		}
-		var st statusReport
+		var st daemon.StatusReport
 		for {
 			select {
 			case <-w.done:
@@ -944,7 +945,7 @@ func TestTortureStoreOutage(t *testing.T) {
 	if code := d.stop(syscall.SIGTERM); code != exitUnsynced {
 		t.Fatalf("SIGTERM with the store down: exit %d, want %d\n%s", code, exitUnsynced, tail(d.stderr.String(), 40))
 	}
-	if st, _ := readState(r.h.state); !st.Unpublished {
+	if st, _ := daemon.ReadState(r.h.state); !st.Unpublished {
 		t.Errorf("state.json after exit 5: %+v", st)
 	}
 	if after, _ := r.cat.LatestID(t.Context()); after != before {

@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
 	"github.com/hermesfs/hermesfs/uploader"
 )
 
@@ -108,7 +109,7 @@ func runList(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error
 			files, enc = "-", le.Encryption.Scheme+": "+strings.Join(le.Encryption.RecipientTypes, ",")
 		}
 		fmt.Fprintf(tw, "%s %s\t%s\t%s\t%s\t%s\t%s%s\n", mark, le.ID, le.Created.UTC().Format("2006-01-02 15:04:05"),
-			humanBytes(le.Size), files, le.Host, enc, note)
+			daemon.HumanBytes(le.Size), files, le.Host, enc, note)
 	}
 	return tw.Flush()
 }

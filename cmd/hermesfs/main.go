@@ -13,17 +13,20 @@ import (
 	"sort"
 	"strings"
 	"syscall"
+
+	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
 )
 
-// Exit codes. Scripts rely on these numbers; never renumber them.
+// Exit codes (defined with the daemon, whose errors carry them). Scripts
+// rely on these numbers; never renumber them.
 const (
-	exitOK       = 0 // success
-	exitFailure  = 1 // the operation failed; the message says why
-	exitUsage    = 2 // bad command line
-	exitCorrupt  = 3 // an archive or snapshot failed verification
-	exitConflict = 4 // another host published or holds the store (lease, LATEST)
-	exitUnsynced = 5 // stopped, but the final snapshot did not reach the store; local state kept
-	exitCrypt    = 6 // an encrypted snapshot could not be opened (no or wrong --identity), or plaintext over encrypted refused
+	exitOK       = daemon.ExitOK
+	exitFailure  = daemon.ExitFailure
+	exitUsage    = daemon.ExitUsage
+	exitCorrupt  = daemon.ExitCorrupt
+	exitConflict = daemon.ExitConflict
+	exitUnsynced = daemon.ExitUnsynced
+	exitCrypt    = daemon.ExitCrypt
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -68,26 +71,13 @@ func register(c *command) {
 
 // exitError carries an exit code other than exitFailure through an error
 // chain. Commands return it (usually via usageError or withCode).
-type exitError struct {
-	code int
-	err  error
-}
-
-func (e *exitError) Error() string { return e.err.Error() }
-func (e *exitError) Unwrap() error { return e.err }
+type exitError = daemon.ExitError
 
 // withCode marks err to exit with code.
-func withCode(code int, err error) error {
-	if err == nil {
-		return nil
-	}
-	return &exitError{code: code, err: err}
-}
+func withCode(code int, err error) error { return daemon.WithCode(code, err) }
 
 // usageError reports a bad command line; the caller's help hint is appended.
-func usageError(format string, a ...any) error {
-	return &exitError{code: exitUsage, err: fmt.Errorf(format, a...)}
-}
+func usageError(format string, a ...any) error { return daemon.UsageError(format, a...) }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	e := &env{stdout: stdout, stderr: stderr, getenv: os.Getenv}
@@ -140,11 +130,7 @@ func (e *env) runCommand(ctx context.Context, c *command, args []string) int {
 	if err == nil {
 		return exitOK
 	}
-	code := exitFailure
-	var xe *exitError
-	if errors.As(err, &xe) {
-		code = xe.code
-	}
+	code := daemon.ExitCode(err)
 	fmt.Fprintf(e.stderr, "hermesfs %s: %v\n", c.name, err)
 	if code == exitUsage {
 		fmt.Fprintf(e.stderr, "Run 'hermesfs %s --help' for usage.\n", c.name)

@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"flag"
+
+	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
 )
 
 func init() {
@@ -96,7 +98,7 @@ Type=notify, KillMode=mixed and TimeoutStopSec larger than --stop-timeout
 			if cfg.Background {
 				return runBackground(ctx, e, cfg, fs)
 			}
-			return runDaemon(ctx, e, cfg, realParts{})
+			return daemon.Run(ctx, cfg.Config, cfg.daemonOptions(e))
 		},
 	})
 }

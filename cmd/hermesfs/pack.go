@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/hex"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	"github.com/hermesfs/hermesfs/archive"
+	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
 	"github.com/hermesfs/hermesfs/uploader"
 	"github.com/hermesfs/hermesfs/uploader/crypt"
 )
@@ -113,21 +113,21 @@ func runPack(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error
 		return packSealed(ctx, f, src, opts, co.Recipients)
 	})
 	if err != nil {
-		return archiveError(err)
+		return daemon.ArchiveError(err)
 	}
 	ratio := 0.0
 	if res.DataBytes > 0 {
 		ratio = 100 * float64(res.Size) / float64(res.DataBytes)
 	}
 	fmt.Fprintf(e.stdout, "%s: %s (%.1f%% of %s of file data), %d files, %d dirs, %d inodes, %s\nsha256 %s\n",
-		out, humanBytes(res.Size), ratio, humanBytes(res.DataBytes), res.Files, res.Dirs, res.Inodes,
+		out, daemon.HumanBytes(res.Size), ratio, daemon.HumanBytes(res.DataBytes), res.Files, res.Dirs, res.Inodes,
 		time.Since(start).Round(time.Millisecond), hex.EncodeToString(res.SHA256[:]))
 	if co.Recipients != nil {
 		fmt.Fprintf(e.stdout, "encrypted with age to %d recipient(s) (%s); the sha256 is the archive's, before encryption\n",
 			co.Recipients.Len(), strings.Join(co.Recipients.Types(), ", "))
 	}
 	if res.ReusedBytes > 0 {
-		fmt.Fprintf(e.stdout, "reused %s of compressed blocks from the base archive\n", humanBytes(res.ReusedBytes))
+		fmt.Fprintf(e.stdout, "reused %s of compressed blocks from the base archive\n", daemon.HumanBytes(res.ReusedBytes))
 	}
 	return nil
 }
@@ -180,7 +180,7 @@ func packAtomic(out string, pack func(f *os.File) (archive.PackResult, error)) (
 	if err = os.Rename(f.Name(), out); err != nil {
 		return res, err
 	}
-	return res, syncDir(filepath.Dir(out))
+	return res, daemon.SyncDir(filepath.Dir(out))
 }
 
 // parseSize reads a byte count with an optional binary suffix: 4096, 64K,
@@ -204,12 +204,4 @@ func parseSize(s string) (int64, error) {
 		return 0, fmt.Errorf("%q is too large a size", s)
 	}
 	return n * mult, nil
-}
-
-// archiveError gives archive damage its exit status.
-func archiveError(err error) error {
-	if errors.Is(err, archive.ErrCorrupt) {
-		return withCode(exitCorrupt, err)
-	}
-	return err
 }

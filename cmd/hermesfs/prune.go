@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
 	"github.com/hermesfs/hermesfs/uploader"
 )
 
@@ -92,13 +93,13 @@ func runPrune(ctx context.Context, e *env, fs *flag.FlagSet, args []string) erro
 // over the store at url are based on (read-only mounts hold no lease that
 // would name theirs).
 func localMountBases(ctx context.Context, e *env, url string) map[string]string {
-	entries, err := listRegistry(runtimeDir(os.Getuid(), e.getenv))
+	entries, err := daemon.ListRegistry(daemon.RuntimeDir(os.Getuid(), e.getenv))
 	if err != nil {
 		return nil
 	}
 	bases := map[string]string{}
 	for _, en := range entries {
-		resp, err := controlCall(ctx, en.Socket, controlRequest{Op: "status"})
+		resp, err := daemon.ControlCall(ctx, en.Socket, daemon.ControlRequest{Op: "status"})
 		if err != nil || resp.Status == nil || resp.Status.Store != url || resp.Status.Base == "" {
 			continue
 		}

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
 )
 
 // Commands that read never create the default store, a state dir or a
@@ -21,7 +23,7 @@ func TestReadOnlyCommandsCreateNothing(t *testing.T) {
 		"XDG_RUNTIME_DIR": filepath.Join(root, "run"),
 	}
 	mp := filepath.Join(root, "mnt", "hermes")
-	defaultState, err := defaultStateDir(mp, os.Getuid(), func(k string) string { return environ[k] })
+	defaultState, err := daemon.DefaultStateDir(mp, os.Getuid(), func(k string) string { return environ[k] })
 	if err != nil {
 		t.Fatal(err)
 	}

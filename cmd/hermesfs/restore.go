@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 
 	"github.com/hermesfs/hermesfs/archive"
+	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
 	"github.com/hermesfs/hermesfs/uploader"
 )
 
@@ -128,6 +129,6 @@ func runRestore(ctx context.Context, e *env, fs *flag.FlagSet, args []string) er
 	if err != nil {
 		return snapshotError(fmt.Errorf("extract snapshot %s into %s (the partial tree is left there): %w", m.ID, dir, err))
 	}
-	fmt.Fprintf(e.stdout, "restored snapshot %s (%s, %s, from %s) into %s\n", m.ID, humanBytes(m.Size), filesOrEncrypted(m), m.Host, dir)
+	fmt.Fprintf(e.stdout, "restored snapshot %s (%s, %s, from %s) into %s\n", m.ID, daemon.HumanBytes(m.Size), filesOrEncrypted(m), m.Host, dir)
 	return nil
 }

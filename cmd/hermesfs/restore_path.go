@@ -14,6 +14,7 @@ import (
 	"syscall"
 
 	"github.com/hermesfs/hermesfs/archive"
+	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
 	"github.com/hermesfs/hermesfs/uploader"
 	"github.com/hermesfs/hermesfs/uploader/ranged"
 )
@@ -90,11 +91,11 @@ func restorePath(ctx context.Context, e *env, fset *flag.FlagSet, id, rel, dest 
 		return fmt.Errorf("snapshot %s: %s is a %v, not a file, symlink or directory", m.ID, rel, a.Mode.Type())
 	}
 	if err != nil {
-		return snapshotError(archiveError(fmt.Errorf("extract %s of snapshot %s into %s: %w", rel, m.ID, target, err)))
+		return snapshotError(daemon.ArchiveError(fmt.Errorf("extract %s of snapshot %s into %s: %w", rel, m.ID, target, err)))
 	}
 	st := cache.Stats()
 	fmt.Fprintf(e.stdout, "restored %s of snapshot %s into %s (fetched %s of the %s archive)\n",
-		rel, m.ID, target, humanBytes(st.BytesFetched), humanBytes(m.Size))
+		rel, m.ID, target, daemon.HumanBytes(st.BytesFetched), daemon.HumanBytes(m.Size))
 	return nil
 }
 

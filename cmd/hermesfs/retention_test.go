@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -129,43 +128,5 @@ func TestRetentionFlags(t *testing.T) {
 		if _, err := parse(nil, args...); err == nil {
 			t.Errorf("%q accepted", args)
 		}
-	}
-}
-
-// The mount's lease names the snapshot it is based on once it published
-// one, and a prune from another host keeps that snapshot whatever the
-// policy says.
-func TestMountLeaseNamesBase(t *testing.T) {
-	t.Parallel()
-	ctx := t.Context()
-	s, err := uploader.NewLocal(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := newCatalogAdapter(s, uploader.CatalogOptions{Host: "vm1"}, nil)
-	l, err := a.Lease(ctx, "hermesfs mount /h")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Release(ctx)
-	p := filepath.Join(t.TempDir(), "a.sqfs")
-	os.WriteFile(p, []byte("archive bytes"), 0o600)
-	r, err := a.Publish(ctx, p, publishMeta{Files: 1}, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := a.lease.Renew(ctx); err != nil {
-		t.Fatal(err)
-	}
-	other := uploader.NewCatalog(s, uploader.CatalogOptions{Host: "vm2"})
-	if rec, _, err := other.ReadLease(ctx); err != nil || rec.Base != r.ID {
-		t.Fatalf("lease %+v, %v; want base %s", rec, err, r.ID)
-	}
-	// Another host moves LATEST on (as after a takeover): the base is no
-	// longer LATEST, and a keep-last-1 prune still keeps it.
-	m := publishTree(t, other, makeTree(t, 1))
-	res, err := other.PruneWith(ctx, uploader.PruneOptions{Policy: uploader.RetentionPolicy{Last: 1}})
-	if err != nil || !slices.Equal(res.Kept, []string{m.ID, r.ID}) {
-		t.Errorf("prune kept %q, %v; want the newest and the lease's base", res.Kept, err)
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+
+	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
 )
 
 func init() {
@@ -31,12 +33,12 @@ Example:
 			if len(args) != 1 {
 				return usageError("want one MOUNTPOINT")
 			}
-			loc, err := locateDaemon(e, args[0], stateDir)
+			loc, err := daemon.LocateDaemon(e.getenv, args[0], stateDir)
 			if err != nil {
 				return err
 			}
-			resp, err := controlCall(ctx, loc.Socket, controlRequest{Op: "snapshot"})
-			if errors.Is(err, errNoDaemon) {
+			resp, err := daemon.ControlCall(ctx, loc.Socket, daemon.ControlRequest{Op: "snapshot"})
+			if errors.Is(err, daemon.ErrNoDaemon) {
 				return fmt.Errorf("%s: %w", loc.Mountpoint, err)
 			}
 			if err != nil {
@@ -46,7 +48,7 @@ Example:
 				return errors.New("empty answer from the daemon")
 			}
 			if resp.Snapshot.Unchanged {
-				fmt.Fprintf(e.stdout, "%s (unchanged)\n", orNone(resp.Snapshot.ID))
+				fmt.Fprintf(e.stdout, "%s (unchanged)\n", daemon.OrNone(resp.Snapshot.ID))
 				return nil
 			}
 			fmt.Fprintln(e.stdout, resp.Snapshot.ID)

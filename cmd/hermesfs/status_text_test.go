@@ -5,20 +5,23 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
 )
 
 // TestStatusTextRows: every row has its label, and the figures say what
 // they count.
 func TestStatusTextRows(t *testing.T) {
-	r := statusReport{
+	r := daemon.StatusReport{
 		Mountpoint: "/home/u/.hermes", Running: true, PID: 42, Store: "file:///s", StateDir: "/st",
 		DirtyFiles: 215, DirtyBytes: 4096, Lease: "held",
-		Last:                 &snapshotRecord{ID: "20261122T134501.123Z-h-1a2b3c4d", Time: time.Now(), snapshotFigures: snapshotFigures{Size: 1 << 20, BytesUploaded: 512, Duration: 1500 * time.Millisecond}},
+		Last:                 &daemon.SnapshotRecord{ID: "20261122T134501.123Z-h-1a2b3c4d", Time: time.Now()},
 		MemoryLimits:         map[string]int{"memory": 3000, "user": 1375},
 		MemoryConfigProblems: []string{`line 3: memory.user_char_limit: "lots" is not a whole number`},
 	}
+	r.Last.Size, r.Last.BytesUploaded, r.Last.Duration = 1<<20, 512, 1500*time.Millisecond
 	var b bytes.Buffer
-	if err := printStatus(&b, []statusReport{r}, false); err != nil {
+	if err := printStatus(&b, []daemon.StatusReport{r}, false); err != nil {
 		t.Fatal(err)
 	}
 	out := b.String()

@@ -15,6 +15,7 @@ import (
 	"unsafe"
 
 	"github.com/hermesfs/hermesfs/archive"
+	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
 	"github.com/hermesfs/hermesfs/uploader"
 	"github.com/hermesfs/hermesfs/uploader/storeurl"
 )
@@ -149,41 +150,6 @@ func openCatalog(ctx context.Context, e *env, fs *flag.FlagSet) (*uploader.Catal
 	return uploader.NewCatalog(s, o), loc, nil
 }
 
-// openArchive opens the archive file at path (opts.Name defaults to path).
-// The caller closes the file once done with the reader; a corrupt archive
-// carries the exit code exitCorrupt.
-func openArchive(path string, opts archive.ReaderOptions) (*archive.Reader, *os.File, error) {
-	f, err := os.Open(path)
-	if lr, ok := lazyLookup(path); ok && errors.Is(err, os.ErrNotExist) {
-		// A base still being fetched: read through its lazy reader.
-		if opts.Name == "" {
-			opts.Name = path
-		}
-		r, err := archive.Open(lr, lr.Size(), opts)
-		if err != nil {
-			return nil, nil, archiveError(err)
-		}
-		return r, nil, nil
-	}
-	if err != nil {
-		return nil, nil, err
-	}
-	fi, err := f.Stat()
-	if err != nil {
-		f.Close()
-		return nil, nil, err
-	}
-	if opts.Name == "" {
-		opts.Name = path
-	}
-	r, err := archive.Open(f, fi.Size(), opts)
-	if err != nil {
-		f.Close()
-		return nil, nil, archiveError(err)
-	}
-	return r, f, nil
-}
-
 // verifyArchive is the block-level check of a downloaded snapshot, run by
 // the catalog after the size and sha256 matched.
 func verifyArchive(ctx context.Context, f *os.File, m uploader.Manifest) error {
@@ -206,7 +172,7 @@ func snapshotError(err error) error {
 	case errors.Is(err, uploader.ErrConflict), errors.Is(err, uploader.ErrLeaseHeld):
 		return withCode(exitConflict, err)
 	}
-	return cryptError(err)
+	return daemon.CryptError(err)
 }
 
 // progress draws a one-line progress bar on a terminal, and nothing
@@ -235,7 +201,7 @@ func (p *progress) update(done, total int64) {
 	}
 	p.last, p.shown = pct, true
 	bar := strings.Repeat("#", pct/4) + strings.Repeat(".", 25-pct/4)
-	fmt.Fprintf(p.w, "\r%s [%s] %3d%% %s / %s", p.label, bar, pct, humanBytes(done), humanBytes(total))
+	fmt.Fprintf(p.w, "\r%s [%s] %3d%% %s / %s", p.label, bar, pct, daemon.HumanBytes(done), daemon.HumanBytes(total))
 }
 
 func (p *progress) done() {

@@ -189,7 +189,7 @@ func TestStoreCommandsLocal(t *testing.T) {
 	flipBit(t, s, uploader.ArchiveKey(ms[2].ID))
 	err = verifySnapshot(t.Context(), ve, fset, ms[2].ID)
 	var xe *exitError
-	if !errors.As(err, &xe) || xe.code != exitCorrupt || !strings.Contains(err.Error(), ms[2].ID) {
+	if !errors.As(err, &xe) || xe.Code != exitCorrupt || !strings.Contains(err.Error(), ms[2].ID) {
 		t.Errorf("verify corrupt snapshot: %v", err)
 	}
 	if err := verifySnapshot(t.Context(), ve, fset, "no-such-file.sqfs"); err == nil {

@@ -5,8 +5,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"os/exec"
-	"syscall"
+
+	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
 )
 
 func init() {
@@ -40,16 +40,16 @@ Example:
 			if done, err := umountBrowse(e, args[0]); done {
 				return err
 			}
-			loc, err := locateDaemon(e, args[0], stateDir)
+			loc, err := daemon.LocateDaemon(e.getenv, args[0], stateDir)
 			if err != nil {
 				return err
 			}
-			resp, err := controlCall(ctx, loc.Socket, controlRequest{Op: "shutdown"})
-			if errors.Is(err, errNoDaemon) {
-				if !isMountpoint(loc.Mountpoint) {
+			resp, err := daemon.ControlCall(ctx, loc.Socket, daemon.ControlRequest{Op: "shutdown"})
+			if errors.Is(err, daemon.ErrNoDaemon) {
+				if !daemon.IsMountpoint(loc.Mountpoint) {
 					return fmt.Errorf("%s: %w, and nothing is mounted there", loc.Mountpoint, err)
 				}
-				if err := detach(loc.Mountpoint); err != nil {
+				if err := daemon.Detach(loc.Mountpoint); err != nil {
 					return fmt.Errorf("%s: no daemon answers and detaching the stale mount failed: %w", loc.Mountpoint, err)
 				}
 				fmt.Fprintf(e.stdout, "no daemon answered; detached the stale mount at %s (local changes stay in %s for the next mount)\n", loc.Mountpoint, loc.StateDir)
@@ -71,18 +71,4 @@ Example:
 			return nil
 		},
 	})
-}
-
-// detach lazily unmounts a FUSE mount whose daemon is gone: umount2 with
-// MNT_DETACH as root, else fusermount3 -uz.
-func detach(mountpoint string) error {
-	err := syscall.Unmount(mountpoint, syscall.MNT_DETACH)
-	if err == nil {
-		return nil
-	}
-	out, ferr := exec.Command("fusermount3", "-uz", mountpoint).CombinedOutput()
-	if ferr != nil {
-		return fmt.Errorf("umount: %v; fusermount3: %v: %s", err, ferr, out)
-	}
-	return nil
 }

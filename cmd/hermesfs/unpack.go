@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/hermesfs/hermesfs/archive"
+	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
 )
 
 func init() {
@@ -62,13 +63,13 @@ func runUnpack(ctx context.Context, e *env, fs *flag.FlagSet, args []string) err
 	})
 	p.done()
 	if err != nil {
-		return cryptError(archiveError(err))
+		return daemon.CryptError(daemon.ArchiveError(err))
 	}
 	check := "every block checked"
 	if !r.Checksummed() {
 		check = "no checksums in this archive"
 	}
 	fmt.Fprintf(e.stdout, "%s: %d inodes, %s of file data into %s (%s), %s\n",
-		file, r.Inodes(), humanBytes(written), dir, check, time.Since(start).Round(time.Millisecond))
+		file, r.Inodes(), daemon.HumanBytes(written), dir, check, time.Since(start).Round(time.Millisecond))
 	return nil
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"time"
+
+	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
 )
 
 func init() {
@@ -56,7 +58,7 @@ func verifyFile(ctx context.Context, e *env, fs *flag.FlagSet, name string) erro
 	}
 	defer f.Close()
 	if err := r.Verify(ctx); err != nil {
-		return cryptError(archiveError(err))
+		return daemon.CryptError(daemon.ArchiveError(err))
 	}
 	st, err := os.Stat(name)
 	if err != nil {
@@ -67,6 +69,6 @@ func verifyFile(ctx context.Context, e *env, fs *flag.FlagSet, name string) erro
 		how = "no hermesfs checksums (not packed by hermesfs): every block decompresses"
 	}
 	fmt.Fprintf(e.stdout, "%s: ok: %s, %d inodes, %s compression, %s (%s)\n",
-		name, humanBytes(st.Size()), r.Inodes(), r.Compression(), how, time.Since(start).Round(time.Millisecond))
+		name, daemon.HumanBytes(st.Size()), r.Inodes(), r.Compression(), how, time.Since(start).Round(time.Millisecond))
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
 	"github.com/hermesfs/hermesfs/uploader"
 )
 
@@ -36,15 +37,15 @@ func verifySnapshot(ctx context.Context, e *env, fs *flag.FlagSet, id string) er
 	m := res.Manifest
 	if m.Encryption != nil {
 		fmt.Fprintf(e.stdout, "snapshot %s: ok (%s, %s, ciphertext sha256 %s, every chunk authenticated and every block checked)\n",
-			m.ID, humanBytes(m.Size), filesOrEncrypted(m), m.SHA256)
+			m.ID, daemon.HumanBytes(m.Size), filesOrEncrypted(m), m.SHA256)
 		return nil
 	}
 	if m.SHA256 == "" {
 		// Published without all its bytes at hand: the manifest has chunk
 		// digests only, each checked on the download.
-		fmt.Fprintf(e.stdout, "snapshot %s: ok (%s, sha256 %s, every chunk and every block checked)\n", m.ID, humanBytes(m.Size), res.SHA256)
+		fmt.Fprintf(e.stdout, "snapshot %s: ok (%s, sha256 %s, every chunk and every block checked)\n", m.ID, daemon.HumanBytes(m.Size), res.SHA256)
 		return nil
 	}
-	fmt.Fprintf(e.stdout, "snapshot %s: ok (%s, sha256 %s, every block checked)\n", m.ID, humanBytes(m.Size), m.SHA256)
+	fmt.Fprintf(e.stdout, "snapshot %s: ok (%s, sha256 %s, every block checked)\n", m.ID, daemon.HumanBytes(m.Size), m.SHA256)
 	return nil
 }

@@ -1,4 +1,4 @@
-package main
+package daemon
 
 import (
 	"bufio"
@@ -201,7 +201,7 @@ func (s *controlServer) close(grace time.Duration) {
 func exitCodeOf(err error) int {
 	var xe *exitError
 	if errors.As(err, &xe) {
-		return xe.code
+		return xe.Code
 	}
 	return exitFailure
 }

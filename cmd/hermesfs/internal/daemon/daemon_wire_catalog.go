@@ -1,4 +1,4 @@
-package main
+package daemon
 
 import (
 	"context"
@@ -21,9 +21,8 @@ type catalogAdapter struct {
 var _ catalog = (*catalogAdapter)(nil)
 
 // newCatalogAdapter wraps s in the default retry policy and opens its
-// catalog with o (host, logger, encryption).
+// catalog with o (host, logger, version, encryption).
 func newCatalogAdapter(s uploader.Store, o uploader.CatalogOptions, closer func() error) *catalogAdapter {
-	o.Version = version
 	c := uploader.NewCatalog(uploader.WithRetry(s, uploader.DefaultRetryPolicy(), o.Logger), o)
 	return &catalogAdapter{c: c, closer: closer, ids: o.Identities}
 }
@@ -144,7 +143,7 @@ func (a *catalogAdapter) Close() error {
 
 func (realParts) openCatalog(ctx context.Context, d *daemon) (catalog, error) {
 	log := d.base.With("component", "uploader")
-	raw, o, err := storeOptions(d.e, d.cfg.flags, log)
+	raw, o, err := d.e.opts.Store(log)
 	if err != nil {
 		return nil, err
 	}
@@ -155,8 +154,8 @@ func (realParts) openCatalog(ctx context.Context, d *daemon) (catalog, error) {
 	s = d.met.wrapStore(s)
 	// The per-state-dir host id names this writer in snapshot ids,
 	// manifests and the lease, so a restart recognises its own work.
-	co := uploader.CatalogOptions{Host: d.host, Logger: log}
-	if err := cryptOptions(d.e, d.cfg.flags, &co); err != nil {
+	co := uploader.CatalogOptions{Host: d.host, Logger: log, Version: d.e.version}
+	if err := d.e.opts.Encryption(&co); err != nil {
 		return nil, err
 	}
 	if co.Recipients != nil && !d.cfg.ReadOnly {
@@ -173,7 +172,7 @@ func (realParts) openCatalog(ctx context.Context, d *daemon) (catalog, error) {
 }
 
 func (realParts) storeURL(d *daemon) string {
-	raw, o, err := storeOptions(d.e, d.cfg.flags, nil)
+	raw, o, err := d.e.opts.Store(nil)
 	if err != nil {
 		return redactURL(raw)
 	}

@@ -1,4 +1,4 @@
-package main
+package daemon
 
 import (
 	"context"
@@ -40,20 +40,9 @@ func TestOpLabel(t *testing.T) {
 	}
 }
 
-func TestMetricsAddrValidated(t *testing.T) {
-	for addr, ok := range map[string]bool{"127.0.0.1:0": true, ":9452": true, "localhost": false, "9452": false} {
-		c := newMountConfig()
-		c.Mountpoint = "/tmp/x"
-		c.MetricsAddr = addr
-		if err := c.validate(); (err == nil) != ok {
-			t.Errorf("--metrics-addr %q: %v", addr, err)
-		}
-	}
-}
-
 // Progress metrics of optional parts appear only when a part reports them.
 func TestMetricsWatchParts(t *testing.T) {
-	d := &daemon{cfg: newMountConfig(), log: slog.New(slog.DiscardHandler)}
+	d := &daemon{cfg: &Config{}, e: &env{}, log: slog.New(slog.DiscardHandler)}
 	m, err := newDaemonMetrics(d, "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -98,7 +87,7 @@ func TestMetricsWatchParts(t *testing.T) {
 // The oldest unpublished change survives a failed publish and goes with a
 // successful one.
 func TestMetricsUnpublishedSince(t *testing.T) {
-	d := &daemon{cfg: newMountConfig(), log: slog.New(slog.DiscardHandler)}
+	d := &daemon{cfg: &Config{}, e: &env{}, log: slog.New(slog.DiscardHandler)}
 	m, err := newDaemonMetrics(d, "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package main
+package daemon
 
 import (
 	"context"
@@ -188,7 +188,7 @@ func (realParts) mount(ctx context.Context, d *daemon, lowerPath string) (overla
 		upper = filepath.Join(d.sd.path, "ro-upper")
 		os.RemoveAll(upper)
 	}
-	if o := d.cfg.owner; o != nil {
+	if o := d.cfg.Owner; o != nil {
 		if err := o.giveRoot(upper, d.cfg.Mountpoint); err != nil {
 			closeLower()
 			return nil, err
@@ -221,10 +221,10 @@ func (realParts) mount(ctx context.Context, d *daemon, lowerPath string) (overla
 		Logger:   d.root.With("component", "fs"),
 		Debug:    d.cfg.Debug,
 
-		PassthroughWriteMax: d.cfg.writePTMax,
+		PassthroughWriteMax: d.cfg.PassthroughWriteMax,
 		Stats:               d.met.fsStats(),
-		AllowOther:          d.cfg.owner != nil,
-		CopyUpByRangeMin:    d.cfg.copyUpMin,
+		AllowOther:          d.cfg.Owner != nil,
+		CopyUpByRangeMin:    d.cfg.CopyUpMin,
 	}
 	m, err := fs.Mount(ctx, d.cfg.Mountpoint, opts)
 	if err != nil {

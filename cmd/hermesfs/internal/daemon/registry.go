@@ -1,4 +1,4 @@
-package main
+package daemon
 
 import (
 	"encoding/json"
@@ -11,7 +11,7 @@ import (
 	"syscall"
 )
 
-// A registry of running mounts lives in the runtime dir (see runtimeDir),
+// A registry of running mounts lives in the runtime dir (see RuntimeDir),
 // one file per mountpoint, so that `hermesfs status` with no argument finds
 // every mount, and `snapshot`/`umount` find a daemon started with a
 // non-default state dir. Entries of daemons that died are stale: callers
@@ -98,13 +98,13 @@ func locateDaemon(e *env, mountpoint, stateDir string) (registryEntry, error) {
 	}
 	mp = filepath.Clean(mp)
 	if stateDir == "" {
-		if r, err := lookupRegistry(runtimeDir(os.Getuid(), e.getenv), mp); err == nil && processAlive(r.PID) {
+		if r, err := lookupRegistry(RuntimeDir(os.Getuid(), e.getenv), mp); err == nil && processAlive(r.PID) {
 			return r, nil
 		}
 		stateDir = e.getenv("HERMESFS_STATE_DIR")
 	}
 	if stateDir == "" {
-		if stateDir, err = defaultStateDir(mp, os.Getuid(), e.getenv); err != nil {
+		if stateDir, err = DefaultStateDir(mp, os.Getuid(), e.getenv); err != nil {
 			return registryEntry{}, err
 		}
 	}

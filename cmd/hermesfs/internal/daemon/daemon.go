@@ -1,4 +1,4 @@
-package main
+package daemon
 
 import (
 	"context"
@@ -42,7 +42,7 @@ import (
 
 // daemon is one running `hermesfs mount`.
 type daemon struct {
-	cfg   *mountConfig
+	cfg   *Config
 	e     *env
 	root  *slog.Logger // the process logger, for parts that add their own attributes
 	base  *slog.Logger // root with the mountpoint; parts add their component
@@ -113,14 +113,17 @@ type daemon struct {
 
 // runDaemon runs the daemon in the foreground until a signal (ctx),
 // `hermesfs umount` or the mount going away; it returns the exit error.
-func runDaemon(ctx context.Context, e *env, cfg *mountConfig, p parts) error {
+func runDaemon(ctx context.Context, e *env, cfg *Config, p parts) error {
 	d := &daemon{
 		cfg: cfg, e: e, parts: p,
 		stopCh:    make(chan struct{}),
 		resultSet: make(chan struct{}),
 		started:   time.Now(),
 	}
-	d.root = newLogger(os.Stderr, cfg.LogFormat, cfg.LogLevel)
+	d.root = e.opts.Logger
+	if d.root == nil {
+		d.root = newLogger(os.Stderr, cfg.LogFormat, cfg.LogLevel)
+	}
 	d.base = d.root.With("mountpoint", cfg.Mountpoint)
 	d.log = d.base.With("component", "daemon")
 
@@ -147,7 +150,7 @@ func (d *daemon) setErr(err error) {
 func (d *daemon) boot(ctx context.Context) error {
 	cfg := d.cfg
 	if cfg.StateDir == "" {
-		sd, err := defaultStateDir(cfg.Mountpoint, os.Getuid(), d.e.getenv)
+		sd, err := DefaultStateDir(cfg.Mountpoint, os.Getuid(), d.e.getenv)
 		if err != nil {
 			return err
 		}
@@ -620,7 +623,7 @@ func (d *daemon) serve(ctx context.Context) error {
 		d.cleanupBoot()
 		return err
 	}
-	rdir := runtimeDir(os.Getuid(), d.e.getenv)
+	rdir := RuntimeDir(os.Getuid(), d.e.getenv)
 	if err := registerMount(rdir, registryEntry{Mountpoint: cfg.Mountpoint, StateDir: d.sd.path, Socket: d.sd.socket(), PID: os.Getpid()}); err != nil {
 		d.log.Warn("cannot register the mount for 'hermesfs status'", "err", err)
 	}

@@ -1,0 +1,84 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
+)
+
+func TestMountConfigEnvAndValidate(t *testing.T) {
+	cfg := newMountConfig()
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	cfg.addFlags(fs)
+	if err := fs.Parse([]string{"--keep", "3"}); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"HERMESFS_INTERVAL": "2s", "HERMESFS_KEEP": "7", "HERMESFS_STATE_DIR": "rel/state"}
+	if err := applyEnv(fs, func(k string) string { return env[k] }); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Interval != 2*time.Second || cfg.Keep != 3 || cfg.StateDir != "rel/state" {
+		t.Errorf("env mapping: interval %s keep %d state dir %q (the flag must win over the env)", cfg.Interval, cfg.Keep, cfg.StateDir)
+	}
+	cfg.Mountpoint = "m"
+	if err := cfg.validate(); err != nil {
+		t.Fatal(err)
+	}
+	if !filepath.IsAbs(cfg.Mountpoint) || !filepath.IsAbs(cfg.StateDir) {
+		t.Errorf("paths not made absolute: %q %q", cfg.Mountpoint, cfg.StateDir)
+	}
+
+	env = map[string]string{"HERMESFS_INTERVAL": "soon"}
+	fs = flag.NewFlagSet("t", flag.ContinueOnError)
+	newMountConfig().addFlags(fs)
+	if err := applyEnv(fs, func(k string) string { return env[k] }); err == nil || !strings.Contains(err.Error(), "HERMESFS_INTERVAL") {
+		t.Errorf("bad env value: err %v", err)
+	}
+	for _, bad := range []func(c *mountConfig){
+		func(c *mountConfig) { c.Keep = 0 },
+		func(c *mountConfig) { c.OnConflict = "merge" },
+		func(c *mountConfig) { c.Interval = time.Millisecond },
+		func(c *mountConfig) { c.StateDir = c.Mountpoint + "/state" },
+		func(c *mountConfig) { c.LogFormat = "xml" },
+		func(c *mountConfig) { c.Mountpoint = "" },
+		func(c *mountConfig) { c.WritePassthroughMax = "-5M" },
+		func(c *mountConfig) { c.WritePassthroughMax = "lots" },
+		func(c *mountConfig) { c.WritePassthroughMax = "17179869184G" }, // overflows int64
+	} {
+		c := newMountConfig()
+		c.Mountpoint = "/m"
+		bad(c)
+		err := c.validate()
+		var xe *daemon.ExitError
+		if !errors.As(err, &xe) || xe.Code != exitUsage {
+			t.Errorf("config %+v: want a usage error, got %v", c, err)
+		}
+	}
+}
+
+func TestWritePassthroughMaxFlag(t *testing.T) {
+	for in, want := range map[string]int64{"32M": 32 << 20, "0": -1, "1G": 1 << 30, "4096": 4096, "128KiB": 128 << 10} {
+		c := newMountConfig()
+		c.Mountpoint = "/m"
+		c.WritePassthroughMax = in
+		if err := c.validate(); err != nil || c.PassthroughWriteMax != want {
+			t.Errorf("--write-passthrough-max %s: %d, %v; want %d", in, c.PassthroughWriteMax, err, want)
+		}
+	}
+}
+
+func TestMetricsAddrValidated(t *testing.T) {
+	for addr, ok := range map[string]bool{"127.0.0.1:0": true, ":9452": true, "localhost": false, "9452": false} {
+		c := newMountConfig()
+		c.Mountpoint = "/tmp/x"
+		c.MetricsAddr = addr
+		if err := c.validate(); (err == nil) != ok {
+			t.Errorf("--metrics-addr %q: %v", addr, err)
+		}
+	}
+}

@@ -1,0 +1,44 @@
+package daemon
+
+import (
+	"fmt"
+	"os/exec"
+	"syscall"
+
+	"github.com/hermesfs/hermesfs/fs"
+)
+
+// partialCopyUps lists the mount's partial files, if it can say.
+func partialCopyUps(ov overlay) []fs.PartialCopyUp {
+	if p, ok := ov.(interface{ PartialCopyUps() []fs.PartialCopyUp }); ok {
+		return p.PartialCopyUps()
+	}
+	return nil
+}
+
+// partialCopyUpsOf reports m's partial copy-ups to the metrics: how many,
+// and the bytes copied into them so far.
+func partialCopyUpsOf(m *fs.Mounted) func() (partialCopyUpStats, bool) {
+	return func() (partialCopyUpStats, bool) {
+		var s partialCopyUpStats
+		for _, p := range m.PartialCopyUps() {
+			s.InProgress++
+			s.Bytes += p.Present
+		}
+		return s, true
+	}
+}
+
+// detach lazily unmounts a FUSE mount whose daemon is gone: umount2 with
+// MNT_DETACH as root, else fusermount3 -uz.
+func detach(mountpoint string) error {
+	err := syscall.Unmount(mountpoint, syscall.MNT_DETACH)
+	if err == nil {
+		return nil
+	}
+	out, ferr := exec.Command("fusermount3", "-uz", mountpoint).CombinedOutput()
+	if ferr != nil {
+		return fmt.Errorf("umount: %v; fusermount3: %v: %s", err, ferr, out)
+	}
+	return nil
+}

@@ -1,0 +1,73 @@
+// Package daemon is the daemon of `hermesfs mount` as a library: Run boots
+// a mount from a Config and serves it until its context ends. The command
+// (cmd/hermesfs) keeps the flags, the environment, the help text and the
+// output; tests drive Run in-process. daemon.go describes the daemon's life,
+// goroutines and lock order; export.go is what the other commands share
+// with it.
+package daemon
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"os"
+
+	"github.com/hermesfs/hermesfs/uploader"
+	"github.com/hermesfs/hermesfs/uploader/storeurl"
+)
+
+// Options connect a daemon to its process: where the ready line goes, the
+// environment it reads (systemd's NOTIFY_SOCKET, the runtime and state
+// directories) and how the store and its encryption are resolved.
+type Options struct {
+	// Stdout receives the ready line ("ready MOUNTPOINT snapshot=..."),
+	// once the mount answers. Nil: discarded.
+	Stdout io.Writer
+	// Getenv reads the environment. Nil: os.Getenv.
+	Getenv func(string) string
+	// Logger receives the daemon's logs. Nil: a logger on os.Stderr as
+	// Config.LogFormat and Config.LogLevel say.
+	Logger *slog.Logger
+	// Version names the build in manifests and metrics.
+	Version string
+
+	// Store resolves the store: its URL and how to open it. Called at
+	// boot (logger is the store's) and for messages (logger nil); an
+	// error is returned by Run as it is.
+	Store func(logger *slog.Logger) (string, storeurl.Options, error)
+	// Encryption, if set, fills in the catalog's identities, recipients
+	// and AllowPlaintext; its error is returned by Run as it is.
+	Encryption func(o *uploader.CatalogOptions) error
+}
+
+// env is what the daemon sees of its process.
+type env struct {
+	stdout  io.Writer
+	getenv  func(string) string
+	opts    Options
+	version string
+}
+
+// Run runs the daemon of cfg.Mountpoint in the foreground until ctx is
+// done (a signal), `hermesfs umount` asks it to stop or the mount goes
+// away: boot, ready line, periodic and requested snapshots, then the final
+// snapshot, unmount and release. The error carries the exit code
+// (ExitCode): nil is a clean stop with everything published.
+func Run(ctx context.Context, cfg Config, opts Options) error {
+	if opts.Stdout == nil {
+		opts.Stdout = io.Discard
+	}
+	if opts.Getenv == nil {
+		opts.Getenv = os.Getenv
+	}
+	if opts.Store == nil {
+		opts.Store = func(*slog.Logger) (string, storeurl.Options, error) {
+			return "", storeurl.Options{Getenv: opts.Getenv, UID: os.Getuid()}, nil
+		}
+	}
+	if opts.Encryption == nil {
+		opts.Encryption = func(*uploader.CatalogOptions) error { return nil }
+	}
+	e := &env{stdout: opts.Stdout, getenv: opts.Getenv, opts: opts, version: opts.Version}
+	return runDaemon(ctx, e, &cfg, realParts{})
+}

@@ -1,0 +1,176 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/hermesfs/hermesfs/fs"
+	"github.com/hermesfs/hermesfs/fs/memguard"
+	"github.com/hermesfs/hermesfs/uploader/lazy"
+)
+
+// statusReport is what `status` shows; the daemon fills it.
+type statusReport struct {
+	Mountpoint string `json:"mountpoint"`
+	Running    bool   `json:"running"`
+	PID        int    `json:"pid,omitempty"`
+	Store      string `json:"store"`
+	StateDir   string `json:"state_dir"`
+	Host       string `json:"host,omitempty"`
+	ReadOnly   bool   `json:"read_only,omitempty"`
+	// Base is the snapshot the lower layer is; LastPublished the newest
+	// snapshot published from this mount.
+	Base          string `json:"base,omitempty"`
+	LastPublished string `json:"last_published,omitempty"`
+	// Unpublished: the upper layer holds changes no published snapshot has.
+	Unpublished bool            `json:"unpublished"`
+	DirtyFiles  int             `json:"dirty_files"`
+	DirtyBytes  int64           `json:"dirty_bytes"`
+	Generation  uint64          `json:"generation"`
+	Snapshots   int             `json:"snapshots"` // published by this daemon
+	Last        *snapshotRecord `json:"last_snapshot,omitempty"`
+	NextDue     time.Time       `json:"next_due,omitzero"`
+	InProgress  bool            `json:"snapshot_in_progress,omitempty"`
+	LastError   string          `json:"last_error,omitempty"`
+	LastErrorAt time.Time       `json:"last_error_at,omitzero"`
+	// Lease: "held", "lost" (another host took it over: publishing
+	// stopped), "none" (read-only) or "released".
+	Lease string `json:"lease"`
+	// Encryption is how this mount encrypts new snapshots; absent when it
+	// publishes plaintext. Never key material.
+	Encryption *encryptionInfo `json:"encryption,omitempty"`
+	Rejections []auditRecord   `json:"memory_rejections,omitempty"`
+	Started    time.Time       `json:"started,omitzero"`
+	// Lazy is the fill of a base read lazily; absent otherwise.
+	Lazy *lazy.Stats `json:"lazy,omitempty"`
+	// MemoryLimits are the limits in force ("memory", "user");
+	// MemoryConfigProblems say why config.yaml does not set them as it
+	// means to (memoryStatus).
+	MemoryLimits         map[string]int `json:"memory_limits,omitempty"`
+	MemoryConfigProblems []string       `json:"memory_config_problems,omitempty"`
+
+	// PartialCopyUps are files copied up by range whose background copy
+	// has not finished.
+	PartialCopyUps []fs.PartialCopyUp `json:"partial_copy_ups,omitempty"`
+}
+
+// snapshotFigures are the measurements of one snapshot, logged and shown.
+type snapshotFigures struct {
+	Files         int64         `json:"files"`
+	BytesPacked   int64         `json:"bytes_packed"` // file data read into the archive
+	Size          int64         `json:"size"`         // archive size
+	BytesReused   int64         `json:"bytes_reused"` // compressed bytes copied from the base archive
+	BytesUploaded int64         `json:"bytes_uploaded"`
+	FreezeStall   time.Duration `json:"freeze_stall_ns"`
+	PackTime      time.Duration `json:"pack_ns"`
+	UploadTime    time.Duration `json:"upload_ns"`
+	Duration      time.Duration `json:"duration_ns"`
+}
+
+// snapshotRecord is the last snapshot published.
+type snapshotRecord struct {
+	ID   string    `json:"id"`
+	Time time.Time `json:"time"`
+	snapshotFigures
+}
+
+// auditRecord is one memory-hook verdict as status shows it.
+type auditRecord struct {
+	Time    time.Time `json:"time"`
+	File    string    `json:"file"`
+	Verdict string    `json:"verdict"`
+	Reason  string    `json:"reason"`
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none (empty)"
+	}
+	return s
+}
+
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+// redactURL drops credentials from a store URL for logs and state.json:
+// user info and query parameters that look like secrets.
+func redactURL(s string) string {
+	if i := strings.Index(s, "://"); i >= 0 {
+		rest := s[i+3:]
+		if at := strings.IndexByte(rest, '@'); at >= 0 && (strings.IndexByte(rest, '/') < 0 || at < strings.IndexByte(rest, '/')) {
+			s = s[:i+3] + "REDACTED@" + rest[at+1:]
+		}
+	}
+	q := strings.IndexByte(s, '?')
+	if q < 0 {
+		return s
+	}
+	parts := strings.Split(s[q+1:], "&")
+	for i, p := range parts {
+		k, _, _ := strings.Cut(p, "=")
+		lk := strings.ToLower(k)
+		if strings.Contains(lk, "secret") || strings.Contains(lk, "key") || strings.Contains(lk, "token") || strings.Contains(lk, "password") || strings.Contains(lk, "credential") {
+			parts[i] = k + "=REDACTED"
+		}
+	}
+	return s[:q+1] + strings.Join(parts, "&")
+}
+
+// memoryReporter is the overlay's view of the memory hook for status.
+type memoryReporter interface {
+	MemoryLimits() map[string]int
+	MemoryConfigProblems() []string
+}
+
+func (m *mountAdapter) MemoryLimits() map[string]int {
+	out := map[string]int{}
+	for k, v := range m.guard.Limits(context.Background()) {
+		out[string(k)] = v
+	}
+	return out
+}
+
+func (m *mountAdapter) MemoryConfigProblems() []string { return m.guard.ConfigProblems() }
+
+// memoryStatus fills in the memory hook's limits and config problems.
+func (d *daemon) memoryStatus(r *statusReport) {
+	if mr, ok := d.ov.(memoryReporter); ok {
+		r.MemoryLimits = mr.MemoryLimits()
+		r.MemoryConfigProblems = mr.MemoryConfigProblems()
+	}
+}
+
+// warnMemoryConfig says at startup, as an error, that config.yaml sets a
+// memory limit hermesfs cannot read: the limit in force is then the flag or
+// the default, and Hermes may be using another one.
+func warnMemoryConfig(log *slog.Logger, g *memguard.Guard) {
+	problems := g.ConfigProblems()
+	if len(problems) == 0 {
+		return
+	}
+	lim := g.Limits(context.Background())
+	log.Error("config.yaml sets a memory limit hermesfs cannot read: enforcing the flag or default limit instead, which may not be the one Hermes uses (fix config.yaml; `hermesfs status` shows this until then)",
+		"problems", strings.Join(problems, "; "), "memory_limit", lim[memguard.KindMemory], "user_limit", lim[memguard.KindUser])
+}
+
+// recoveredNote ends the ready line when the mount shows local changes a
+// crash or a failed upload left over its base snapshot.
+func recoveredNote(pending bool) string {
+	if !pending {
+		return ""
+	}
+	return " local=recovered (unpublished changes over that snapshot; publishing them now)"
+}
