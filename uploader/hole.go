@@ -36,9 +36,10 @@ type Hole struct{ From, To int64 }
 func (h Hole) Len() int64 { return h.To - h.From }
 
 // SourceChecker is implemented by a PublishInput.Fill that can say which
-// object of the store its bytes come from. CheckSource returns the ETag of
-// the object whose fetched chunks it found intact, fetching and checking
-// one first if it has not yet (lazy.Reader does).
+// object of the store its bytes come from. CheckSource fetches a chunk of
+// the hole's source it lacks, checks it, and returns the ETag of the
+// object that delivered it intact, if that is the object it read from all
+// along (lazy.Reader does). Publish calls it right before the copy.
 type SourceChecker interface {
 	CheckSource(ctx context.Context) (etag string, err error)
 }

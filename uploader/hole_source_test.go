@@ -250,3 +250,31 @@ func TestPublishHoleDamagedNotRetried(t *testing.T) {
 		t.Errorf("the upload was retried %d times", sleeps)
 	}
 }
+
+// A local store's ETag is the content hash stored with the file, which a
+// write into the file itself (not through the store) leaves as it was: the
+// check right before the copy still finds the replaced bytes.
+func TestPublishHoleSourceOverwrittenInPlace(t *testing.T) {
+	s := newLocal(t)
+	h := newHoleCase(t, s)
+	r := h.lazyBase(t, s, filepath.Join(t.TempDir(), "cache"))
+	h.readChunks(t, r, firstPart...)
+	before, err := s.Stat(t.Context(), h.base.Archive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(filepath.Join(s.(*uploader.Local).Root(), filepath.FromSlash(h.base.Archive)), os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	junk := make([]byte, h.hole.To-int64(len(firstPart))*holeCS)
+	rand.Read(junk)
+	f.WriteAt(junk, int64(len(firstPart))*holeCS)
+	f.Close()
+	if after, _ := s.Stat(t.Context(), h.base.Archive); after.ETag != before.ETag {
+		t.Skip("this local store's ETag changed with the file's bytes")
+	}
+	h.in.Fill = r
+	_, err = h.cat.PublishReport(t.Context(), h.in)
+	h.failed(t, err)
+}

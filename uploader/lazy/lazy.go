@@ -216,11 +216,9 @@ type Reader struct {
 	fillErr   error
 	completed bool
 
-	// seen is the ETag of the store's latest answer; vouched one under
-	// which a chunk fetched by fetch arrived intact, distrust those under
-	// which one did not (CheckSource).
-	seen, vouched string
-	distrust      map[string]bool
+	// distrust holds the ETags of objects that delivered a chunk fetch
+	// found damaged (CheckSource).
+	distrust map[string]bool
 }
 
 // Open opens (or resumes) the cache of the object described by o. It does
@@ -666,8 +664,7 @@ func (r *Reader) fetch(ctx context.Context, i int) ([]byte, error) {
 }
 
 // fetchFrom is fetch, returning the ETag of the object that answered too.
-// Whether the chunk arrived intact vouches for that object or not (see
-// CheckSource).
+// An object that delivers a damaged chunk is remembered (CheckSource).
 func (r *Reader) fetchFrom(ctx context.Context, i int) ([]byte, string, error) {
 	off, n := int64(i)*r.o.ChunkSize, r.chunkLen(i)
 	rc, info, err := r.o.Store.Get(ctx, r.o.Key, off, n)
@@ -685,10 +682,14 @@ func (r *Reader) fetchFrom(ctx context.Context, i int) ([]byte, string, error) {
 		return nil, info.ETag, fmt.Errorf("got %d of %d bytes: %w%s", got, n, err, changed)
 	}
 	if err := r.verify(i, buf); err != nil {
-		r.vouch(info.ETag, false)
+		r.mu.Lock()
+		if r.distrust == nil {
+			r.distrust = map[string]bool{}
+		}
+		r.distrust[info.ETag] = true
+		r.mu.Unlock()
 		return nil, info.ETag, fmt.Errorf("%w%s", err, changed)
 	}
-	r.vouch(info.ETag, true)
 	return buf, info.ETag, nil
 }
 
@@ -701,7 +702,6 @@ func (r *Reader) checkObject(info uploader.ObjectInfo) (changed string, err erro
 	if prev == "" {
 		r.etag = info.ETag
 	}
-	r.seen = info.ETag
 	r.mu.Unlock()
 	if prev != "" && info.ETag != prev {
 		changed = fmt.Sprintf(" (the object changed in the store: ETag %s, was %s)", info.ETag, prev)
@@ -712,54 +712,32 @@ func (r *Reader) checkObject(info uploader.ObjectInfo) (changed string, err erro
 	return changed, nil
 }
 
-// vouch records that a chunk fetched from the object with ETag etag
-// arrived intact (ok) or not.
-func (r *Reader) vouch(etag string, ok bool) {
-	if etag == "" {
-		return
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	switch {
-	case !ok:
-		if r.distrust == nil {
-			r.distrust = map[string]bool{}
-		}
-		r.distrust[etag] = true
-		if r.vouched == etag {
-			r.vouched = ""
-		}
-	case !r.distrust[etag]:
-		r.vouched = etag
-	}
-}
-
 // CheckSource implements uploader.SourceChecker: it returns the ETag of
-// the store's object whose chunks this reader fetched and found intact,
-// the one a store may copy the chunks of a hole from. A reader that has
-// fetched none this run (resumed on a partial cache, it serves its first
-// reads from there), or whose latest answer came from another object,
-// first fetches and checks one chunk it lacks (outside the seed), keeping
-// it. An object that delivered a damaged chunk is vouched for by none.
+// the store's object once it has fetched one chunk of it that it lacks
+// (outside the seed) and found it intact, keeping it. That object must be
+// the one this reader has read from all along (the first ETag it saw;
+// after a restart on a partial cache, reads are served from there and the
+// check is the first request), and none of its chunks may have arrived
+// damaged: a store may then copy from it what this reader would fetch.
 func (r *Reader) CheckSource(ctx context.Context) (string, error) {
-	r.mu.Lock()
-	v, seen := r.vouched, r.seen
-	r.mu.Unlock()
-	if v != "" && v == seen {
-		return v, nil
-	}
 	i := r.probeChunk()
 	ctx, cancel := context.WithTimeout(ctx, r.o.ReadTimeout)
 	defer cancel()
+	chunkErr := func(err error) error {
+		return &ChunkError{Key: r.o.Key, Chunk: i, Off: int64(i) * r.o.ChunkSize, Len: r.chunkLen(i), Err: err}
+	}
 	digestFails := 0
 	for attempt := 0; ; attempt++ {
 		data, etag, err := r.fetchFrom(ctx, i)
 		if err == nil {
 			r.mu.Lock()
-			bad := r.distrust[etag]
+			first, bad := r.etag, r.distrust[etag]
 			r.mu.Unlock()
-			if bad {
+			switch {
+			case bad:
 				return "", fmt.Errorf("lazy %s: the store's object (ETag %s) delivered chunks that do not match the manifest", r.o.Key, etag)
+			case etag != first:
+				return "", fmt.Errorf("lazy %s: the object changed in the store while it was read (ETag %s, was %s)", r.o.Key, etag, first)
 			}
 			if _, fresh := r.store(i, data); fresh {
 				r.mu.Lock()
@@ -773,12 +751,12 @@ func (r *Reader) CheckSource(ctx context.Context) (string, error) {
 				if digestFails == attempt+1 {
 					err = uploader.Permanent(err)
 				}
-				return "", &ChunkError{Key: r.o.Key, Chunk: i, Off: int64(i) * r.o.ChunkSize, Len: r.chunkLen(i), Err: err}
+				return "", chunkErr(err)
 			}
 		}
 		d := r.o.Retry.Delay(attempt, rand.Float64())
 		if dl, ok := ctx.Deadline(); ctx.Err() != nil || ok && time.Until(dl) < d {
-			return "", &ChunkError{Key: r.o.Key, Chunk: i, Off: int64(i) * r.o.ChunkSize, Len: r.chunkLen(i), Err: err}
+			return "", chunkErr(err)
 		}
 		t := time.NewTimer(d)
 		select {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/rand"
 	"errors"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -30,14 +31,13 @@ func TestCheckSourceAfterRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Chunks fetched and checked this run vouch for the object: no
-	// request.
+	// It checks a chunk it lacks, and keeps it.
 	before := o.store.gets.Load()
 	if etag, err := r.CheckSource(t.Context()); err != nil || etag != info.ETag {
 		t.Fatalf("CheckSource after fetching: %q, %v; want %q", etag, err, info.ETag)
 	}
-	if n := o.store.gets.Load() - before; n != 0 {
-		t.Errorf("CheckSource made %d requests after chunks were checked", n)
+	if n := o.store.gets.Load() - before; n != 1 {
+		t.Errorf("CheckSource made %d requests, want 1", n)
 	}
 	r.Close()
 
@@ -53,7 +53,7 @@ func TestCheckSourceAfterRestart(t *testing.T) {
 	if n := o.store.gets.Load() - before; n != 1 {
 		t.Errorf("CheckSource after a restart made %d requests, want 1", n)
 	}
-	if st := r.Stats(); st.PresentBytes != 3*testChunk || st.OnDemandChunks != 1 {
+	if st := r.Stats(); st.PresentBytes != 4*testChunk || st.OnDemandChunks != 1 {
 		t.Errorf("the chunk CheckSource fetched was not kept: %+v", st)
 	}
 	r.Close()
@@ -72,6 +72,29 @@ func TestCheckSourceAfterRestart(t *testing.T) {
 	etag, err = r.CheckSource(t.Context())
 	var ce *ChunkError
 	if err == nil || etag != "" || !errors.As(err, &ce) || !errors.Is(err, ErrDigest) || !uploader.IsPermanent(err) {
+		t.Fatalf("CheckSource of a replaced object: %q, %v", etag, err)
+	}
+}
+
+// An object replaced in the store while a reader reads it is vouched for
+// by none, even if the chunk CheckSource fetches is the same in both.
+func TestCheckSourceObjectChanged(t *testing.T) {
+	t.Parallel()
+	s := localStore(t)
+	o := putObject(t, s, 8*testChunk)
+	opts := o.options(t.TempDir())
+	opts.ReadAhead = -1
+	r := open(t, opts)
+	buf := make([]byte, testChunk)
+	if _, err := r.ReadAt(buf, 0); err != nil {
+		t.Fatal(err)
+	}
+	other := bytes.Clone(o.data)
+	other[7*testChunk] ^= 1 // not the chunk CheckSource fetches (1)
+	if _, err := s.Put(t.Context(), o.key, bytes.NewReader(other), int64(len(other)), uploader.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if etag, err := r.CheckSource(t.Context()); err == nil || !strings.Contains(err.Error(), "object changed") {
 		t.Fatalf("CheckSource of a replaced object: %q, %v", etag, err)
 	}
 }
