@@ -473,12 +473,14 @@ func (c *Catalog) PublishReport(ctx context.Context, in PublishInput) (Published
 	if in.Delta != nil && len(in.Delta.Ranges) > 0 {
 		var res ComposeResult
 		d := in.Delta
-		vouched := ""
+		vouched, verr := "", error(nil)
 		if in.Hole.Len() > 0 {
+			// The store copies the hole from what Fill vouches for, or
+			// not at all.
 			d = &Delta{Source: d.Source, Ranges: splitHole(d.Ranges, in.Hole)}
-			vouched, err = holeSource(ctx, in)
+			vouched, verr = holeSource(ctx, in)
 		}
-		if err == nil {
+		if err = verr; err == nil {
 			res, err = c.putComposed(ctx, m, local, d, vouched)
 		}
 		info, p.Sent, p.Copied = res.ObjectInfo, res.Sent, res.Copied
