@@ -473,10 +473,16 @@ func (c *Catalog) PublishReport(ctx context.Context, in PublishInput) (Published
 	if in.Delta != nil && len(in.Delta.Ranges) > 0 {
 		var res ComposeResult
 		d := in.Delta
+		vouched, verr := "", error(nil)
 		if in.Hole.Len() > 0 {
+			// The store copies the hole from what Fill vouches for, or
+			// not at all.
 			d = &Delta{Source: d.Source, Ranges: splitHole(d.Ranges, in.Hole)}
+			vouched, verr = holeSource(ctx, in)
 		}
-		res, err = c.putComposed(ctx, m, local, d)
+		if err = verr; err == nil {
+			res, err = c.putComposed(ctx, m, local, d, vouched)
+		}
 		info, p.Sent, p.Copied = res.ObjectInfo, res.Sent, res.Copied
 		if err != nil && ctx.Err() == nil {
 			if !errors.Is(err, errors.ErrUnsupported) {
@@ -530,7 +536,10 @@ func wholeBody(f *os.File, local io.ReaderAt, size int64) io.Reader {
 
 // putComposed uploads the archive as ranges of the delta's source plus
 // the rest of f, if the store can and the source is as its manifest says.
-func (c *Catalog) putComposed(ctx context.Context, m Manifest, f io.ReaderAt, d *Delta) (ComposeResult, error) {
+// A delta with a hole (unchecked ranges) copies only from the source
+// object with ETag vouched, the one whose chunks the hole's reader found
+// intact.
+func (c *Catalog) putComposed(ctx context.Context, m Manifest, f io.ReaderAt, d *Delta, vouched string) (ComposeResult, error) {
 	comp, ok := c.store.(Composer)
 	if !ok || !comp.CanCompose() {
 		return ComposeResult{}, fmt.Errorf("store cannot copy: %w", errors.ErrUnsupported)
@@ -545,6 +554,15 @@ func (c *Catalog) putComposed(ctx context.Context, m Manifest, f io.ReaderAt, d 
 	}
 	if info.Size != sm.Size {
 		return ComposeResult{}, fmt.Errorf("source archive %s holds %d bytes, its manifest says %d: %w", sm.Archive, info.Size, sm.Size, ErrPrecondition)
+	}
+	if vouched != "" && info.ETag != vouched {
+		return ComposeResult{}, fmt.Errorf("source archive %s has ETag %s, the chunks of it read and checked came from ETag %s: %w",
+			sm.Archive, info.ETag, vouched, ErrPrecondition)
+	}
+	for _, r := range d.Ranges {
+		if r.Unchecked && vouched == "" {
+			return ComposeResult{}, fmt.Errorf("no checked read vouches for source archive %s: %w", sm.Archive, ErrPrecondition)
+		}
 	}
 	src := ComposeSource{Key: sm.Archive, ETag: info.ETag, Size: info.Size}
 	return comp.PutComposed(ctx, m.Archive, f, m.Size, src, d.Ranges, PutOptions{})

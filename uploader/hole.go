@@ -20,12 +20,46 @@ import (
 // verifies what it fetches — only for what a store must receive. The
 // manifest of such a snapshot has no whole-archive sha256: every consumer
 // checks it chunk by chunk (see Manifest.SHA256).
+//
+// The store copies the hole only from the source object Fill vouches for
+// (SourceChecker): the one whose chunks it fetched and found intact. An
+// object replaced in the store since (another ETag: overwritten by hand,
+// a bucket restored) does not hold the bytes those digests describe, so
+// the archive then goes up whole, its hole read through Fill, which
+// refuses such bytes: the publish fails rather than record digests the
+// copied bytes do not have.
 
 // Hole is the byte range [From, To) of an archive file left unwritten.
 type Hole struct{ From, To int64 }
 
 // Len is the hole's length.
 func (h Hole) Len() int64 { return h.To - h.From }
+
+// SourceChecker is implemented by a PublishInput.Fill that can say which
+// object of the store its bytes come from. CheckSource fetches a chunk of
+// the hole's source it lacks, checks it, and returns the ETag of the
+// object that delivered it intact, if that is the object it read from all
+// along (lazy.Reader does). Publish calls it right before the copy.
+type SourceChecker interface {
+	CheckSource(ctx context.Context) (etag string, err error)
+}
+
+// holeSource is the ETag of the Delta source's archive as in.Fill vouches
+// for it, "" (and why) when the store must not copy the hole.
+func holeSource(ctx context.Context, in PublishInput) (string, error) {
+	sc, ok := in.Fill.(SourceChecker)
+	if !ok {
+		return "", errors.New("the reader of the hole cannot tell which object of the store its bytes come from")
+	}
+	etag, err := sc.CheckSource(ctx)
+	if err == nil && etag == "" {
+		err = errors.New("the reader of the hole vouches for no object of the store")
+	}
+	if err != nil {
+		return "", fmt.Errorf("source of the hole: %w", err)
+	}
+	return etag, nil
+}
 
 // holeReader reads the archive: the file outside the hole, fill inside.
 type holeReader struct {

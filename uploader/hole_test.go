@@ -2,6 +2,7 @@ package uploader_test
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"errors"
 	"io"
@@ -33,6 +34,15 @@ func (c *countingReaderAt) ReadAt(p []byte, off int64) (int, error) {
 	c.mu.Unlock()
 	return n, err
 }
+
+// vouchedFill is a fill that vouches for the store's object with ETag
+// etag (uploader.SourceChecker).
+type vouchedFill struct {
+	*countingReaderAt
+	etag string
+}
+
+func (v vouchedFill) CheckSource(context.Context) (string, error) { return v.etag, nil }
 
 func (c *countingReaderAt) bytes() int64 {
 	c.mu.Lock()
@@ -73,8 +83,12 @@ func TestPublishHole(t *testing.T) {
 		clear(holey[hole.From:hole.To])
 		os.WriteFile(np, holey, 0o600)
 		fill := &countingReaderAt{r: bytes.NewReader(baseBytes)}
+		bi, err := s.Stat(t.Context(), base.Archive)
+		if err != nil {
+			t.Fatal(err)
+		}
 		in := uploader.PublishInput{
-			Path: np, ChunkSize: cs, Parent: base.ID, Expect: base.ID, Hole: hole, Fill: fill,
+			Path: np, ChunkSize: cs, Parent: base.ID, Expect: base.ID, Hole: hole, Fill: vouchedFill{fill, bi.ETag},
 			Delta: &uploader.Delta{Source: base.ID, Ranges: []uploader.ComposeRange{{Offset: 96, SourceOffset: 96, Length: shared - 96}}},
 		}
 		p, err := cat.PublishReport(t.Context(), in)

@@ -215,6 +215,10 @@ type Reader struct {
 	stats     Stats
 	fillErr   error
 	completed bool
+
+	// distrust holds the ETags of objects that delivered a chunk fetch
+	// found damaged (CheckSource).
+	distrust map[string]bool
 }
 
 // Open opens (or resumes) the cache of the object described by o. It does
@@ -578,13 +582,14 @@ func (r *Reader) run(i int, c *call, k kind) {
 	var err error
 	local := false
 	cached := false
+	digestFails, tries := 0, 0 // attempts that got wrong bytes, of all attempts
 	if data = r.fromCache(i); data != nil {
 		cached = true
 	} else if data, err = r.fromSeed(i); err == nil && data != nil {
 		local = true
 	} else {
-		digestFails := 0
 		for attempt := 0; ; attempt++ {
+			tries++
 			data, err = r.fetch(ctx, i)
 			if err == nil {
 				break
@@ -609,6 +614,12 @@ func (r *Reader) run(i int, c *call, k kind) {
 		}
 	}
 	if err != nil {
+		if errors.Is(err, ErrDigest) && digestFails == tries {
+			// Wrong bytes on every attempt: the object in the store is
+			// not the one the manifest describes, and asking again (a
+			// retried upload reading this) does not change that.
+			err = uploader.Permanent(err)
+		}
 		err = &ChunkError{Key: r.o.Key, Chunk: i, Off: int64(i) * r.o.ChunkSize, Len: r.chunkLen(i), Err: err}
 	} else if inFile, fresh := r.store(i, data); inFile && !fresh {
 		// Another call (a fill request racing a read) put it there
@@ -648,25 +659,38 @@ func (r *Reader) run(i int, c *call, k kind) {
 
 // fetch gets chunk i from the store and checks it.
 func (r *Reader) fetch(ctx context.Context, i int) ([]byte, error) {
+	b, _, err := r.fetchFrom(ctx, i)
+	return b, err
+}
+
+// fetchFrom is fetch, returning the ETag of the object that answered too.
+// An object that delivers a damaged chunk is remembered (CheckSource).
+func (r *Reader) fetchFrom(ctx context.Context, i int) ([]byte, string, error) {
 	off, n := int64(i)*r.o.ChunkSize, r.chunkLen(i)
 	rc, info, err := r.o.Store.Get(ctx, r.o.Key, off, n)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	defer rc.Close()
 	buf := make([]byte, n)
 	got, err := io.ReadFull(rc, buf)
 	changed, serr := r.checkObject(info)
 	if serr != nil {
-		return nil, serr
+		return nil, info.ETag, serr
 	}
 	if err != nil {
-		return nil, fmt.Errorf("got %d of %d bytes: %w%s", got, n, err, changed)
+		return nil, info.ETag, fmt.Errorf("got %d of %d bytes: %w%s", got, n, err, changed)
 	}
 	if err := r.verify(i, buf); err != nil {
-		return nil, fmt.Errorf("%w%s", err, changed)
+		r.mu.Lock()
+		if r.distrust == nil {
+			r.distrust = map[string]bool{}
+		}
+		r.distrust[info.ETag] = true
+		r.mu.Unlock()
+		return nil, info.ETag, fmt.Errorf("%w%s", err, changed)
 	}
-	return buf, nil
+	return buf, info.ETag, nil
 }
 
 // checkObject checks what the store says of the object answering a Get:
@@ -686,6 +710,74 @@ func (r *Reader) checkObject(info uploader.ObjectInfo) (changed string, err erro
 		return changed, fmt.Errorf("the store's object has %d bytes, the manifest says %d%s", info.Size, r.o.Size, changed)
 	}
 	return changed, nil
+}
+
+// CheckSource implements uploader.SourceChecker: it returns the ETag of
+// the store's object once it has fetched one chunk of it that it lacks
+// (outside the seed) and found it intact, keeping it. That object must be
+// the one this reader has read from all along (the first ETag it saw;
+// after a restart on a partial cache, reads are served from there and the
+// check is the first request), and none of its chunks may have arrived
+// damaged: a store may then copy from it what this reader would fetch.
+func (r *Reader) CheckSource(ctx context.Context) (string, error) {
+	i := r.probeChunk()
+	ctx, cancel := context.WithTimeout(ctx, r.o.ReadTimeout)
+	defer cancel()
+	chunkErr := func(err error) error {
+		return &ChunkError{Key: r.o.Key, Chunk: i, Off: int64(i) * r.o.ChunkSize, Len: r.chunkLen(i), Err: err}
+	}
+	digestFails := 0
+	for attempt := 0; ; attempt++ {
+		data, etag, err := r.fetchFrom(ctx, i)
+		if err == nil {
+			r.mu.Lock()
+			first, bad := r.etag, r.distrust[etag]
+			r.mu.Unlock()
+			switch {
+			case bad:
+				return "", fmt.Errorf("lazy %s: the store's object (ETag %s) delivered chunks that do not match the manifest", r.o.Key, etag)
+			case etag != first:
+				return "", fmt.Errorf("lazy %s: the object changed in the store while it was read (ETag %s, was %s)", r.o.Key, etag, first)
+			}
+			if _, fresh := r.store(i, data); fresh {
+				r.mu.Lock()
+				r.stats.OnDemandChunks++
+				r.mu.Unlock()
+			}
+			return etag, nil
+		}
+		if errors.Is(err, ErrDigest) {
+			if digestFails++; digestFails >= maxDigestFails {
+				if digestFails == attempt+1 {
+					err = uploader.Permanent(err)
+				}
+				return "", chunkErr(err)
+			}
+		}
+		d := r.o.Retry.Delay(attempt, rand.Float64())
+		if dl, ok := ctx.Deadline(); ctx.Err() != nil || ok && time.Until(dl) < d {
+			return "", chunkErr(err)
+		}
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
+	}
+}
+
+// probeChunk is the chunk CheckSource fetches: the first one absent and
+// outside the seed, else the last one.
+func (r *Reader) probeChunk() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i := range r.n {
+		if !r.present[i] && !r.seeded(i) {
+			return i
+		}
+	}
+	return r.n - 1
 }
 
 // verify checks b against chunk i's digest.
