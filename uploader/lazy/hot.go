@@ -20,7 +20,7 @@ type HotRecorder struct {
 	ra        io.ReaderAt
 	chunkSize int64
 
-	closed atomic.Bool // the window passed or the list is full
+	closed atomic.Bool // the window passed, the list is full or Stop was called
 
 	mu    sync.Mutex
 	until time.Time
@@ -53,6 +53,9 @@ func (h *HotRecorder) Note(off, n int64) {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if h.closed.Load() {
+		return // Stop came in meanwhile
+	}
 	if len(h.order) >= uploader.MaxHot || time.Now().After(h.until) {
 		h.closed.Store(true)
 		return
@@ -63,6 +66,15 @@ func (h *HotRecorder) Note(off, n int64) {
 			h.order = append(h.order, i)
 		}
 	}
+}
+
+// Stop ends the recording before the window does: no Note (nor ReadAt)
+// records anything once Stop returned; Hot keeps what was recorded. It
+// may be called more than once, and concurrently with the other methods.
+func (h *HotRecorder) Stop() {
+	h.mu.Lock()
+	h.closed.Store(true)
+	h.mu.Unlock()
 }
 
 // Hot returns the chunk indexes recorded so far, in first-read order.
