@@ -209,7 +209,7 @@ type Reader struct {
 	durable   []int // written, not yet in the present log
 	logged    map[int]bool
 	etag      string
-	last      int       // chunk of the previous read, for read-ahead
+	lastEnd   int64     // where the previous read ended, for read-ahead
 	seqNext   int       // the chunk after the last read that continued the one before
 	seqAt     time.Time // when that read came
 	stats     Stats
@@ -257,7 +257,7 @@ func Open(o Options) (*Reader, error) {
 		bufs:     make(chan []byte, o.FillParallel),
 		inflight: map[int]*call{},
 		logged:   map[int]bool{},
-		last:     -2,
+		lastEnd:  -1,
 	}
 	r.stats.TotalBytes = o.Size
 	r.ctx, r.cancel = context.WithCancel(context.Background())
@@ -384,7 +384,7 @@ func (r *Reader) ReadAt(p []byte, off int64) (int, error) {
 	end := min(off+int64(len(p)), r.o.Size)
 	r.hot.Note(off, end-off)
 	first, last := int(off/r.o.ChunkSize), int((end-1)/r.o.ChunkSize)
-	r.readAheadFrom(first, last)
+	r.readAheadFrom(off, end)
 
 	// Start every missing chunk first, so they are fetched in parallel.
 	calls := make(map[int]*call)
@@ -499,20 +499,26 @@ func (r *Reader) ownLocked(i int) *call {
 	return r.newLocked(i, onDemand)
 }
 
-// readAheadFrom starts fetching the chunks after last when the read
-// continues the previous one.
-func (r *Reader) readAheadFrom(first, last int) {
+// readAheadFrom starts fetching the chunks after the read of [off, end)
+// when it starts exactly where the previous read ended, and has the fill
+// follow it. Reads merely further on, or in the chunk of the previous
+// one, are no sign of a sequential reader: a mount's first scattered
+// metadata reads would send read-ahead and the fill's long requests
+// ahead of the hot set.
+func (r *Reader) readAheadFrom(off, end int64) {
 	if r.o.ReadAhead < 0 {
 		return
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	seq := first == r.last || first == r.last+1
-	r.last = last
-	if seq {
-		r.seqNext, r.seqAt = last+1, time.Now()
+	seq := off == r.lastEnd
+	r.lastEnd = end
+	if !seq {
+		return
 	}
-	if !seq || r.completed {
+	last := int((end - 1) / r.o.ChunkSize)
+	r.seqNext, r.seqAt = last+1, time.Now()
+	if r.completed {
 		return
 	}
 	for i := last + 1; i <= min(last+r.o.ReadAhead, r.n-1); i++ {
