@@ -151,11 +151,12 @@ type stream struct {
 	at atomic.Int64 // the chunk being received
 }
 
-// followFor is how long after a sequential read the fill follows it: its
-// requests start at the first absent chunk after that read (within
-// FillParallel requests' span), so a file read from start to end gets the
-// fill's ranged requests as its read-ahead instead of competing with
-// them; meanwhile the fill does not hold back for the read's misses.
+// followFor is how long after a sequential read (one that started where
+// the previous read ended) the fill follows it, once the hot set is
+// fetched: its requests start at the first absent chunk after that read
+// (within FillParallel requests' span), so a file read from start to end
+// gets the fill's ranged requests as its read-ahead instead of competing
+// with them; meanwhile the fill does not hold back for the read's misses.
 const followFor = 500 * time.Millisecond
 
 // streamWait is how many chunks ahead of a fill request's position a read
@@ -886,6 +887,7 @@ func (r *Reader) fill() {
 			order = append(order, int(h))
 		}
 	}
+	hot := len(order) // order[:hot] is the hot set
 	for i := range r.n {
 		order = append(order, i)
 	}
@@ -897,9 +899,12 @@ func (r *Reader) fill() {
 			if r.ctx.Err() != nil || r.stopped() || r.fillOff.Load() {
 				return
 			}
-			// On-demand misses go first: the fill issues no request
-			// while any wait (unless it follows a sequential read).
-			for r.waiting.Load() > 0 && r.ctx.Err() == nil && r.follow(span) < 0 {
+			// The hot set first, held back by nothing: it is what the
+			// reads to come want. Then on-demand misses go first: the
+			// rest of the fill issues no request while any wait (unless
+			// it follows a sequential read).
+			inHot := k < hot
+			for !inHot && r.waiting.Load() > 0 && r.ctx.Err() == nil && r.follow(span) < 0 {
 				time.Sleep(2 * time.Millisecond)
 			}
 			select {
@@ -908,7 +913,7 @@ func (r *Reader) fill() {
 				return
 			}
 			r.mu.Lock()
-			if f := r.followLocked(span); f >= 0 {
+			if f := r.followLocked(span); f >= 0 && !inHot {
 				j := f + 1
 				for j < r.n && j-f < span && !r.present[j] && r.inflight[j] == nil && !r.seeded(j) {
 					j++

@@ -2,10 +2,62 @@ package lazy
 
 import (
 	"bytes"
+	"context"
+	"io"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/hermesfs/hermesfs/uploader"
 )
+
+// holdStore holds the single-chunk Get at object offset hold until release
+// is closed (an on-demand fetch stuck in the store), records the offset of
+// every Get, and hands multi-chunk bodies (fill requests) to body when set.
+type holdStore struct {
+	uploader.Store
+	hold    int64
+	started chan struct{} // gets a value when the held Get begins
+	release chan struct{}
+	held    atomic.Bool // the held Get is in the store
+
+	body func(ctx context.Context, off int64, rc io.ReadCloser) io.ReadCloser
+
+	mu   sync.Mutex
+	offs []int64
+}
+
+func newHold(s uploader.Store, hold int64) *holdStore {
+	return &holdStore{Store: s, hold: hold, started: make(chan struct{}, 1), release: make(chan struct{})}
+}
+
+func (h *holdStore) Get(ctx context.Context, key string, off, length int64) (io.ReadCloser, uploader.ObjectInfo, error) {
+	h.mu.Lock()
+	h.offs = append(h.offs, off)
+	h.mu.Unlock()
+	if off == h.hold && length <= testChunk {
+		h.held.Store(true)
+		h.started <- struct{}{}
+		select {
+		case <-h.release:
+		case <-ctx.Done():
+		}
+		h.held.Store(false)
+	}
+	rc, info, err := h.Store.Get(ctx, key, off, length)
+	if err == nil && length > testChunk && h.body != nil {
+		rc = h.body(ctx, off, rc)
+	}
+	return rc, info, err
+}
+
+func (h *holdStore) gets() []int64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.offs)
+}
 
 // chunksIn returns the chunks of [from, to) that are present or being
 // fetched.
@@ -72,4 +124,80 @@ func TestReadAheadOnlyForReadsInOrder(t *testing.T) {
 	if n := o.store.gets.Load(); n > 7 {
 		t.Fatalf("%d gets for 7 chunks", n)
 	}
+}
+
+// TestFillFollowsOnlyAfterHotChunks: with a sequential reader to follow,
+// the fill still fetches the hot chunks first, then follows the reader.
+func TestFillFollowsOnlyAfterHotChunks(t *testing.T) {
+	t.Parallel()
+	o := putObject(t, localStore(t), 32*testChunk)
+	opts := o.options(t.TempDir())
+	opts.FillSpan, opts.FillParallel, opts.ReadAhead = 4*testChunk, 1, 1
+	opts.followFor = time.Hour
+	opts.Hot = []int64{5, 9}
+	r := open(t, opts)
+	readOK(t, r, o, 16*testChunk, testChunk)
+	readOK(t, r, o, 17*testChunk, testChunk)
+	waitFor(t, "the read-ahead of chunk 18", func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return r.present[18]
+	})
+	var mu sync.Mutex
+	var order []int64
+	rec := func(off int64, b []byte) []byte {
+		mu.Lock()
+		order = append(order, off/testChunk)
+		mu.Unlock()
+		return b
+	}
+	o.store.mangle.Store(&rec)
+	r.Fill()
+	waitComplete(t, r)
+	mu.Lock()
+	defer mu.Unlock()
+	// 18 is the read's read-ahead: the fill follows from 19.
+	if len(order) < 3 || !slices.Equal(order[:3], []int64{5, 9, 19}) {
+		t.Fatalf("fill requests started at chunks %v; want the hot chunks 5, 9, then 19", order)
+	}
+}
+
+// TestHotChunksNotHeldBack: the fill fetches the hot set while an
+// on-demand read waits (its fetch stuck in the store); the rest of the
+// fill waits for the read.
+func TestHotChunksNotHeldBack(t *testing.T) {
+	t.Parallel()
+	o := putObject(t, localStore(t), 16*testChunk)
+	opts := o.options(t.TempDir())
+	opts.FillSpan, opts.FillParallel, opts.ReadAhead = 4*testChunk, 1, -1
+	opts.ReadTimeout = time.Minute // the held read is not a failure
+	opts.Hot = []int64{3, 9}
+	h := newHold(o.store, 12*testChunk)
+	opts.Store = h
+	r := open(t, opts)
+	done := make(chan error, 1)
+	go func() {
+		buf := make([]byte, 100)
+		_, err := r.ReadAt(buf, 12*testChunk)
+		if err == nil && !bytes.Equal(buf, o.data[12*testChunk:12*testChunk+100]) {
+			err = io.ErrUnexpectedEOF
+		}
+		done <- err
+	}()
+	<-h.started
+	waitFor(t, "the read to wait", func() bool { return r.waiting.Load() > 0 })
+	r.Fill()
+	waitFor(t, "the hot chunks while a read waits", func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return r.present[3] && r.present[9]
+	})
+	if got := h.gets(); !slices.Equal(got, []int64{12 * testChunk, 3 * testChunk, 9 * testChunk}) {
+		t.Fatalf("gets at %v while the read waits; want chunk 12 (the read), 3 and 9 (hot) only", got)
+	}
+	close(h.release)
+	if err := <-done; err != nil {
+		t.Fatalf("the held read: %v", err)
+	}
+	waitComplete(t, r)
 }
