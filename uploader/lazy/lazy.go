@@ -86,6 +86,9 @@ type Options struct {
 	writeAt func(f *os.File, b []byte, off int64) (int, error)
 	// followFor replaces the constant followFor in tests.
 	followFor time.Duration
+	// yielded, if set, is called when a fill request pauses for an
+	// on-demand fetch (tests).
+	yielded func()
 }
 
 // maxDigestFails is how many times in a row a chunk may arrive damaged
@@ -149,6 +152,11 @@ type call struct {
 // and received in order.
 type stream struct {
 	at atomic.Int64 // the chunk being received
+	// yields: a request of the rest of the fill (neither the hot set nor
+	// following a reader), which stops reading its body between chunks
+	// while on-demand fetches are in the store.
+	yields bool
+	paused atomic.Bool // it is yielding now
 }
 
 // followFor is how long after a sequential read (one that started where
@@ -210,9 +218,11 @@ type Reader struct {
 	durable   []int // written, not yet in the present log
 	logged    map[int]bool
 	etag      string
-	lastEnd   int64     // where the previous read ended, for read-ahead
-	seqNext   int       // the chunk after the last read that continued the one before
-	seqAt     time.Time // when that read came
+	lastEnd   int64         // where the previous read ended, for read-ahead
+	seqNext   int           // the chunk after the last read that continued the one before
+	seqAt     time.Time     // when that read came
+	fetching  int           // on-demand fetches in the store
+	quiet     chan struct{} // closed when fetching drops to 0; nil while it is 0
 	stats     Stats
 	fillErr   error
 	completed bool
@@ -536,11 +546,13 @@ func (r *Reader) readAheadFrom(off, end int64) {
 }
 
 // startLocked returns the call fetching chunk i, starting it if none is in
-// flight. For readAhead and fill the caller holds a slot of that pool
-// already, which the call releases; an on-demand call takes its slot
-// itself, in its goroutine. r.mu is held.
+// flight (an on-demand read does not wait for a fill request that is
+// paused, or would deliver the chunk only after several others). For
+// readAhead and fill the caller holds a slot of that pool already, which
+// the call releases; an on-demand call takes its slot itself, in its
+// goroutine. r.mu is held.
 func (r *Reader) startLocked(i int, k kind) *call {
-	if c := r.inflight[i]; c != nil && (k != onDemand || c.fill == nil || int64(i) <= c.fill.at.Load()+streamWait) {
+	if c := r.inflight[i]; c != nil && (k != onDemand || c.fill == nil || !c.fill.paused.Load() && int64(i) <= c.fill.at.Load()+streamWait) {
 		switch k {
 		case readAhead:
 			<-r.ahead
@@ -592,7 +604,13 @@ func (r *Reader) run(i int, c *call, k kind) {
 	} else {
 		digestFails := 0
 		for attempt := 0; ; attempt++ {
+			if k == onDemand {
+				r.demandFetch(1)
+			}
 			data, err = r.fetch(ctx, i)
+			if k == onDemand {
+				r.demandFetch(-1)
+			}
 			if err == nil {
 				break
 			}
@@ -918,7 +936,7 @@ func (r *Reader) fill() {
 				for j < r.n && j-f < span && !r.present[j] && r.inflight[j] == nil && !r.seeded(j) {
 					j++
 				}
-				r.runLocked(f, j)
+				r.runLocked(f, j, false)
 				r.mu.Unlock()
 				k-- // order[k] is still to do
 				continue
@@ -940,7 +958,7 @@ func (r *Reader) fill() {
 				j++
 				k++
 			}
-			r.runLocked(i, j)
+			r.runLocked(i, j, !inHot)
 			r.mu.Unlock()
 		}
 		// Every fill call holds a slot until it is done: holding them all
@@ -979,9 +997,10 @@ func (r *Reader) fill() {
 }
 
 // runLocked starts a fill request for chunks [i, j), holding the fill
-// slot the caller took. r.mu is held.
-func (r *Reader) runLocked(i, j int) {
-	s := &stream{}
+// slot the caller took; yields: it pauses for on-demand fetches (see
+// stream). r.mu is held.
+func (r *Reader) runLocked(i, j int, yields bool) {
+	s := &stream{yields: yields}
 	s.at.Store(int64(i))
 	calls := make([]*call, j-i)
 	for x := range calls {
@@ -1047,12 +1066,16 @@ func (r *Reader) runStream(first int, calls []*call, s *stream) {
 	watchdog := time.AfterFunc(r.o.ReadTimeout, cancel)
 	defer watchdog.Stop()
 	progress := func() { watchdog.Reset(r.o.ReadTimeout) }
+	// A pause for on-demand fetches is not a stall.
+	pause := func() error {
+		return r.yieldToDemand(ctx, s, func() { watchdog.Stop() }, progress)
+	}
 	next := 0 // calls[:next] are done
 	var err error
 	for attempt := 0; ; attempt++ {
 		var n int
 		t0 := time.Now()
-		n, err = r.receive(ctx, first+next, calls[next:], s, buf, progress)
+		n, err = r.receive(ctx, first+next, calls[next:], s, buf, progress, pause)
 		if n > 0 {
 			attempt = 0
 		}
@@ -1085,10 +1108,14 @@ func (r *Reader) runStream(first int, calls []*call, s *stream) {
 
 // receive gets the chunks of calls (from chunk first on) with one ranged
 // Get and completes each call as its chunk arrives. It returns how many
-// calls it completed, and why it stopped before the end.
-func (r *Reader) receive(ctx context.Context, first int, calls []*call, s *stream, buf []byte, progress func()) (int, error) {
+// calls it completed, and why it stopped before the end. pause is called
+// before the Get and between chunks (see yieldToDemand).
+func (r *Reader) receive(ctx context.Context, first int, calls []*call, s *stream, buf []byte, progress func(), pause func() error) (int, error) {
 	off := int64(first) * r.o.ChunkSize
 	end := min(int64(first+len(calls))*r.o.ChunkSize, r.o.Size)
+	if err := pause(); err != nil {
+		return 0, err
+	}
 	rc, info, err := r.o.Store.Get(ctx, r.o.Key, off, end-off)
 	if err != nil {
 		return 0, err
@@ -1100,6 +1127,11 @@ func (r *Reader) receive(ctx context.Context, first int, calls []*call, s *strea
 	}
 	for x, c := range calls {
 		i := first + x
+		if x > 0 {
+			if err := pause(); err != nil {
+				return x, err
+			}
+		}
 		s.at.Store(int64(i))
 		b := buf[:r.chunkLen(i)]
 		if got, err := io.ReadFull(rc, b); err != nil {
@@ -1117,6 +1149,52 @@ func (r *Reader) receive(ctx context.Context, first int, calls []*call, s *strea
 		}
 	}
 	return len(calls), nil
+}
+
+// demandFetch counts on-demand fetches entering (d = 1) and leaving
+// (d = -1) the store.
+func (r *Reader) demandFetch(d int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.fetching == 0 {
+		r.quiet = make(chan struct{})
+	}
+	if r.fetching += d; r.fetching == 0 {
+		close(r.quiet)
+		r.quiet = nil
+	}
+}
+
+// yieldToDemand holds a fill request of the rest of the fill (s.yields)
+// while on-demand fetches are in the store: its body left unread, the
+// link's flow control gives the bandwidth to the misses. hold and resume
+// bracket a pause. It fails only when ctx ends.
+func (r *Reader) yieldToDemand(ctx context.Context, s *stream, hold, resume func()) error {
+	if !s.yields {
+		return nil
+	}
+	for {
+		r.mu.Lock()
+		q := r.quiet
+		r.mu.Unlock()
+		if q == nil {
+			return nil
+		}
+		hold()
+		s.paused.Store(true)
+		if r.o.yielded != nil {
+			r.o.yielded()
+		}
+		select {
+		case <-q:
+		case <-ctx.Done():
+		}
+		s.paused.Store(false)
+		resume()
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
 }
 
 // chunkDone completes call c of chunk i in a fill request: with the

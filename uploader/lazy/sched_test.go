@@ -201,3 +201,113 @@ func TestHotChunksNotHeldBack(t *testing.T) {
 	}
 	waitComplete(t, r)
 }
+
+// watchedBody is a fill request's body: reads at or past gate wait until
+// open is closed, and a read starting at or past stop while the store
+// holds an on-demand fetch is reported on bad.
+type watchedBody struct {
+	h          *holdStore
+	ctx        context.Context
+	rc         io.ReadCloser
+	pos        int64
+	gate, stop int64
+	open       chan struct{}
+	bad        chan int64
+}
+
+func (b *watchedBody) Read(p []byte) (int, error) {
+	if b.pos >= b.stop && b.h.held.Load() {
+		select {
+		case b.bad <- b.pos:
+		default:
+		}
+	}
+	if b.pos >= b.gate {
+		select {
+		case <-b.open:
+		case <-b.ctx.Done():
+			return 0, b.ctx.Err()
+		}
+	} else if b.pos+int64(len(p)) > b.gate {
+		p = p[:b.gate-b.pos]
+	}
+	n, err := b.rc.Read(p)
+	b.pos += int64(n)
+	return n, err
+}
+
+func (b *watchedBody) Close() error { return b.rc.Close() }
+
+// TestFillYieldsToOnDemandFetch: while an on-demand fetch is in flight,
+// a fill request stops reading its body at the next chunk boundary (the
+// link goes to the miss), misses do not wait for it meanwhile, and it goes
+// on once the fetch is done.
+func TestFillYieldsToOnDemandFetch(t *testing.T) {
+	t.Parallel()
+	o := putObject(t, localStore(t), 16*testChunk)
+	opts := o.options(t.TempDir())
+	opts.FillSpan, opts.FillParallel, opts.ReadAhead = 8*testChunk, 1, -1
+	opts.ReadTimeout = time.Minute
+	h := newHold(o.store, 12*testChunk)
+	gateOpen := make(chan struct{})
+	bad := make(chan int64, 1)
+	var bodies atomic.Int64
+	h.body = func(ctx context.Context, off int64, rc io.ReadCloser) io.ReadCloser {
+		if bodies.Add(1) > 1 {
+			return rc
+		}
+		// The first request (chunks 0-7) stops in chunk 2 until open;
+		// chunk 3 on must wait for the held fetch.
+		return &watchedBody{h: h, ctx: ctx, rc: rc, pos: off, gate: 2 * testChunk, stop: 3 * testChunk, open: gateOpen, bad: bad}
+	}
+	opts.Store = h
+	yielded := make(chan struct{}, 1)
+	opts.yielded = func() {
+		select {
+		case yielded <- struct{}{}:
+		default:
+		}
+	}
+	r := open(t, opts)
+	r.Fill()
+	waitFor(t, "the fill's first chunks", func() bool { return r.Stats().PresentBytes >= 2*testChunk })
+	done := make(chan error, 1)
+	go func() {
+		buf := make([]byte, 100)
+		_, err := r.ReadAt(buf, 12*testChunk)
+		if err == nil && !bytes.Equal(buf, o.data[12*testChunk:12*testChunk+100]) {
+			err = io.ErrUnexpectedEOF
+		}
+		done <- err
+	}()
+	<-h.started
+	close(gateOpen)
+	select {
+	case <-yielded:
+	case pos := <-bad:
+		t.Fatalf("the fill read its body at %d (chunk %d) while an on-demand fetch was in flight", pos, pos/testChunk)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the fill neither paused nor read on")
+	}
+	// A miss on the paused request's next chunk does not wait for it.
+	r.mu.Lock()
+	c := r.startLocked(3, onDemand)
+	r.mu.Unlock()
+	if c.fill != nil {
+		t.Fatal("a miss on the next chunk of a paused fill request waits for the request")
+	}
+	<-c.done
+	select {
+	case pos := <-bad:
+		t.Fatalf("the fill read its body at %d after it paused", pos)
+	default:
+	}
+	close(h.release)
+	if err := <-done; err != nil {
+		t.Fatalf("the on-demand read: %v", err)
+	}
+	waitComplete(t, r)
+	if st := r.Stats(); st.OnDemandChunks != 2 || st.FillChunks != 14 {
+		t.Fatalf("stats %+v; want chunks 3 and 12 on demand, the other 14 by the fill", st)
+	}
+}
