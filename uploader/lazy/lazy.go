@@ -159,12 +159,12 @@ type stream struct {
 	paused atomic.Bool // it is yielding now
 }
 
-// followFor is how long after a sequential read (one that started where
-// the previous read ended) the fill follows it, once the hot set is
-// fetched: its requests start at the first absent chunk after that read
-// (within FillParallel requests' span), so a file read from start to end
-// gets the fill's ranged requests as its read-ahead instead of competing
-// with them; meanwhile the fill does not hold back for the read's misses.
+// followFor is how long after a sequential read (see readAheadFrom) the
+// fill follows it, once the hot set is fetched: its requests start at the
+// first absent chunk after that read (within FillParallel requests' span),
+// so a file read from start to end gets the fill's ranged requests as its
+// read-ahead instead of competing with them; meanwhile the fill does not
+// hold back for the read's misses.
 const followFor = 500 * time.Millisecond
 
 // streamWait is how many chunks ahead of a fill request's position a read
@@ -219,6 +219,7 @@ type Reader struct {
 	logged    map[int]bool
 	etag      string
 	lastEnd   int64         // where the previous read ended, for read-ahead
+	runStart  int64         // where the run of reads in order up to it started
 	seqNext   int           // the chunk after the last read that continued the one before
 	seqAt     time.Time     // when that read came
 	fetching  int           // on-demand fetches in the store
@@ -511,20 +512,26 @@ func (r *Reader) ownLocked(i int) *call {
 }
 
 // readAheadFrom starts fetching the chunks after the read of [off, end)
-// when it starts exactly where the previous read ended, and has the fill
-// follow it. Reads merely further on, or in the chunk of the previous
-// one, are no sign of a sequential reader: a mount's first scattered
-// metadata reads would send read-ahead and the fill's long requests
-// ahead of the hot set.
+// when it starts exactly where the previous read ended and the run of
+// reads in order it ends covers a chunk's bytes at least, and has the
+// fill follow it. Reads merely further on, or in the chunk of the
+// previous one, are no sign of a sequential reader, and neither is a
+// short run: opening the archive reads its superblock and then the
+// 2-byte header right after it. Taken for a sequential reader, a mount's
+// first metadata reads would send read-ahead and the fill's long
+// requests ahead of the hot set.
 func (r *Reader) readAheadFrom(off, end int64) {
 	if r.o.ReadAhead < 0 {
 		return
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	seq := off == r.lastEnd
+	inOrder := off == r.lastEnd
+	if !inOrder {
+		r.runStart = off
+	}
 	r.lastEnd = end
-	if !seq {
+	if !inOrder || end-r.runStart < r.o.ChunkSize {
 		return
 	}
 	last := int((end - 1) / r.o.ChunkSize)
