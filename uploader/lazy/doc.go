@@ -37,22 +37,30 @@
 // pool, and each of its requests is one ranged Get of a run of absent
 // chunks (up to Options.FillSpan): the body is read a chunk at a time into
 // a buffer the fill reuses, and each chunk is checked against its digest,
-// written and marked present as it arrives, so a fill holds no more than
-// a chunk per request in memory and a damaged chunk costs only itself (it
-// is fetched again later). The fill issues no new request while on-demand
-// misses wait. A miss on a chunk that a fill request is about to deliver
+// written and marked present as it arrives, so a fill holds no more than a
+// chunk per request in memory and a damaged chunk costs only itself (it is
+// fetched again later). The fill fetches the hot set first (see below),
+// held back by nothing. After it, for a while after a sequential read (see
+// below), the fill follows it: its next requests start at the first absent
+// chunk after that read, so a file read from start to end gets the fill's
+// requests as its read-ahead, and the fill does not hold back for that
+// read's misses. The rest of the fill issues no new request while
+// on-demand misses wait, and its requests in flight stop reading their
+// bodies between chunks while an on-demand fetch is in the store, so that
+// the link's flow control gives the bandwidth to the miss; they go on when
+// it is done. A miss on a chunk that a fill request is about to deliver
 // waits for it, briefly (then fetches it itself too, and takes whichever
-// comes first); a miss on a chunk further on in a fill request fetches it
-// at once: a miss never queues behind fill requests. For a while after a
-// read that continued the previous one, the fill follows it: its next
-// requests start at the first absent chunk after that read, so a file read
-// from start to end gets the fill's requests as its read-ahead, and the
-// fill does not hold back for that read's misses. Concurrent misses on
-// one chunk share one request. A read of the chunk after the previously
-// read one starts fetching the next few (read-ahead) from a third, small
-// pool. When the cache disk fails a write (full, say), the fill stops and
-// reads are served from the fetched bytes in memory, never from a partly
-// written file.
+// comes first); a miss on a chunk further on in a fill request, or in a
+// paused one, fetches it at once: a miss never queues behind fill
+// requests. Concurrent misses on one chunk share one request. A sequential
+// read, one that starts exactly where the previous read ended and ends a
+// run of such reads that covers a chunk's bytes, also starts fetching the
+// next few chunks (read-ahead) from a third, small pool; reads merely
+// further on, in the same chunk, or a short run are not sequential (a
+// mount's first metadata reads would otherwise send read-ahead and the
+// fill ahead of the hot set). When the cache disk fails a write (full,
+// say), the fill stops and reads are served from the fetched bytes in
+// memory, never from a partly written file.
 //
 // # Hot set
 //

@@ -23,7 +23,7 @@ type HotRecorder struct {
 	ra        io.ReaderAt
 	chunkSize int64
 
-	closed atomic.Bool // the window passed, the list is full or Stop
+	closed atomic.Bool // the window passed, the list is full or Stop was called
 
 	mu    sync.Mutex
 	until time.Time
@@ -57,7 +57,7 @@ func (h *HotRecorder) Note(off, n int64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed.Load() {
-		return // stopped since the check above
+		return // Stop came in meanwhile
 	}
 	if len(h.order) >= uploader.MaxHot || time.Now().After(h.until) {
 		h.closed.Store(true)
@@ -71,8 +71,9 @@ func (h *HotRecorder) Note(off, n int64) {
 	}
 }
 
-// Stop ends the recording: reads after it are not recorded. It may be
-// called more than once, concurrently with reads.
+// Stop ends the recording before the window does: no Note (nor ReadAt)
+// records anything once Stop returned; Hot keeps what was recorded. It
+// may be called more than once, and concurrently with the other methods.
 func (h *HotRecorder) Stop() {
 	h.mu.Lock()
 	h.closed.Store(true)

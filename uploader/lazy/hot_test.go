@@ -1,6 +1,7 @@
 package lazy
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"io"
 	"os"
@@ -16,20 +17,37 @@ import (
 
 func TestHotRecorderStop(t *testing.T) {
 	t.Parallel()
-	h := NewHotRecorder(nil, testChunk, time.Hour)
-	h.Note(0, 1)
+	data := bytes.Repeat([]byte{7}, 8*testChunk)
+	h := NewHotRecorder(bytes.NewReader(data), testChunk, time.Hour)
+	buf := make([]byte, 10)
+	h.ReadAt(buf, 3*testChunk)
+	h.Note(testChunk, 1)
+	h.Stop()
+	h.Stop()
+	if n, err := h.ReadAt(buf, 5*testChunk); n != 10 || err != nil {
+		t.Fatalf("read after Stop: %d, %v", n, err)
+	}
+	h.Note(6*testChunk, 1)
+	if got := h.Hot(); !slices.Equal(got, []int64{3, 1}) {
+		t.Fatalf("hot %v after Stop; want [3 1], what was recorded before", got)
+	}
+	// Concurrent with notes: nothing is recorded once Stop returned.
+	h = NewHotRecorder(nil, testChunk, time.Hour)
 	var wg sync.WaitGroup
-	for i := range 4 {
+	for g := range 4 {
 		wg.Go(func() {
-			h.Stop()
-			h.Note(int64(i+5)*testChunk, 1)
+			for i := range 500 {
+				h.Note(int64(g*500+i)*testChunk, 1)
+			}
 		})
 	}
-	wg.Wait()
+	wg.Go(h.Stop)
 	h.Stop()
-	h.Note(3*testChunk, 1)
-	if got := h.Hot(); !slices.Equal(got, []int64{0}) {
-		t.Fatalf("recorded %v, want [0]: reads after Stop are recorded", got)
+	at := h.Hot()
+	wg.Wait()
+	h.Note(1<<40, 1)
+	if got := h.Hot(); !slices.Equal(got, at) {
+		t.Fatalf("%d chunks recorded after Stop returned", len(got)-len(at))
 	}
 }
 

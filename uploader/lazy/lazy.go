@@ -86,6 +86,9 @@ type Options struct {
 	writeAt func(f *os.File, b []byte, off int64) (int, error)
 	// followFor replaces the constant followFor in tests.
 	followFor time.Duration
+	// yielded, if set, is called when a fill request pauses for an
+	// on-demand fetch (tests).
+	yielded func()
 }
 
 // maxDigestFails is how many times in a row a chunk may arrive damaged
@@ -149,13 +152,19 @@ type call struct {
 // and received in order.
 type stream struct {
 	at atomic.Int64 // the chunk being received
+	// yields: a request of the rest of the fill (neither the hot set nor
+	// following a reader), which stops reading its body between chunks
+	// while on-demand fetches are in the store.
+	yields bool
+	paused atomic.Bool // it is yielding now
 }
 
-// followFor is how long after a sequential read the fill follows it: its
-// requests start at the first absent chunk after that read (within
-// FillParallel requests' span), so a file read from start to end gets the
-// fill's ranged requests as its read-ahead instead of competing with
-// them; meanwhile the fill does not hold back for the read's misses.
+// followFor is how long after a sequential read (see readAheadFrom) the
+// fill follows it, once the hot set is fetched: its requests start at the
+// first absent chunk after that read (within FillParallel requests' span),
+// so a file read from start to end gets the fill's ranged requests as its
+// read-ahead instead of competing with them; meanwhile the fill does not
+// hold back for the read's misses.
 const followFor = 500 * time.Millisecond
 
 // streamWait is how many chunks ahead of a fill request's position a read
@@ -209,9 +218,12 @@ type Reader struct {
 	durable   []int // written, not yet in the present log
 	logged    map[int]bool
 	etag      string
-	last      int       // chunk of the previous read, for read-ahead
-	seqNext   int       // the chunk after the last read that continued the one before
-	seqAt     time.Time // when that read came
+	lastEnd   int64         // where the previous read ended, for read-ahead
+	runStart  int64         // where the run of reads in order up to it started
+	seqNext   int           // the chunk after the last read that continued the one before
+	seqAt     time.Time     // when that read came
+	fetching  int           // on-demand fetches in the store
+	quiet     chan struct{} // closed when fetching drops to 0; nil while it is 0
 	stats     Stats
 	fillErr   error
 	completed bool
@@ -261,7 +273,7 @@ func Open(o Options) (*Reader, error) {
 		bufs:     make(chan []byte, o.FillParallel),
 		inflight: map[int]*call{},
 		logged:   map[int]bool{},
-		last:     -2,
+		lastEnd:  -1,
 	}
 	r.stats.TotalBytes = o.Size
 	r.ctx, r.cancel = context.WithCancel(context.Background())
@@ -388,7 +400,7 @@ func (r *Reader) ReadAt(p []byte, off int64) (int, error) {
 	end := min(off+int64(len(p)), r.o.Size)
 	r.hot.Note(off, end-off)
 	first, last := int(off/r.o.ChunkSize), int((end-1)/r.o.ChunkSize)
-	r.readAheadFrom(first, last)
+	r.readAheadFrom(off, end)
 
 	// Start every missing chunk first, so they are fetched in parallel.
 	calls := make(map[int]*call)
@@ -503,20 +515,32 @@ func (r *Reader) ownLocked(i int) *call {
 	return r.newLocked(i, onDemand)
 }
 
-// readAheadFrom starts fetching the chunks after last when the read
-// continues the previous one.
-func (r *Reader) readAheadFrom(first, last int) {
+// readAheadFrom starts fetching the chunks after the read of [off, end)
+// when it starts exactly where the previous read ended and the run of
+// reads in order it ends covers a chunk's bytes at least, and has the
+// fill follow it. Reads merely further on, or in the chunk of the
+// previous one, are no sign of a sequential reader, and neither is a
+// short run: opening the archive reads its superblock and then the
+// 2-byte header right after it. Taken for a sequential reader, a mount's
+// first metadata reads would send read-ahead and the fill's long
+// requests ahead of the hot set.
+func (r *Reader) readAheadFrom(off, end int64) {
 	if r.o.ReadAhead < 0 {
 		return
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	seq := first == r.last || first == r.last+1
-	r.last = last
-	if seq {
-		r.seqNext, r.seqAt = last+1, time.Now()
+	inOrder := off == r.lastEnd
+	if !inOrder {
+		r.runStart = off
 	}
-	if !seq || r.completed {
+	r.lastEnd = end
+	if !inOrder || end-r.runStart < r.o.ChunkSize {
+		return
+	}
+	last := int((end - 1) / r.o.ChunkSize)
+	r.seqNext, r.seqAt = last+1, time.Now()
+	if r.completed {
 		return
 	}
 	for i := last + 1; i <= min(last+r.o.ReadAhead, r.n-1); i++ {
@@ -533,11 +557,13 @@ func (r *Reader) readAheadFrom(first, last int) {
 }
 
 // startLocked returns the call fetching chunk i, starting it if none is in
-// flight. For readAhead and fill the caller holds a slot of that pool
-// already, which the call releases; an on-demand call takes its slot
-// itself, in its goroutine. r.mu is held.
+// flight (an on-demand read does not wait for a fill request that is
+// paused, or would deliver the chunk only after several others). For
+// readAhead and fill the caller holds a slot of that pool already, which
+// the call releases; an on-demand call takes its slot itself, in its
+// goroutine. r.mu is held.
 func (r *Reader) startLocked(i int, k kind) *call {
-	if c := r.inflight[i]; c != nil && (k != onDemand || c.fill == nil || int64(i) <= c.fill.at.Load()+streamWait) {
+	if c := r.inflight[i]; c != nil && (k != onDemand || c.fill == nil || !c.fill.paused.Load() && int64(i) <= c.fill.at.Load()+streamWait) {
 		switch k {
 		case readAhead:
 			<-r.ahead
@@ -590,7 +616,13 @@ func (r *Reader) run(i int, c *call, k kind) {
 	} else {
 		for attempt := 0; ; attempt++ {
 			tries++
+			if k == onDemand {
+				r.demandFetch(1)
+			}
 			data, err = r.fetch(ctx, i)
+			if k == onDemand {
+				r.demandFetch(-1)
+			}
 			if err == nil {
 				break
 			}
@@ -972,6 +1004,7 @@ func (r *Reader) fill() {
 			order = append(order, int(h))
 		}
 	}
+	hot := len(order) // order[:hot] is the hot set
 	for i := range r.n {
 		order = append(order, i)
 	}
@@ -983,9 +1016,12 @@ func (r *Reader) fill() {
 			if r.ctx.Err() != nil || r.stopped() || r.fillOff.Load() {
 				return
 			}
-			// On-demand misses go first: the fill issues no request
-			// while any wait (unless it follows a sequential read).
-			for r.waiting.Load() > 0 && r.ctx.Err() == nil && r.follow(span) < 0 {
+			// The hot set first, held back by nothing: it is what the
+			// reads to come want. Then on-demand misses go first: the
+			// rest of the fill issues no request while any wait (unless
+			// it follows a sequential read).
+			inHot := k < hot
+			for !inHot && r.waiting.Load() > 0 && r.ctx.Err() == nil && r.follow(span) < 0 {
 				time.Sleep(2 * time.Millisecond)
 			}
 			select {
@@ -994,12 +1030,12 @@ func (r *Reader) fill() {
 				return
 			}
 			r.mu.Lock()
-			if f := r.followLocked(span); f >= 0 {
+			if f := r.followLocked(span); f >= 0 && !inHot {
 				j := f + 1
 				for j < r.n && j-f < span && !r.present[j] && r.inflight[j] == nil && !r.seeded(j) {
 					j++
 				}
-				r.runLocked(f, j)
+				r.runLocked(f, j, false)
 				r.mu.Unlock()
 				k-- // order[k] is still to do
 				continue
@@ -1021,7 +1057,7 @@ func (r *Reader) fill() {
 				j++
 				k++
 			}
-			r.runLocked(i, j)
+			r.runLocked(i, j, !inHot)
 			r.mu.Unlock()
 		}
 		// Every fill call holds a slot until it is done: holding them all
@@ -1060,9 +1096,10 @@ func (r *Reader) fill() {
 }
 
 // runLocked starts a fill request for chunks [i, j), holding the fill
-// slot the caller took. r.mu is held.
-func (r *Reader) runLocked(i, j int) {
-	s := &stream{}
+// slot the caller took; yields: it pauses for on-demand fetches (see
+// stream). r.mu is held.
+func (r *Reader) runLocked(i, j int, yields bool) {
+	s := &stream{yields: yields}
 	s.at.Store(int64(i))
 	calls := make([]*call, j-i)
 	for x := range calls {
@@ -1128,12 +1165,16 @@ func (r *Reader) runStream(first int, calls []*call, s *stream) {
 	watchdog := time.AfterFunc(r.o.ReadTimeout, cancel)
 	defer watchdog.Stop()
 	progress := func() { watchdog.Reset(r.o.ReadTimeout) }
+	// A pause for on-demand fetches is not a stall.
+	pause := func() error {
+		return r.yieldToDemand(ctx, s, func() { watchdog.Stop() }, progress)
+	}
 	next := 0 // calls[:next] are done
 	var err error
 	for attempt := 0; ; attempt++ {
 		var n int
 		t0 := time.Now()
-		n, err = r.receive(ctx, first+next, calls[next:], s, buf, progress)
+		n, err = r.receive(ctx, first+next, calls[next:], s, buf, progress, pause)
 		if n > 0 {
 			attempt = 0
 		}
@@ -1166,10 +1207,14 @@ func (r *Reader) runStream(first int, calls []*call, s *stream) {
 
 // receive gets the chunks of calls (from chunk first on) with one ranged
 // Get and completes each call as its chunk arrives. It returns how many
-// calls it completed, and why it stopped before the end.
-func (r *Reader) receive(ctx context.Context, first int, calls []*call, s *stream, buf []byte, progress func()) (int, error) {
+// calls it completed, and why it stopped before the end. pause is called
+// before the Get and between chunks (see yieldToDemand).
+func (r *Reader) receive(ctx context.Context, first int, calls []*call, s *stream, buf []byte, progress func(), pause func() error) (int, error) {
 	off := int64(first) * r.o.ChunkSize
 	end := min(int64(first+len(calls))*r.o.ChunkSize, r.o.Size)
+	if err := pause(); err != nil {
+		return 0, err
+	}
 	rc, info, err := r.o.Store.Get(ctx, r.o.Key, off, end-off)
 	if err != nil {
 		return 0, err
@@ -1181,6 +1226,11 @@ func (r *Reader) receive(ctx context.Context, first int, calls []*call, s *strea
 	}
 	for x, c := range calls {
 		i := first + x
+		if x > 0 {
+			if err := pause(); err != nil {
+				return x, err
+			}
+		}
 		s.at.Store(int64(i))
 		b := buf[:r.chunkLen(i)]
 		if got, err := io.ReadFull(rc, b); err != nil {
@@ -1198,6 +1248,52 @@ func (r *Reader) receive(ctx context.Context, first int, calls []*call, s *strea
 		}
 	}
 	return len(calls), nil
+}
+
+// demandFetch counts on-demand fetches entering (d = 1) and leaving
+// (d = -1) the store.
+func (r *Reader) demandFetch(d int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.fetching == 0 {
+		r.quiet = make(chan struct{})
+	}
+	if r.fetching += d; r.fetching == 0 {
+		close(r.quiet)
+		r.quiet = nil
+	}
+}
+
+// yieldToDemand holds a fill request of the rest of the fill (s.yields)
+// while on-demand fetches are in the store: its body left unread, the
+// link's flow control gives the bandwidth to the misses. hold and resume
+// bracket a pause. It fails only when ctx ends.
+func (r *Reader) yieldToDemand(ctx context.Context, s *stream, hold, resume func()) error {
+	if !s.yields {
+		return nil
+	}
+	for {
+		r.mu.Lock()
+		q := r.quiet
+		r.mu.Unlock()
+		if q == nil {
+			return nil
+		}
+		hold()
+		s.paused.Store(true)
+		if r.o.yielded != nil {
+			r.o.yielded()
+		}
+		select {
+		case <-q:
+		case <-ctx.Done():
+		}
+		s.paused.Store(false)
+		resume()
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
 }
 
 // chunkDone completes call c of chunk i in a fill request: with the

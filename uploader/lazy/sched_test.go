@@ -1,0 +1,316 @@
+package lazy
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hermesfs/hermesfs/uploader"
+)
+
+// holdStore holds the single-chunk Get at object offset hold until release
+// is closed (an on-demand fetch stuck in the store), records the offset of
+// every Get, and hands multi-chunk bodies (fill requests) to body when set.
+type holdStore struct {
+	uploader.Store
+	hold    int64
+	started chan struct{} // gets a value when the held Get begins
+	release chan struct{}
+	held    atomic.Bool // the held Get is in the store
+
+	body func(ctx context.Context, off int64, rc io.ReadCloser) io.ReadCloser
+
+	mu   sync.Mutex
+	offs []int64
+}
+
+func newHold(s uploader.Store, hold int64) *holdStore {
+	return &holdStore{Store: s, hold: hold, started: make(chan struct{}, 1), release: make(chan struct{})}
+}
+
+func (h *holdStore) Get(ctx context.Context, key string, off, length int64) (io.ReadCloser, uploader.ObjectInfo, error) {
+	h.mu.Lock()
+	h.offs = append(h.offs, off)
+	h.mu.Unlock()
+	if off == h.hold && length <= testChunk {
+		h.held.Store(true)
+		h.started <- struct{}{}
+		select {
+		case <-h.release:
+		case <-ctx.Done():
+		}
+		h.held.Store(false)
+	}
+	rc, info, err := h.Store.Get(ctx, key, off, length)
+	if err == nil && length > testChunk && h.body != nil {
+		rc = h.body(ctx, off, rc)
+	}
+	return rc, info, err
+}
+
+func (h *holdStore) gets() []int64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.offs)
+}
+
+// chunksIn returns the chunks of [from, to) that are present or being
+// fetched.
+func chunksIn(r *Reader, from, to int) []int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var got []int
+	for i := from; i < to; i++ {
+		if r.present[i] || r.inflight[i] != nil {
+			got = append(got, i)
+		}
+	}
+	return got
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func readOK(t *testing.T, r *Reader, o *object, off, n int64) {
+	t.Helper()
+	buf := make([]byte, n)
+	if _, err := r.ReadAt(buf, off); err != nil || !bytes.Equal(buf, o.data[off:off+n]) {
+		t.Fatalf("read of %d bytes at %d: %v (right bytes: %v)", n, off, err, bytes.Equal(buf, o.data[off:off+n]))
+	}
+}
+
+// TestReadAheadOnlyForReadsInOrder: a read starts read-ahead (and has the
+// fill follow it) only when it starts where the previous read ended and
+// the reads in order cover a chunk; two reads in one chunk, a read further
+// on, or the superblock and the header after it (as opening the archive
+// reads them) are not a sequential reader.
+func TestReadAheadOnlyForReadsInOrder(t *testing.T) {
+	t.Parallel()
+	o := putObject(t, localStore(t), 16*testChunk)
+	opts := o.options(t.TempDir())
+	opts.ReadAhead = 4
+	r := open(t, opts)
+	readOK(t, r, o, 0, 96)
+	readOK(t, r, o, 96, 2)
+	readOK(t, r, o, 1000, 100)
+	if got := chunksIn(r, 0, 16); !slices.Equal(got, []int{0}) {
+		t.Fatalf("reads in chunk 0 fetched chunks %v; want [0]", got)
+	}
+	readOK(t, r, o, 5*testChunk+10, 100)
+	if got := chunksIn(r, 0, 16); !slices.Equal(got, []int{0, 5}) {
+		t.Fatalf("a read further on fetched chunks %v; want [0 5]", got)
+	}
+	r.mu.Lock()
+	follows := !r.seqAt.IsZero()
+	r.mu.Unlock()
+	if follows {
+		t.Fatal("the fill would follow reads that were not in order")
+	}
+	// Where the previous read ended: chunks 5-6 read, 7-10 read ahead.
+	readOK(t, r, o, 5*testChunk+110, testChunk)
+	if got := chunksIn(r, 0, 16); !slices.Equal(got, []int{0, 5, 6, 7, 8, 9, 10}) {
+		t.Fatalf("a read in order fetched chunks %v; want [0 5 6 7 8 9 10]", got)
+	}
+	if n := o.store.gets.Load(); n > 7 {
+		t.Fatalf("%d gets for 7 chunks", n)
+	}
+}
+
+// TestFillFollowsOnlyAfterHotChunks: with a sequential reader to follow,
+// the fill still fetches the hot chunks first, then follows the reader.
+func TestFillFollowsOnlyAfterHotChunks(t *testing.T) {
+	t.Parallel()
+	o := putObject(t, localStore(t), 32*testChunk)
+	opts := o.options(t.TempDir())
+	opts.FillSpan, opts.FillParallel, opts.ReadAhead = 4*testChunk, 1, 1
+	opts.followFor = time.Hour
+	opts.Hot = []int64{5, 9}
+	r := open(t, opts)
+	readOK(t, r, o, 16*testChunk, testChunk)
+	readOK(t, r, o, 17*testChunk, testChunk)
+	waitFor(t, "the read-ahead of chunk 18", func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return r.present[18]
+	})
+	var mu sync.Mutex
+	var order []int64
+	rec := func(off int64, b []byte) []byte {
+		mu.Lock()
+		order = append(order, off/testChunk)
+		mu.Unlock()
+		return b
+	}
+	o.store.mangle.Store(&rec)
+	r.Fill()
+	waitComplete(t, r)
+	mu.Lock()
+	defer mu.Unlock()
+	// 18 is the read's read-ahead: the fill follows from 19.
+	if len(order) < 3 || !slices.Equal(order[:3], []int64{5, 9, 19}) {
+		t.Fatalf("fill requests started at chunks %v; want the hot chunks 5, 9, then 19", order)
+	}
+}
+
+// TestHotChunksNotHeldBack: the fill fetches the hot set while an
+// on-demand read waits (its fetch stuck in the store); the rest of the
+// fill waits for the read.
+func TestHotChunksNotHeldBack(t *testing.T) {
+	t.Parallel()
+	o := putObject(t, localStore(t), 16*testChunk)
+	opts := o.options(t.TempDir())
+	opts.FillSpan, opts.FillParallel, opts.ReadAhead = 4*testChunk, 1, -1
+	opts.ReadTimeout = time.Minute // the held read is not a failure
+	opts.Hot = []int64{3, 9}
+	h := newHold(o.store, 12*testChunk)
+	opts.Store = h
+	r := open(t, opts)
+	done := make(chan error, 1)
+	go func() {
+		buf := make([]byte, 100)
+		_, err := r.ReadAt(buf, 12*testChunk)
+		if err == nil && !bytes.Equal(buf, o.data[12*testChunk:12*testChunk+100]) {
+			err = io.ErrUnexpectedEOF
+		}
+		done <- err
+	}()
+	<-h.started
+	waitFor(t, "the read to wait", func() bool { return r.waiting.Load() > 0 })
+	r.Fill()
+	waitFor(t, "the hot chunks while a read waits", func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return r.present[3] && r.present[9]
+	})
+	if got := h.gets(); !slices.Equal(got, []int64{12 * testChunk, 3 * testChunk, 9 * testChunk}) {
+		t.Fatalf("gets at %v while the read waits; want chunk 12 (the read), 3 and 9 (hot) only", got)
+	}
+	close(h.release)
+	if err := <-done; err != nil {
+		t.Fatalf("the held read: %v", err)
+	}
+	waitComplete(t, r)
+}
+
+// watchedBody is a fill request's body: reads at or past gate wait until
+// open is closed, and a read starting at or past stop while the store
+// holds an on-demand fetch is reported on bad.
+type watchedBody struct {
+	h          *holdStore
+	ctx        context.Context
+	rc         io.ReadCloser
+	pos        int64
+	gate, stop int64
+	open       chan struct{}
+	bad        chan int64
+}
+
+func (b *watchedBody) Read(p []byte) (int, error) {
+	if b.pos >= b.stop && b.h.held.Load() {
+		select {
+		case b.bad <- b.pos:
+		default:
+		}
+	}
+	if b.pos >= b.gate {
+		select {
+		case <-b.open:
+		case <-b.ctx.Done():
+			return 0, b.ctx.Err()
+		}
+	} else if b.pos+int64(len(p)) > b.gate {
+		p = p[:b.gate-b.pos]
+	}
+	n, err := b.rc.Read(p)
+	b.pos += int64(n)
+	return n, err
+}
+
+func (b *watchedBody) Close() error { return b.rc.Close() }
+
+// TestFillYieldsToOnDemandFetch: while an on-demand fetch is in flight,
+// a fill request stops reading its body at the next chunk boundary (the
+// link goes to the miss), misses do not wait for it meanwhile, and it goes
+// on once the fetch is done.
+func TestFillYieldsToOnDemandFetch(t *testing.T) {
+	t.Parallel()
+	o := putObject(t, localStore(t), 16*testChunk)
+	opts := o.options(t.TempDir())
+	opts.FillSpan, opts.FillParallel, opts.ReadAhead = 8*testChunk, 1, -1
+	opts.ReadTimeout = time.Minute
+	h := newHold(o.store, 12*testChunk)
+	gateOpen := make(chan struct{})
+	bad := make(chan int64, 1)
+	var bodies atomic.Int64
+	h.body = func(ctx context.Context, off int64, rc io.ReadCloser) io.ReadCloser {
+		if bodies.Add(1) > 1 {
+			return rc
+		}
+		// The first request (chunks 0-7) stops in chunk 2 until open;
+		// chunk 3 on must wait for the held fetch.
+		return &watchedBody{h: h, ctx: ctx, rc: rc, pos: off, gate: 2 * testChunk, stop: 3 * testChunk, open: gateOpen, bad: bad}
+	}
+	opts.Store = h
+	yielded := make(chan struct{}, 1)
+	opts.yielded = func() {
+		select {
+		case yielded <- struct{}{}:
+		default:
+		}
+	}
+	r := open(t, opts)
+	r.Fill()
+	waitFor(t, "the fill's first chunks", func() bool { return r.Stats().PresentBytes >= 2*testChunk })
+	done := make(chan error, 1)
+	go func() {
+		buf := make([]byte, 100)
+		_, err := r.ReadAt(buf, 12*testChunk)
+		if err == nil && !bytes.Equal(buf, o.data[12*testChunk:12*testChunk+100]) {
+			err = io.ErrUnexpectedEOF
+		}
+		done <- err
+	}()
+	<-h.started
+	close(gateOpen)
+	select {
+	case <-yielded:
+	case pos := <-bad:
+		t.Fatalf("the fill read its body at %d (chunk %d) while an on-demand fetch was in flight", pos, pos/testChunk)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the fill neither paused nor read on")
+	}
+	// A miss on the paused request's next chunk does not wait for it.
+	r.mu.Lock()
+	c := r.startLocked(3, onDemand)
+	r.mu.Unlock()
+	if c.fill != nil {
+		t.Fatal("a miss on the next chunk of a paused fill request waits for the request")
+	}
+	<-c.done
+	select {
+	case pos := <-bad:
+		t.Fatalf("the fill read its body at %d after it paused", pos)
+	default:
+	}
+	close(h.release)
+	if err := <-done; err != nil {
+		t.Fatalf("the on-demand read: %v", err)
+	}
+	waitComplete(t, r)
+	if st := r.Stats(); st.OnDemandChunks != 2 || st.FillChunks != 14 {
+		t.Fatalf("stats %+v; want chunks 3 and 12 on demand, the other 14 by the fill", st)
+	}
+}
