@@ -208,25 +208,27 @@ type Reader struct {
 	flush                  chan struct{}
 	bufs                   chan []byte // the fill requests' chunk buffers, reused
 
-	mu        sync.Mutex
-	present   []bool
-	checked   []bool // present chunks whose bytes on disk were checked since Open
-	have      int    // chunks present
-	complete  bool
-	noWrite   error // the cache write failure that stopped writing
-	inflight  map[int]*call
-	durable   []int // written, not yet in the present log
-	logged    map[int]bool
-	etag      string
-	lastEnd   int64         // where the previous read ended, for read-ahead
-	runStart  int64         // where the run of reads in order up to it started
-	seqNext   int           // the chunk after the last read that continued the one before
-	seqAt     time.Time     // when that read came
-	fetching  int           // on-demand fetches in the store
-	quiet     chan struct{} // closed when fetching drops to 0; nil while it is 0
-	stats     Stats
-	fillErr   error
-	completed bool
+	mu       sync.Mutex
+	present  []bool
+	checked  []bool // present chunks whose bytes on disk were checked since Open
+	have     int    // chunks present
+	complete bool
+	noWrite  error // the cache write failure that stopped writing
+	inflight map[int]*call
+	durable  []int // written, not yet in the present log
+	logged   map[int]bool
+	etag     string
+	// The run of reads near each other, for read-ahead: the bytes it
+	// spans ([runMin, runMax), runMax -1 before the first read) and the
+	// bytes its reads asked for.
+	runMin, runMax, runBytes int64
+	seqNext                  int           // the chunk after the last read that continued the one before
+	seqAt                    time.Time     // when that read came
+	fetching                 int           // on-demand fetches in the store
+	quiet                    chan struct{} // closed when fetching drops to 0; nil while it is 0
+	stats                    Stats
+	fillErr                  error
+	completed                bool
 
 	// distrust holds the ETags of objects that delivered a chunk fetch
 	// found damaged (CheckSource).
@@ -273,7 +275,7 @@ func Open(o Options) (*Reader, error) {
 		bufs:     make(chan []byte, o.FillParallel),
 		inflight: map[int]*call{},
 		logged:   map[int]bool{},
-		lastEnd:  -1,
+		runMax:   -1,
 	}
 	r.stats.TotalBytes = o.Size
 	r.ctx, r.cancel = context.WithCancel(context.Background())
@@ -515,29 +517,33 @@ func (r *Reader) ownLocked(i int) *call {
 	return r.newLocked(i, onDemand)
 }
 
-// readAheadFrom starts fetching the chunks after the read of [off, end)
-// when it starts exactly where the previous read ended and the run of
-// reads in order it ends covers a chunk's bytes at least, and has the
-// fill follow it. Reads merely further on, or in the chunk of the
-// previous one, are no sign of a sequential reader, and neither is a
-// short run: opening the archive reads its superblock and then the
-// 2-byte header right after it. Taken for a sequential reader, a mount's
-// first metadata reads would send read-ahead and the fill's long
-// requests ahead of the hot set.
+// readAheadFrom starts fetching the chunks after the read of [off, end),
+// and has the fill follow it, when the reads near each other that it
+// belongs to are a sequential reader's: they ask for a chunk's bytes at
+// least, and for most of the bytes they span. Near means within
+// runSlack chunks of the run: the archive reader reads a file's blocks
+// in parallel (a FUSE read's blocks, the mount's read-ahead), so they
+// arrive out of order. Neither a few reads in one chunk nor reads merely
+// further on are a sequential reader: opening the archive reads its
+// superblock and the 2-byte header right after it, and a mount's first
+// metadata and small-file reads, taken for a sequential reader, would send
+// read-ahead and the fill's long requests ahead of the hot set.
 func (r *Reader) readAheadFrom(off, end int64) {
 	if r.o.ReadAhead < 0 {
 		return
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	inOrder := off == r.lastEnd
-	if !inOrder {
-		r.runStart = off
+	slack := runSlack * r.o.ChunkSize
+	if r.runMax < 0 || off < r.runMin-slack || off > r.runMax+slack {
+		r.runMin, r.runMax, r.runBytes = off, end, 0
 	}
-	r.lastEnd = end
-	if !inOrder || end-r.runStart < r.o.ChunkSize {
+	r.runMin, r.runMax = min(r.runMin, off), max(r.runMax, end)
+	r.runBytes += end - off
+	if r.runBytes < r.o.ChunkSize || 2*r.runBytes < r.runMax-r.runMin {
 		return
 	}
+	end = r.runMax
 	last := int((end - 1) / r.o.ChunkSize)
 	r.seqNext, r.seqAt = last+1, time.Now()
 	if r.completed {
@@ -555,6 +561,10 @@ func (r *Reader) readAheadFrom(off, end int64) {
 		r.newLocked(i, readAhead)
 	}
 }
+
+// runSlack is how many chunks apart reads may be and still continue a
+// run (readAheadFrom).
+const runSlack = 4
 
 // startLocked returns the call fetching chunk i, starting it if none is in
 // flight (an on-demand read does not wait for a fill request that is

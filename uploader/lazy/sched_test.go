@@ -129,6 +129,31 @@ func TestReadAheadOnlyForReadsInOrder(t *testing.T) {
 	}
 }
 
+// TestReadAheadForBlocksOutOfOrder: a sequential reader's blocks reach the
+// reader in parallel and out of order (the archive reader reads a FUSE
+// read's blocks and its read-ahead concurrently): that is still a
+// sequential reader, and gets read-ahead.
+func TestReadAheadForBlocksOutOfOrder(t *testing.T) {
+	t.Parallel()
+	o := putObject(t, localStore(t), 32*testChunk)
+	opts := o.options(t.TempDir())
+	opts.ReadAhead = 4
+	r := open(t, opts)
+	const block = testChunk / 4
+	// Blocks 0..11 of a file from chunk 8 on (chunks 8-10), in this order.
+	order := []int64{3, 0, 7, 1, 5, 2, 6, 4, 11, 9, 8, 10}
+	var wg sync.WaitGroup
+	for _, b := range order {
+		wg.Go(func() { readOK(t, r, o, 8*testChunk+b*block, block) })
+		time.Sleep(time.Millisecond) // arrivals in this order, mostly
+	}
+	wg.Wait()
+	waitFor(t, "read-ahead of chunks 11-14", func() bool {
+		got := chunksIn(r, 0, 32)
+		return slices.Equal(got, []int{8, 9, 10, 11, 12, 13, 14})
+	})
+}
+
 // TestFillFollowsOnlyAfterHotChunks: with a sequential reader to follow,
 // the fill still fetches the hot chunks first, then follows the reader.
 func TestFillFollowsOnlyAfterHotChunks(t *testing.T) {
