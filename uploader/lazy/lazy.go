@@ -217,7 +217,11 @@ type Reader struct {
 	inflight map[int]*call
 	durable  []int // written, not yet in the present log
 	logged   map[int]bool
-	etag     string
+	// etag is the ETag of the object the cached chunks came from: the
+	// first one a fetch saw, or, after a restart, the one saved beside the
+	// present log (etagSaved) before any chunk it vouches for was logged.
+	etag      string
+	etagSaved bool
 	// The run of reads near each other, for read-ahead: the bytes it
 	// spans ([runMin, runMax), runMax -1 before the first read) and the
 	// bytes its reads asked for.
@@ -291,8 +295,9 @@ func Open(o Options) (*Reader, error) {
 	return r, nil
 }
 
-func (r *Reader) partial() string { return r.o.Path + ".partial" }
-func (r *Reader) logPath() string { return r.o.Path + ".present" }
+func (r *Reader) partial() string  { return r.o.Path + ".partial" }
+func (r *Reader) logPath() string  { return r.o.Path + ".present" }
+func (r *Reader) etagPath() string { return r.o.Path + ".etag" }
 
 func (r *Reader) openCache() error {
 	if f, err := os.Open(r.o.Path); err == nil {
@@ -332,6 +337,12 @@ func (r *Reader) openCache() error {
 	if err == nil && reset {
 		// Another object's bytes, or none: start from a hole.
 		err = f.Truncate(0)
+		os.Remove(r.etagPath())
+	}
+	if err == nil && !reset {
+		if b, rerr := os.ReadFile(r.etagPath()); rerr == nil && len(bytes.TrimSpace(b)) > 0 {
+			r.etag, r.etagSaved = string(bytes.TrimSpace(b)), true
+		}
 	}
 	if err == nil {
 		if fi, serr := f.Stat(); serr != nil {
@@ -724,15 +735,21 @@ func (r *Reader) fetchFrom(ctx context.Context, i int) ([]byte, string, error) {
 		return nil, info.ETag, fmt.Errorf("got %d of %d bytes: %w%s", got, n, err, changed)
 	}
 	if err := r.verify(i, buf); err != nil {
-		r.mu.Lock()
-		if r.distrust == nil {
-			r.distrust = map[string]bool{}
-		}
-		r.distrust[info.ETag] = true
-		r.mu.Unlock()
+		r.distrustETag(info.ETag)
 		return nil, info.ETag, fmt.Errorf("%w%s", err, changed)
 	}
 	return buf, info.ETag, nil
+}
+
+// distrustETag remembers that the object with etag delivered a damaged
+// chunk: CheckSource vouches for it no more.
+func (r *Reader) distrustETag(etag string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.distrust == nil {
+		r.distrust = map[string]bool{}
+	}
+	r.distrust[etag] = true
 }
 
 // checkObject checks what the store says of the object answering a Get:
@@ -941,11 +958,21 @@ func (r *Reader) sync() error {
 	idx := r.durable
 	r.durable = nil
 	pl := r.plog
+	etag, saved := r.etag, r.etagSaved
 	r.mu.Unlock()
 	if len(idx) == 0 || pl == nil {
 		return nil
 	}
 	err := r.f.Sync()
+	if err == nil && !saved && etag != "" {
+		// Before the log vouches for chunks of that object: a restart
+		// then knows which object the cache holds (CheckSource).
+		if err = writeSynced(r.etagPath(), []byte(etag+"\n")); err == nil {
+			r.mu.Lock()
+			r.etagSaved = true
+			r.mu.Unlock()
+		}
+	}
 	if err == nil {
 		rec := make([]byte, 0, 8*len(idx))
 		for _, i := range idx {
@@ -1247,6 +1274,7 @@ func (r *Reader) receive(ctx context.Context, first int, calls []*call, s *strea
 			return x, fmt.Errorf("chunk %d: got %d of %d bytes: %w%s", i, got, len(b), err, changed)
 		}
 		if err := r.verify(i, b); err != nil {
+			r.distrustETag(info.ETag)
 			// The next chunks are still where they belong in the body.
 			r.chunkDone(i, c, nil, fmt.Errorf("%w%s", err, changed))
 			continue
@@ -1406,6 +1434,7 @@ func (r *Reader) finish(t0 time.Time) {
 	r.mu.Unlock()
 	pl.Close()
 	os.Remove(r.logPath())
+	os.Remove(r.etagPath())
 	r.log.Info("archive fully fetched and verified", "key", r.o.Key, "size", r.o.Size, "took", time.Since(t0).Round(time.Millisecond))
 	if r.o.OnComplete != nil {
 		r.o.OnComplete(r.o.Path)
@@ -1452,6 +1481,32 @@ func (r *Reader) Close() error {
 		pl.Close()
 	}
 	return r.f.Close()
+}
+
+// writeSynced replaces the file at path with b, durably.
+func writeSynced(path string, b []byte) error {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err == nil {
+		err = syncDir(filepath.Dir(path))
+	}
+	if err != nil {
+		os.Remove(tmp)
+	}
+	return err
 }
 
 func syncDir(dir string) error {

@@ -99,6 +99,50 @@ func TestCheckSourceObjectChanged(t *testing.T) {
 	}
 }
 
+// An object replaced while no reader ran, by one that differs only in a
+// chunk the cache holds: a resumed reader knows which object its cache
+// came from (saved beside the present log) and vouches for no other.
+func TestCheckSourceObjectChangedWhileStopped(t *testing.T) {
+	t.Parallel()
+	s := localStore(t)
+	o := putObject(t, s, 8*testChunk)
+	opts := o.options(t.TempDir())
+	opts.ReadAhead = -1
+	r := open(t, opts)
+	buf := make([]byte, testChunk)
+	if _, err := r.ReadAt(buf, 0); err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+	other := bytes.Clone(o.data)
+	other[10] ^= 1 // in chunk 0, which the cache holds
+	if _, err := s.Put(t.Context(), o.key, bytes.NewReader(other), int64(len(other)), uploader.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	r = open(t, opts)
+	if _, err := r.ReadAt(buf, 0); err != nil || !bytes.Equal(buf, o.data[:testChunk]) {
+		t.Fatalf("resumed read from the cache: %v", err)
+	}
+	if etag, err := r.CheckSource(t.Context()); err == nil || !strings.Contains(err.Error(), "object changed") {
+		t.Fatalf("CheckSource of an object replaced while stopped: %q, %v", etag, err)
+	}
+	r.Close()
+	// The original back (another ETag for the same bytes would be refused
+	// the same way: a new upload is another object).
+	if _, err := s.Put(t.Context(), o.key, bytes.NewReader(o.data), int64(len(o.data)), uploader.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	r = open(t, opts)
+	info, err := s.Stat(t.Context(), o.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	etag, err := r.CheckSource(t.Context())
+	if info.ETag == r.etag && (err != nil || etag != info.ETag) {
+		t.Fatalf("CheckSource with the original back: %q, %v", etag, err)
+	}
+}
+
 // A chunk whose bytes are wrong on every attempt fails its read with a
 // permanent error (retrying the read cannot help); one that fails for a
 // while otherwise does not.

@@ -141,6 +141,7 @@ func (a *catalogAdapter) openLazyEncrypted(ctx context.Context, m uploader.Manif
 			// A refused boot leaves the state dir as it found it.
 			os.Remove(agePath + ".partial")
 			os.Remove(agePath + ".present")
+			os.Remove(agePath + ".etag")
 		}
 		return nil, err
 	}
