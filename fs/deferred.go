@@ -3,6 +3,7 @@ package fs
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	fusefs "github.com/hanwen/go-fuse/v2/fs"
@@ -33,8 +34,11 @@ type deferredFile struct {
 	// follows it there when another open copies it up.
 	lower *lowerFile
 
+	// up is the handle once copied up; it owns the open counts then. mu
+	// serialises making it (a copy-up may wait out a freeze); reads do not
+	// wait for that.
 	mu sync.Mutex
-	up *upperFile // the handle once copied up; it owns the open counts then
+	up atomic.Pointer[upperFile]
 }
 
 var (
@@ -63,8 +67,9 @@ func (ov *overlay) openDeferred(ctx context.Context, n *node) (h fusefs.FileHand
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	// Under the lock copy-up holds, as for a read-only lower open.
-	if n.upper.Load() {
+	// Under the lock copy-up holds, as for a read-only lower open; and
+	// not once the file's name is being removed (copyUpDeferred).
+	if n.upper.Load() || n.noDefer {
 		return nil, 0, false, 0
 	}
 	n.cachedOpens++
@@ -83,6 +88,10 @@ func (ov *overlay) copyUpDeferred(ctx context.Context, n *node) error {
 	}
 	n.mu.Lock()
 	open := n.deferred > 0
+	if !open {
+		// An open racing with the removal copies up at open.
+		n.noDefer = true
+	}
 	n.mu.Unlock()
 	if !open {
 		return nil
@@ -94,10 +103,13 @@ func (ov *overlay) copyUpDeferred(ctx context.Context, n *node) error {
 // first when copy is set, else nil is returned while the file is only in
 // the lower layer.
 func (d *deferredFile) upper(ctx context.Context, copy bool) (*upperFile, syscall.Errno) {
+	if up := d.up.Load(); up != nil {
+		return up, 0
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.up != nil {
-		return d.up, 0
+	if up := d.up.Load(); up != nil {
+		return up, 0
 	}
 	n, ov := d.n, d.n.ov
 	if !n.upper.Load() {
@@ -119,21 +131,19 @@ func (d *deferredFile) upper(ctx context.Context, copy bool) (*upperFile, syscal
 		return nil, errnoOf(err)
 	}
 	// The kernel was told at open: a cached handle, counted as a writer.
-	d.up = &upperFile{n: n, fd: fd, uino: st.ino, writable: true, mode: modeCached, pid: d.pid}
+	up := &upperFile{n: n, fd: fd, uino: st.ino, writable: true, mode: modeCached, pid: d.pid}
 	n.mu.Lock()
 	n.deferred--
 	n.mu.Unlock()
+	d.up.Store(up)
 	if p := ov.partials.get(st.ino, fd); p != nil {
 		ov.partials.startCompletion(p, n)
 	}
-	return d.up, 0
+	return up, 0
 }
 
 func (d *deferredFile) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
-	d.mu.Lock()
-	up := d.up
-	d.mu.Unlock()
-	if up != nil {
+	if up := d.up.Load(); up != nil {
 		return up.Read(ctx, dest, off)
 	}
 	return d.lower.Read(ctx, dest, off)
@@ -183,9 +193,7 @@ func (d *deferredFile) Lseek(ctx context.Context, off uint64, whence uint32) (ui
 // statHandle reports the upper file once there is one; before, the node's
 // own status (ENOSYS) is the lower file's.
 func (d *deferredFile) statHandle(a *fuse.Attr) syscall.Errno {
-	d.mu.Lock()
-	up := d.up
-	d.mu.Unlock()
+	up := d.up.Load()
 	if up == nil {
 		return syscall.ENOSYS
 	}
@@ -195,10 +203,9 @@ func (d *deferredFile) statHandle(a *fuse.Attr) syscall.Errno {
 func (d *deferredFile) Release(ctx context.Context) syscall.Errno {
 	d.lower.released.Store(true)
 	d.lower.up.close()
-	d.mu.Lock()
-	up := d.up
-	d.mu.Unlock()
-	if up != nil {
+	// The kernel sends no other request of the handle with or after
+	// its release: no conversion can be under way.
+	if up := d.up.Load(); up != nil {
 		return up.Release(ctx)
 	}
 	n := d.n

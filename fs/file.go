@@ -284,11 +284,7 @@ var (
 func (h *upperFile) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	h.n.ov.partials.foreground()
 	if h.follow != nil {
-		fd, errno := h.follow.get(h.n)
-		if errno != 0 {
-			return nil, errno
-		}
-		return fuse.ReadResultFd(uintptr(fd), off, len(dest)), 0
+		return h.follow.read(h.n, dest, off)
 	}
 	if p := h.n.ov.partials.get(h.uino, h.fd); p != nil {
 		return p.fuseRead(h.fd, dest, off)
@@ -375,12 +371,12 @@ func (h *upperFile) Allocate(ctx context.Context, off, size uint64, mode uint32)
 
 func (h *upperFile) Lseek(ctx context.Context, off uint64, whence uint32) (uint64, syscall.Errno) {
 	if h.follow != nil {
-		fd, errno := h.follow.get(h.n)
-		if errno != 0 {
-			return 0, errno
-		}
-		n, err := unix.Seek(fd, int64(off), int(whence))
-		return uint64(n), errnoOf(err)
+		var pos int64
+		errno := h.follow.with(h.n, func(fd int) (err error) {
+			pos, err = unix.Seek(fd, int64(off), int(whence))
+			return err
+		})
+		return uint64(pos), errno
 	}
 	if p := h.n.ov.partials.get(h.uino, h.fd); p != nil {
 		// Lower content has no holes: report none until complete.
@@ -433,16 +429,19 @@ func (h *upperFile) Release(ctx context.Context) syscall.Errno {
 }
 
 func (h *upperFile) statHandle(a *fuse.Attr) syscall.Errno {
-	fd := h.fd
-	if h.follow != nil {
-		var errno syscall.Errno
-		if fd, errno = h.follow.get(h.n); errno != 0 {
-			return errno
-		}
+	var st ustat
+	stat := func(fd int) (err error) {
+		st, err = statFd(fd)
+		return err
 	}
-	st, err := statFd(fd)
-	if err != nil {
-		return errnoOf(err)
+	var errno syscall.Errno
+	if h.follow != nil {
+		errno = h.follow.with(h.n, stat)
+	} else {
+		errno = errnoOf(stat(h.fd))
+	}
+	if errno != 0 {
+		return errno
 	}
 	h.n.fillUpperAttr(a, &st)
 	return 0
@@ -476,11 +475,11 @@ func (h *lowerFile) Read(ctx context.Context, dest []byte, off int64) (fuse.Read
 	n := h.n
 	n.ov.partials.foreground()
 	if n.upper.Load() {
-		if fd, errno := h.up.get(n); errno == 0 {
-			if p := n.ov.partials.get(0, fd); p != nil {
-				return p.fuseRead(fd, dest, off)
-			}
-			return fuse.ReadResultFd(uintptr(fd), off, len(dest)), 0
+		// Reads follow the file to the upper layer, unless it cannot be
+		// reached there any more.
+		res, errno := h.up.read(n, dest, off)
+		if errno != syscall.ENOENT && errno != syscall.ESTALE {
+			return res, errno
 		}
 	}
 	k, err := n.ov.readLower(n.lower, dest, off)
@@ -605,46 +604,68 @@ const fsyncDatasync = 1
 // replaced under it: a guarded commit renames a new file over the node's,
 // and a reader opened before must read the new content, as one does on a
 // disk where the file is written in place. It opens the current file again
-// once n.replaced moved. The descriptors it replaced stay open until
-// close: a reply to an earlier read may still splice from them.
+// once n.replaced moved, and closes the one it replaced: its reads copy
+// (pread) rather than splice, so no reply still refers to a descriptor
+// once the call that used it returned.
 type upperRef struct {
-	mu  sync.Mutex
+	mu  sync.RWMutex
 	fd  int    // -1 until opened
 	gen uint32 // n.replaced when fd was opened
-	old []int
 }
 
-// get returns a descriptor of n's current upper file.
-func (r *upperRef) get(n *node) (int, syscall.Errno) {
+// with runs fn on a descriptor of n's current upper file.
+func (r *upperRef) with(n *node, fn func(fd int) error) syscall.Errno {
 	gen := n.replaced.Load()
+	r.mu.RLock()
+	if r.fd >= 0 && r.gen == gen {
+		defer r.mu.RUnlock()
+		return errnoOf(fn(r.fd))
+	}
+	r.mu.RUnlock()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.fd >= 0 && r.gen == gen {
-		return r.fd, 0
-	}
-	fd, errno := n.openUpper(false)
-	if errno != 0 {
-		if r.fd >= 0 {
+	if r.fd < 0 || r.gen != gen {
+		fd, errno := n.openUpper(false)
+		switch {
+		case errno == 0:
+			if r.fd >= 0 {
+				unix.Close(r.fd)
+			}
+			r.fd, r.gen = fd, gen
+		case r.fd >= 0:
 			// Gone (unlinked) since: the file this handle had is
 			// still the one it reads.
-			return r.fd, 0
+			r.gen = gen
+		default:
+			return errno
 		}
-		return -1, errno
 	}
-	if r.fd >= 0 {
-		r.old = append(r.old, r.fd)
+	return errnoOf(fn(r.fd))
+}
+
+// read reads n's current upper file (merged, if it is a partial copy-up).
+func (r *upperRef) read(n *node, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	var k int
+	errno := r.with(n, func(fd int) error {
+		var err error
+		if p := n.ov.partials.get(0, fd); p != nil {
+			k, err = p.readAt(fd, dest, off)
+		} else {
+			k, err = preadFull(fd, dest, off)
+		}
+		return err
+	})
+	if errno != 0 {
+		return nil, errno
 	}
-	r.fd, r.gen = fd, gen
-	return fd, 0
+	return fuse.ReadResultData(dest[:k]), 0
 }
 
 func (r *upperRef) close() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, fd := range append(r.old, r.fd) {
-		if fd >= 0 {
-			unix.Close(fd)
-		}
+	if r.fd >= 0 {
+		unix.Close(r.fd)
 	}
-	r.fd, r.old = -1, nil
+	r.fd = -1
 }

@@ -112,6 +112,9 @@ type node struct {
 	// deferred counts read-write opens of the lower file that copy it up
 	// only at their first change (deferred.go).
 	deferred int
+	// noDefer: a removal of the file's name began with no deferred open;
+	// read-write opens copy up at open from then on.
+	noDefer bool
 	// cacheStale is set when the content changed behind the page cache
 	// (passthrough writes, a guarded commit): the next cached open drops
 	// the kernel's cache instead of keeping it.
