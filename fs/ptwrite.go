@@ -73,7 +73,8 @@ var ptRecent = func() time.Duration {
 }()
 
 // ptBarrierWait bounds how long Freeze waits for the kernel to stop the
-// writes of one file (a write in progress must finish first).
+// writes of the files written through passthrough (a write in progress
+// must finish first), over all rounds.
 const ptBarrierWait = 30 * time.Second
 
 // ptWriters tracks the nodes whose passthrough handles share a writable
@@ -343,15 +344,25 @@ func (m *Mounted) stopPTWrites(ctx context.Context) ([]*barrier, error) {
 	// file over another takes both files' locks: started while one
 	// barrier was held, it waits for it with the other file's lock taken,
 	// which the other barrier needs. Rounds break that cycle: a round that
-	// does not stop every file within ptBarrierRound lets its barriers go
-	// (the rename goes through) and tries again.
+	// does not stop every file within ptBarrierRound lets the barriers
+	// it holds go (the rename goes through) and tries again. A barrier
+	// whose chmod has not arrived yet is carried into the next round as
+	// it is: one chmod per file in flight, so none of them is ever applied
+	// for real with a mode that is no longer the file's.
 	deadline := time.Now().Add(ptBarrierWait)
+	var pending map[*node]*barrier
 	for {
-		bs, err := m.stopPTWritesOnce(ctx, root, rootErr, ts, min(ptBarrierRound, time.Until(deadline)))
+		bs, next, err := m.stopPTWritesOnce(ctx, root, rootErr, ts, pending, min(ptBarrierRound, time.Until(deadline)))
 		if err != errBarrierRound {
 			return bs, err
 		}
+		pending = next
 		if !time.Now().Before(deadline) {
+			var left []*barrier
+			for _, b := range pending {
+				left = append(left, b)
+			}
+			releaseBarriers(ov, left)
 			return nil, fmt.Errorf("stop passthrough writes: writes did not stop within %v", ptBarrierWait)
 		}
 		ov.log.Debug("freeze: passthrough barriers not all held; trying again", "files", len(ts))
@@ -365,21 +376,24 @@ const ptBarrierRound = 2 * time.Second
 var errBarrierRound = errors.New("passthrough barriers not held within a round")
 
 // stopPTWritesOnce tries once, for at most wait, to stop the writes of the
-// files ts: the barriers when all are held, errBarrierRound (with every
-// barrier of the try released) when the time ran out.
-func (m *Mounted) stopPTWritesOnce(ctx context.Context, root int, rootErr error, ts []ptTarget, wait time.Duration) ([]*barrier, error) {
+// files ts, reusing the barriers of pending (an earlier round's, their
+// chmod not arrived): the barriers when all are held. When the time runs
+// out it releases the barriers it holds and returns errBarrierRound and
+// those still waiting for their chmod; on any other error it releases all.
+func (m *Mounted) stopPTWritesOnce(ctx context.Context, root int, rootErr error, ts []ptTarget, pending map[*node]*barrier, wait time.Duration) ([]*barrier, map[*node]*barrier, error) {
 	ov := m.ov
 	var bs []*barrier
-	fail := func(err error) ([]*barrier, error) {
+	fail := func(err error) ([]*barrier, map[*node]*barrier, error) {
 		releaseBarriers(ov, bs)
-		if err == errBarrierRound {
-			return nil, err
-		}
-		return nil, fmt.Errorf("stop passthrough writes: %w", err)
+		return nil, nil, fmt.Errorf("stop passthrough writes: %w", err)
 	}
 	// Open every file first, before any is stopped: a lookup needs its
 	// parents, which a rename blocked behind a barrier would hold.
 	for _, t := range ts {
+		if b := pending[t.n]; b != nil {
+			bs = append(bs, b)
+			continue
+		}
 		// Each barrier closes its own duplicate when done with it.
 		fd, err := unix.FcntlInt(uintptr(t.fd), unix.F_DUPFD_CLOEXEC, 0)
 		if err != nil {
@@ -396,7 +410,7 @@ func (m *Mounted) stopPTWritesOnce(ctx context.Context, root int, rootErr error,
 		}
 	}
 	for _, b := range bs {
-		if b.fd < 0 {
+		if b.fd < 0 || b.started {
 			continue
 		}
 		ov.barriers.Store(b.n, b)
@@ -412,26 +426,34 @@ func (m *Mounted) stopPTWritesOnce(ctx context.Context, root int, rootErr error,
 		select {
 		case <-b.arrived:
 		case err := <-b.done:
-			b.done <- err
-			select {
-			case <-b.arrived:
-				// An earlier round's chmod, arriving late, is held
-				// as this barrier: the file is stopped all the same.
-				continue
-			default:
-			}
 			// Answered without being held: the chmod failed.
+			b.done <- err
 			if err == nil {
 				err = errors.New("not held")
 			}
 			return fail(fmt.Errorf("upper inode %d: %w", b.uino, err))
 		case <-timer.C:
-			return fail(errBarrierRound)
+			var held []*barrier
+			next := map[*node]*barrier{}
+			for _, b := range bs {
+				select {
+				case <-b.arrived:
+					held = append(held, b)
+				default:
+					if b.started {
+						next[b.n] = b
+					} else {
+						held = append(held, b)
+					}
+				}
+			}
+			releaseBarriers(ov, held)
+			return nil, next, errBarrierRound
 		case <-ctx.Done():
 			return fail(ctx.Err())
 		}
 	}
-	return bs, nil
+	return bs, nil, nil
 }
 
 // openRoot opens the mount's root through its mountpoint, checking that
