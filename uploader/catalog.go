@@ -473,16 +473,14 @@ func (c *Catalog) PublishReport(ctx context.Context, in PublishInput) (Published
 	if in.Delta != nil && len(in.Delta.Ranges) > 0 {
 		var res ComposeResult
 		d := in.Delta
-		vouched, verr := "", error(nil)
+		var hole func(context.Context) (string, error)
 		if in.Hole.Len() > 0 {
 			// The store copies the hole from what Fill vouches for, or
 			// not at all.
 			d = &Delta{Source: d.Source, Ranges: splitHole(d.Ranges, in.Hole)}
-			vouched, verr = holeSource(ctx, in)
+			hole = func(ctx context.Context) (string, error) { return holeSource(ctx, in) }
 		}
-		if err = verr; err == nil {
-			res, err = c.putComposed(ctx, m, local, d, vouched)
-		}
+		res, err = c.putComposed(ctx, m, local, d, hole)
 		info, p.Sent, p.Copied = res.ObjectInfo, res.Sent, res.Copied
 		if err != nil && ctx.Err() == nil {
 			if !errors.Is(err, errors.ErrUnsupported) {
@@ -537,9 +535,9 @@ func wholeBody(f *os.File, local io.ReaderAt, size int64) io.Reader {
 // putComposed uploads the archive as ranges of the delta's source plus
 // the rest of f, if the store can and the source is as its manifest says.
 // A delta with a hole (unchecked ranges) copies only from the source
-// object with ETag vouched, the one whose chunks the hole's reader found
-// intact.
-func (c *Catalog) putComposed(ctx context.Context, m Manifest, f io.ReaderAt, d *Delta, vouched string) (ComposeResult, error) {
+// object whose ETag hole vouches for (the one whose chunks the hole's
+// reader found intact), asked once the store can copy at all.
+func (c *Catalog) putComposed(ctx context.Context, m Manifest, f io.ReaderAt, d *Delta, hole func(context.Context) (string, error)) (ComposeResult, error) {
 	comp, ok := c.store.(Composer)
 	if !ok || !comp.CanCompose() {
 		return ComposeResult{}, fmt.Errorf("store cannot copy: %w", errors.ErrUnsupported)
@@ -554,6 +552,12 @@ func (c *Catalog) putComposed(ctx context.Context, m Manifest, f io.ReaderAt, d 
 	}
 	if info.Size != sm.Size {
 		return ComposeResult{}, fmt.Errorf("source archive %s holds %d bytes, its manifest says %d: %w", sm.Archive, info.Size, sm.Size, ErrPrecondition)
+	}
+	vouched := ""
+	if hole != nil {
+		if vouched, err = hole(ctx); err != nil {
+			return ComposeResult{}, err
+		}
 	}
 	if vouched != "" && info.ETag != vouched {
 		return ComposeResult{}, fmt.Errorf("source archive %s has ETag %s, the chunks of it read and checked came from ETag %s: %w",

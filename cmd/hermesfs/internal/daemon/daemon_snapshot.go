@@ -148,8 +148,8 @@ func (d *daemon) packBase() (path, id string) {
 
 func (d *daemon) snapshotOnce(ctx context.Context, parent, expect string) (snapshotDone, error) {
 	var r snapshotDone
+	d.resolveHot() // not part of the stall: nothing is frozen yet
 	t0 := time.Now()
-	d.resolveHot()
 	view, err := d.ov.Freeze(ctx)
 	if err != nil {
 		return r, fmt.Errorf("freeze: %w", err)
