@@ -39,7 +39,7 @@ func TestMain(m *testing.M) {
 	// Unprivileged helpers must be able to reach their directories.
 	os.Chmod(testRoot, 0o755)
 	code := m.Run()
-	if left := mountsUnder(testRoot); len(left) > 0 {
+	if left := MountsBelow(testRoot); len(left) > 0 {
 		fmt.Fprintf(os.Stderr, "FAIL: FUSE mounts left behind: %v\n", left)
 		for _, mp := range left {
 			unix.Unmount(mp, unix.MNT_DETACH)
@@ -48,22 +48,6 @@ func TestMain(m *testing.M) {
 	}
 	os.RemoveAll(testRoot)
 	os.Exit(code)
-}
-
-// mountsUnder lists the mounts whose mountpoint is below dir.
-func mountsUnder(dir string) []string {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return nil
-	}
-	var out []string
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 4 && strings.HasPrefix(unescapeMount(f[4]), dir+"/") {
-			out = append(out, unescapeMount(f[4]))
-		}
-	}
-	return out
 }
 
 // tempDir is t.TempDir under testRoot.

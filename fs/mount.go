@@ -391,7 +391,7 @@ func AbortConnection(mountpoint string, log *slog.Logger) error {
 func mountDevice(mountinfo, mountpoint string) (minor uint32, fstype string, ok bool) {
 	for _, line := range strings.Split(mountinfo, "\n") {
 		f := strings.Fields(line)
-		if len(f) < 7 || unescapeMount(f[4]) != mountpoint {
+		if len(f) < 7 || UnescapeMountinfo(f[4]) != mountpoint {
 			continue
 		}
 		_, mi, found := strings.Cut(f[2], ":")
@@ -463,15 +463,35 @@ func (m *Mounted) Mountpoint() string { return m.mountpoint }
 func mountedAt(mountinfo, mountpoint string) bool {
 	for _, line := range strings.Split(mountinfo, "\n") {
 		f := strings.Fields(line)
-		if len(f) > 4 && unescapeMount(f[4]) == mountpoint {
+		if len(f) > 4 && UnescapeMountinfo(f[4]) == mountpoint {
 			return true
 		}
 	}
 	return false
 }
 
-// unescapeMount undoes the octal escapes of /proc mount tables.
-func unescapeMount(s string) string {
+// MountsBelow lists the mountpoints below dir (not dir itself), from
+// /proc/self/mountinfo.
+func MountsBelow(dir string) []string {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 {
+			if mp := UnescapeMountinfo(f[4]); strings.HasPrefix(mp, dir+"/") {
+				out = append(out, mp)
+			}
+		}
+	}
+	return out
+}
+
+// UnescapeMountinfo undoes the octal escapes (\040 for a space) of a path
+// in /proc's mount tables.
+func UnescapeMountinfo(s string) string {
 	if !strings.Contains(s, "\\") {
 		return s
 	}

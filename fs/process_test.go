@@ -126,7 +126,7 @@ func unprivSetup(t *testing.T) (img, mnt, upper string) {
 		}
 	}
 	t.Cleanup(func() {
-		if left := mountsUnder(base); len(left) > 0 {
+		if left := MountsBelow(base); len(left) > 0 {
 			t.Errorf("helper left %v mounted", left)
 			unix.Unmount(mnt, unix.MNT_DETACH)
 		}

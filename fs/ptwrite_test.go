@@ -407,7 +407,7 @@ func TestPTBarrierCheck(t *testing.T) {
 		t.Fatalf("check again: %v", err)
 	}
 	t.Logf("the check took %v", time.Since(t0))
-	if ms := mountsUnder(work); len(ms) != 0 {
+	if ms := MountsBelow(work); len(ms) != 0 {
 		t.Fatalf("check mounts left: %v", ms)
 	}
 	if _, err := os.Stat(filepath.Join(work, ptCheckPrefix+strconv.Itoa(os.Getpid()))); !os.IsNotExist(err) {
@@ -420,7 +420,7 @@ func TestPTBarrierCheck(t *testing.T) {
 	must(t, unix.Mount("leftover", left, "tmpfs", 0, "size=1m"))
 	t.Cleanup(func() { unix.Unmount(left, unix.MNT_DETACH) })
 	e.mount()
-	if ms := mountsUnder(work); len(ms) != 0 {
+	if ms := MountsBelow(work); len(ms) != 0 {
 		t.Errorf("leftover check mount not cleared: %v", ms)
 	}
 }

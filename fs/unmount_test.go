@@ -82,7 +82,7 @@ func TestUnmountOpenFilesUnprivileged(t *testing.T) {
 	if err != nil || !strings.Contains(out, "files still open") {
 		t.Errorf("daemon's unmount with a file open: %q (%v)", strings.TrimSpace(out), err)
 	}
-	if left := mountsUnder(filepath.Dir(mnt)); len(left) > 0 {
+	if left := MountsBelow(filepath.Dir(mnt)); len(left) > 0 {
 		t.Errorf("mount left after the daemon exited: %v", left)
 	}
 	h.cmd.Process.Signal(syscall.SIGUSR1)

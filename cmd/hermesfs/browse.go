@@ -236,7 +236,7 @@ func isBrowseMount(path string) bool {
 	for _, line := range strings.Split(string(b), "\n") {
 		pre, post, ok := strings.Cut(line, " - ")
 		f, g := strings.Fields(pre), strings.Fields(post)
-		if ok && len(f) > 4 && len(g) > 0 && daemon.UnescapeMountinfo(f[4]) == path && g[0] == "fuse."+browse.FsName {
+		if ok && len(f) > 4 && len(g) > 0 && fs.UnescapeMountinfo(f[4]) == path && g[0] == "fuse."+browse.FsName {
 			return true
 		}
 	}

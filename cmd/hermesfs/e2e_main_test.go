@@ -26,6 +26,7 @@ import (
 
 	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
 	"github.com/hermesfs/hermesfs/fs"
+	"github.com/hermesfs/hermesfs/fs/mounttest"
 	"github.com/hermesfs/hermesfs/uploader/s3test"
 )
 
@@ -36,39 +37,7 @@ var (
 	tmpRoot string // every test mount lives below it (checked at exit)
 )
 
-func TestMain(m *testing.M) {
-	var err error
-	tmpRoot, err = os.MkdirTemp("", "hermesfs-e2e-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	if left := mountsBelow(tmpRoot); len(left) > 0 {
-		fmt.Fprintf(os.Stderr, "FAIL: mounts left behind by the tests: %v\n", left)
-		for _, mp := range left {
-			syscall.Unmount(mp, syscall.MNT_DETACH)
-		}
-		code = 1
-	}
-	os.RemoveAll(tmpRoot)
-	os.Exit(code)
-}
-
-// mountsBelow lists mountpoints under dir.
-func mountsBelow(dir string) []string {
-	b, _ := os.ReadFile("/proc/self/mountinfo")
-	var out []string
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 4 {
-			if mp := daemon.UnescapeMountinfo(f[4]); strings.HasPrefix(mp, dir+"/") {
-				out = append(out, mp)
-			}
-		}
-	}
-	return out
-}
+func TestMain(m *testing.M) { mounttest.Main(m, "hermesfs-e2e", &tmpRoot) }
 
 func strict() bool { return os.Getenv("HERMESFS_TEST_STRICT") == "1" }
 
@@ -134,7 +103,7 @@ func e2eDir(t *testing.T, name string) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if len(mountsBelow(d)) == 0 {
+		if len(fs.MountsBelow(d)) == 0 {
 			os.RemoveAll(d)
 		}
 	})

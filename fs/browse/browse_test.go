@@ -9,40 +9,20 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/hermesfs/hermesfs/archive"
 	"github.com/hermesfs/hermesfs/fs"
 	"github.com/hermesfs/hermesfs/fs/browse"
+	"github.com/hermesfs/hermesfs/fs/mounttest"
 )
 
 var testRoot string
 
-func TestMain(m *testing.M) {
-	var err error
-	testRoot, err = os.MkdirTemp("", "hermesfs-browse-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
-	code := m.Run()
-	b, _ := os.ReadFile("/proc/self/mountinfo")
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], testRoot+"/") {
-			fmt.Fprintf(os.Stderr, "FAIL: FUSE mount left behind: %s\n", f[4])
-			unix.Unmount(f[4], unix.MNT_DETACH)
-			code = 1
-		}
-	}
-	os.RemoveAll(testRoot)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { mounttest.Main(m, "hermesfs-browse", &testRoot) }
 
 func needFUSE(t *testing.T) {
 	t.Helper()

@@ -1,7 +1,6 @@
 package memguard_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -19,6 +18,7 @@ import (
 	"github.com/hermesfs/hermesfs/archive"
 	"github.com/hermesfs/hermesfs/fs"
 	"github.com/hermesfs/hermesfs/fs/memguard"
+	"github.com/hermesfs/hermesfs/fs/mounttest"
 )
 
 // The overlay's hook and this package's policy meet here.
@@ -35,44 +35,7 @@ var strict = os.Getenv("HERMESFS_TEST_STRICT") == "1"
 // find mounts left behind without mistaking other packages' for ours.
 var testRoot string
 
-func TestMain(m *testing.M) {
-	var err error
-	testRoot, err = os.MkdirTemp("", "hermesfs-memguard-test-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
-	code := m.Run()
-	if left := mountsUnder(testRoot); len(left) > 0 {
-		fmt.Fprintf(os.Stderr, "FAIL: FUSE mounts left behind: %v\n", left)
-		for _, mp := range left {
-			syscall.Unmount(mp, syscall.MNT_DETACH)
-		}
-		code = 1
-	}
-	os.RemoveAll(testRoot)
-	os.Exit(code)
-}
-
-// mountsUnder lists the mountpoints below dir.
-func mountsUnder(dir string) []string {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return nil
-	}
-	defer f.Close()
-	var left []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		// Field 5 is the mountpoint, with spaces and the like octal-escaped;
-		// our directory names have none.
-		if len(fields) > 4 && strings.HasPrefix(fields[4], dir+"/") {
-			left = append(left, fields[4])
-		}
-	}
-	return left
-}
+func TestMain(m *testing.M) { mounttest.Main(m, "hermesfs-memguard-test", &testRoot) }
 
 func need(t testing.TB, ok bool, what string) {
 	t.Helper()

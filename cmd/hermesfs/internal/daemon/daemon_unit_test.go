@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/hermesfs/hermesfs/fs"
 )
 
 func TestEscapePath(t *testing.T) {
@@ -275,7 +277,7 @@ func TestRedactURL(t *testing.T) {
 }
 
 func TestUnescapeMountinfo(t *testing.T) {
-	if got := unescapeMountinfo(`/a\040b\134c`); got != `/a b\c` {
+	if got := fs.UnescapeMountinfo(`/a\040b\134c`); got != `/a b\c` {
 		t.Errorf("got %q", got)
 	}
 	if !isMountpoint("/proc") {

@@ -58,9 +58,6 @@ func ListRegistry(dir string) ([]RegistryEntry, error) { return listRegistry(dir
 // IsMountpoint reports whether path is a mountpoint.
 func IsMountpoint(path string) bool { return isMountpoint(path) }
 
-// UnescapeMountinfo decodes a path field of /proc/self/mountinfo.
-func UnescapeMountinfo(s string) string { return unescapeMountinfo(s) }
-
 // Detach lazily unmounts a FUSE mount whose daemon is gone.
 func Detach(mountpoint string) error { return detach(mountpoint) }
 

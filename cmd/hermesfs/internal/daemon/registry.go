@@ -9,6 +9,8 @@ import (
 	"sort"
 	"strings"
 	"syscall"
+
+	"github.com/hermesfs/hermesfs/fs"
 )
 
 // A registry of running mounts lives in the runtime dir (see RuntimeDir),
@@ -123,37 +125,9 @@ func isMountpoint(path string) bool {
 	}
 	for _, line := range strings.Split(string(b), "\n") {
 		f := strings.Fields(line)
-		if len(f) > 4 && unescapeMountinfo(f[4]) == path {
+		if len(f) > 4 && fs.UnescapeMountinfo(f[4]) == path {
 			return true
 		}
 	}
 	return false
-}
-
-// unescapeMountinfo undoes the octal escapes (\040 for space) of mountinfo.
-func unescapeMountinfo(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			var v byte
-			ok := true
-			for _, c := range s[i+1 : i+4] {
-				if c < '0' || c > '7' {
-					ok = false
-					break
-				}
-				v = v*8 + byte(c-'0')
-			}
-			if ok {
-				b.WriteByte(v)
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }

@@ -3,7 +3,6 @@ package daemon
 import (
 	"bytes"
 	"context"
-	"fmt"
 	iofs "io/fs"
 	"log/slog"
 	"os"
@@ -15,6 +14,7 @@ import (
 	"time"
 
 	"github.com/hermesfs/hermesfs/archive"
+	"github.com/hermesfs/hermesfs/fs/mounttest"
 	"github.com/hermesfs/hermesfs/uploader"
 	"github.com/hermesfs/hermesfs/uploader/storeurl"
 )
@@ -23,40 +23,7 @@ import (
 // mounts they left from any others.
 var testRoot string
 
-func TestMain(m *testing.M) {
-	var err error
-	testRoot, err = os.MkdirTemp("", "hermesfs-daemontest-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
-	code := m.Run()
-	if left := mountsUnder(testRoot); len(left) > 0 {
-		fmt.Fprintf(os.Stderr, "FAIL: FUSE mounts left behind: %v\n", left)
-		for _, mp := range left {
-			syscall.Unmount(mp, syscall.MNT_DETACH)
-		}
-		code = 1
-	}
-	os.RemoveAll(testRoot)
-	os.Exit(code)
-}
-
-// mountsUnder lists the mounts whose mountpoint is below dir.
-func mountsUnder(dir string) []string {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return nil
-	}
-	var out []string
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 4 && strings.HasPrefix(unescapeMountinfo(f[4]), dir+"/") {
-			out = append(out, unescapeMountinfo(f[4]))
-		}
-	}
-	return out
-}
+func TestMain(m *testing.M) { mounttest.Main(m, "hermesfs-daemontest", &testRoot) }
 
 // tempDir is t.TempDir under testRoot.
 func tempDir(t *testing.T) string {
