@@ -15,7 +15,9 @@
 #   - a reboot of the first host after its clean stop (its own final
 #     snapshot is the newest): data GETs counted by the proxy (GETs of
 #     archive objects, *.sqfs)
-#   - a second new host after those sessions stopped cleanly (hot set)
+#   - a second new host after those sessions stopped cleanly (hot set); the
+#     first session writes a row to state.db, as a Hermes session does, so
+#     its stop publishes a snapshot (and the hot set with it)
 #   - the same new-host boot forced onto the download-then-mount path
 #     (HERMESFS_LAZY=0, and --lazy=false when the binary has it)
 #   - a plain GET of the archive through the same link (curl)
@@ -203,6 +205,11 @@ wait_fill() {
 	[ "$lazy" = absent ] && fill=$boot
 	return 0
 }
+# session_row MOUNT NAME: a session and its first message in state.db.
+session_row() {
+	sqlite3 "$1/state.db" "INSERT INTO sessions(id, source, started_at, title) VALUES ('bench_$2_$$', 'cli', unixepoch('now'), 'bench session $2');
+INSERT INTO messages(session_id, role, content, timestamp) VALUES ('bench_$2_$$', 'user', 'hello from host $2', unixepoch('now'));" >/dev/null
+}
 hwm() { awk '/^VmHWM/ {printf "%.0f", $2/1024}' "/proc/$1/status"; }
 
 summary=""
@@ -231,6 +238,9 @@ for size in $SIZES; do
 	readset "$sw/mnt-b"
 	rs_b=$rs
 	rsn_b=$rsn
+	# The session writes its row, as every Hermes session does: its stop
+	# then publishes a snapshot, which carries the hot set to host C.
+	session_row "$sw/mnt-b" b
 	wait_fill b "$ts"
 	fill_b=$fill
 	lazy_b=$lazy
