@@ -764,6 +764,13 @@ func (s *partialSet) foreground() {
 
 func (s *partialSet) complete(p *partial, n *node) error {
 	fd, errno := n.openUpper(true)
+	if errno == syscall.ENOENT || errno == syscall.ESTALE {
+		// Gone from its name before its copy started (deleted, or a
+		// rename under way): the next lookup of it resumes the copy,
+		// and a mount drops the map of a file that no longer exists.
+		s.ov.log.Debug("partial copy-up: file gone before its background copy", "upper_ino", p.uino, "err", errno)
+		return nil
+	}
 	if errno != 0 {
 		return errno
 	}
