@@ -3,7 +3,6 @@ package uploader_test
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"errors"
 	"io"
 	"os"
@@ -55,42 +54,15 @@ func (c *countingReaderAt) bytes() int64 {
 // the source's chunk digests and no sha256, and a restore on another host
 // checks every chunk and gets the whole archive.
 func TestPublishHole(t *testing.T) {
-	const cs = 64 << 10
 	eachStore(t, func(t *testing.T, s uploader.Store) {
-		cat := uploader.NewCatalog(s, uploader.CatalogOptions{Host: "a"})
-		// S3 parts are at least 5 MiB: the first part (the new head) is
-		// sent, so the prefix must be longer than that to copy any.
-		baseBytes := make([]byte, 12<<20+123)
-		rand.Read(baseBytes)
-		dir := t.TempDir()
-		bp := filepath.Join(dir, "base")
-		os.WriteFile(bp, baseBytes, 0o600)
-		base, err := cat.Publish(t.Context(), uploader.PublishInput{Path: bp, ChunkSize: cs})
-		if err != nil {
-			t.Fatal(err)
-		}
-		// The next archive: a new head, the base's bytes up to shared,
-		// then new bytes.
-		shared := int64(11<<20 + 4567)
-		want := append([]byte(nil), baseBytes[:shared]...)
-		copy(want, "new head")
-		tail := make([]byte, 300<<10)
-		rand.Read(tail)
-		want = append(want, tail...)
-		hole := uploader.Hole{From: cs, To: shared / cs * cs}
-		np := filepath.Join(dir, "next")
-		holey := append([]byte(nil), want...)
-		clear(holey[hole.From:hole.To])
-		os.WriteFile(np, holey, 0o600)
-		fill := &countingReaderAt{r: bytes.NewReader(baseBytes)}
+		hc := newHoleCase(t, s)
+		cat, base, want, hole, in := hc.cat, hc.base, hc.want, hc.hole, hc.in
+		fill := &countingReaderAt{r: bytes.NewReader(hc.baseData)}
 		bi, err := s.Stat(t.Context(), base.Archive)
 		if err != nil {
 			t.Fatal(err)
 		}
-		in := uploader.PublishInput{
-			Path: np, ChunkSize: cs, Parent: base.ID, Expect: base.ID, Hole: hole, Fill: vouchedFill{fill, bi.ETag},
-			Delta: &uploader.Delta{Source: base.ID, Ranges: []uploader.ComposeRange{{Offset: 96, SourceOffset: 96, Length: shared - 96}}},
-		}
+		in.Fill = vouchedFill{fill, bi.ETag}
 		p, err := cat.PublishReport(t.Context(), in)
 		if err != nil {
 			t.Fatal(err)

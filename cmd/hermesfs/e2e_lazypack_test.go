@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/hermesfs/hermesfs/uploader"
 )
 
 // TestE2ELazyStopPublishesWithoutBase: SIGTERM right after a lazy boot
@@ -19,25 +21,11 @@ func TestE2ELazyStopPublishesWithoutBase(t *testing.T) {
 	need(t, "/dev/fuse")
 	s3 := startS3Rig(t)
 	store := s3.url(s3.faults.URL, "lazypack")
-	a := newHost(t, store)
-	mpA := e2eDir(t, "homeA")
-	seedHome(t, mpA)
+	t0 := time.Now()
 	// Large enough that S3 copies most of it: a multipart upload's
 	// parts are at least 5 MiB, and the first one (with the new
 	// superblock) is sent.
-	for i := range 6 {
-		b := make([]byte, 2<<20)
-		rand.Read(b)
-		writeFile(t, filepath.Join(mpA, "blobs", fmt.Sprintf("b%d.bin", i)), string(b), 0o644)
-	}
-	want := snapshotTree(t, mpA)
-	t0 := time.Now()
-	a.mount(mpA, "--interval", "0").stopOK(t)
-	cat := storeCatalog(t, s3.direct("lazypack"))
-	base, err := cat.Latest(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
+	want, cat, base := publishBlobs(t, s3, "lazypack", 6, 2<<20)
 
 	// A slow link from here on.
 	s3.faults.SetRate(6 << 20)
@@ -107,6 +95,29 @@ func TestE2ELazyStopPublishesWithoutBase(t *testing.T) {
 		t.Fatalf("after a restart: tree differs:\n%s", diff)
 	}
 	d.stopOK(t)
+}
+
+// publishBlobs publishes, from a host of its own, a home with n
+// incompressible blobs of size bytes to prefix of the S3 rig, and returns
+// the tree, a catalog straight to the server, and the snapshot.
+func publishBlobs(t *testing.T, s3 *s3Rig, prefix string, n, size int) (map[string]entry, *uploader.Catalog, uploader.Manifest) {
+	t.Helper()
+	a := newHost(t, s3.url(s3.faults.URL, prefix))
+	mp := e2eDir(t, "homeA")
+	seedHome(t, mp)
+	for i := range n {
+		b := make([]byte, size)
+		rand.Read(b)
+		writeFile(t, filepath.Join(mp, "blobs", fmt.Sprintf("b%d.bin", i)), string(b), 0o644)
+	}
+	want := snapshotTree(t, mp)
+	a.mount(mp, "--interval", "0").stopOK(t)
+	cat := storeCatalog(t, s3.direct(prefix))
+	base, err := cat.Latest(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return want, cat, base
 }
 
 // withoutNew is tree without new.txt (checked on its own).

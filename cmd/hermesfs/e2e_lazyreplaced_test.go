@@ -2,8 +2,6 @@ package main
 
 import (
 	"bytes"
-	"crypto/rand"
-	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -27,24 +25,10 @@ func TestE2ELazyObjectReplaced(t *testing.T) {
 	need(t, "/dev/fuse")
 	s3 := startS3Rig(t)
 	store := s3.url(s3.faults.URL, "replaced")
-	a := newHost(t, store)
-	mpA := e2eDir(t, "homeA")
-	seedHome(t, mpA)
 	// Large enough that S3 copies the shared middle (parts of 5 MiB or
 	// more) rather than sending it.
-	for i := range 6 {
-		b := make([]byte, 8<<20)
-		rand.Read(b)
-		writeFile(t, filepath.Join(mpA, "blobs", fmt.Sprintf("b%d.bin", i)), string(b), 0o644)
-	}
-	want := snapshotTree(t, mpA)
-	a.mount(mpA, "--interval", "0").stopOK(t)
+	want, cat, base := publishBlobs(t, s3, "replaced", 6, 8<<20)
 	direct, _, err := storeurl.Open(t.Context(), s3.direct("replaced"), storeurl.Options{UID: os.Getuid()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cat := uploader.NewCatalog(direct, uploader.CatalogOptions{Host: "checker"})
-	base, err := cat.Latest(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
