@@ -208,6 +208,8 @@ type Reader struct {
 	flush                  chan struct{}
 	bufs                   chan []byte // the fill requests' chunk buffers, reused
 
+	syncMu sync.Mutex // one sync at a time
+
 	mu       sync.Mutex
 	present  []bool
 	checked  []bool // present chunks whose bytes on disk were checked since Open
@@ -952,8 +954,11 @@ func (r *Reader) persist() {
 	}
 }
 
-// sync makes the chunks written so far durable in the present log.
+// sync makes the chunks written so far durable in the present log. Calls
+// are serialised (syncMu): the persister's and finish's may overlap.
 func (r *Reader) sync() error {
+	r.syncMu.Lock()
+	defer r.syncMu.Unlock()
 	r.mu.Lock()
 	idx := r.durable
 	r.durable = nil
