@@ -631,55 +631,19 @@ func (r *Reader) run(i int, c *call, k kind) {
 	var err error
 	local := false
 	cached := false
-	digestFails, tries := 0, 0 // attempts that got wrong bytes, of all attempts
 	if data = r.fromCache(i); data != nil {
 		cached = true
 	} else if data, err = r.fromSeed(i); err == nil && data != nil {
 		local = true
 	} else {
-		for attempt := 0; ; attempt++ {
-			tries++
-			if k == onDemand {
-				r.demandFetch(1)
-			}
-			data, err = r.fetch(ctx, i)
-			if k == onDemand {
-				r.demandFetch(-1)
-			}
-			if err == nil {
-				break
-			}
-			// A store that keeps returning the same wrong bytes will not
-			// heal within the timeout: fail now rather than hang a read.
-			if errors.Is(err, ErrDigest) {
-				if digestFails++; digestFails >= maxDigestFails {
-					break
-				}
-			}
-			d := r.o.Retry.Delay(attempt, rand.Float64())
-			if dl, ok := ctx.Deadline(); ctx.Err() != nil || ok && time.Until(dl) < d {
-				break
-			}
-			t := time.NewTimer(d)
-			select {
-			case <-t.C:
-			case <-ctx.Done():
-			}
-			t.Stop()
-		}
+		data, _, err = r.fetchRetry(ctx, i, k == onDemand)
 	}
-	if err != nil {
-		if errors.Is(err, ErrDigest) && digestFails == tries {
-			// Wrong bytes on every attempt: the object in the store is
-			// not the one the manifest describes, and asking again (a
-			// retried upload reading this) does not change that.
-			err = uploader.Permanent(err)
+	if err == nil {
+		if inFile, fresh := r.store(i, data); inFile && !fresh {
+			// Another call (a fill request racing a read) put it
+			// there first: not counted twice.
+			cached = true
 		}
-		err = &ChunkError{Key: r.o.Key, Chunk: i, Off: int64(i) * r.o.ChunkSize, Len: r.chunkLen(i), Err: err}
-	} else if inFile, fresh := r.store(i, data); inFile && !fresh {
-		// Another call (a fill request racing a read) put it there
-		// first: not counted twice.
-		cached = true
 	}
 	r.mu.Lock()
 	if r.inflight[i] == c {
@@ -712,10 +676,46 @@ func (r *Reader) run(i int, c *call, k kind) {
 	close(c.done)
 }
 
-// fetch gets chunk i from the store and checks it.
-func (r *Reader) fetch(ctx context.Context, i int) ([]byte, error) {
-	b, _, err := r.fetchFrom(ctx, i)
-	return b, err
+// fetchRetry fetches chunk i (fetchFrom), retrying with the store backoff
+// until it arrives, ctx ends, or it arrived damaged maxDigestFails times: a
+// store that keeps returning the same wrong bytes will not heal within the
+// timeout, so a read fails now rather than hang. demand counts the attempts
+// as on-demand fetches (demandFetch). The error is a *ChunkError, and
+// permanent when every attempt got wrong bytes: the object in the store is
+// not the one the manifest describes, and asking again (a retried upload
+// reading this) does not change that.
+func (r *Reader) fetchRetry(ctx context.Context, i int, demand bool) ([]byte, string, error) {
+	digestFails := 0
+	for attempt := 0; ; attempt++ {
+		if demand {
+			r.demandFetch(1)
+		}
+		data, etag, err := r.fetchFrom(ctx, i)
+		if demand {
+			r.demandFetch(-1)
+		}
+		if err == nil {
+			return data, etag, nil
+		}
+		giveUp := false
+		if errors.Is(err, ErrDigest) {
+			digestFails++
+			giveUp = digestFails >= maxDigestFails
+		}
+		d := r.o.Retry.Delay(attempt, rand.Float64())
+		if dl, ok := ctx.Deadline(); giveUp || ctx.Err() != nil || ok && time.Until(dl) < d {
+			if errors.Is(err, ErrDigest) && digestFails == attempt+1 {
+				err = uploader.Permanent(err)
+			}
+			return nil, etag, &ChunkError{Key: r.o.Key, Chunk: i, Off: int64(i) * r.o.ChunkSize, Len: r.chunkLen(i), Err: err}
+		}
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
+	}
 }
 
 // fetchFrom is fetch, returning the ETag of the object that answered too.
@@ -784,48 +784,25 @@ func (r *Reader) CheckSource(ctx context.Context) (string, error) {
 	i := r.probeChunk()
 	ctx, cancel := context.WithTimeout(ctx, r.o.ReadTimeout)
 	defer cancel()
-	chunkErr := func(err error) error {
-		return &ChunkError{Key: r.o.Key, Chunk: i, Off: int64(i) * r.o.ChunkSize, Len: r.chunkLen(i), Err: err}
+	data, etag, err := r.fetchRetry(ctx, i, false)
+	if err != nil {
+		return "", err
 	}
-	digestFails := 0
-	for attempt := 0; ; attempt++ {
-		data, etag, err := r.fetchFrom(ctx, i)
-		if err == nil {
-			r.mu.Lock()
-			first, bad := r.etag, r.distrust[etag]
-			r.mu.Unlock()
-			switch {
-			case bad:
-				return "", fmt.Errorf("lazy %s: the store's object (ETag %s) delivered chunks that do not match the manifest", r.o.Key, etag)
-			case etag != first:
-				return "", fmt.Errorf("lazy %s: the object changed in the store while it was read (ETag %s, was %s)", r.o.Key, etag, first)
-			}
-			if _, fresh := r.store(i, data); fresh {
-				r.mu.Lock()
-				r.stats.OnDemandChunks++
-				r.mu.Unlock()
-			}
-			return etag, nil
-		}
-		if errors.Is(err, ErrDigest) {
-			if digestFails++; digestFails >= maxDigestFails {
-				if digestFails == attempt+1 {
-					err = uploader.Permanent(err)
-				}
-				return "", chunkErr(err)
-			}
-		}
-		d := r.o.Retry.Delay(attempt, rand.Float64())
-		if dl, ok := ctx.Deadline(); ctx.Err() != nil || ok && time.Until(dl) < d {
-			return "", chunkErr(err)
-		}
-		t := time.NewTimer(d)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-		}
-		t.Stop()
+	r.mu.Lock()
+	first, bad := r.etag, r.distrust[etag]
+	r.mu.Unlock()
+	switch {
+	case bad:
+		return "", fmt.Errorf("lazy %s: the store's object (ETag %s) delivered chunks that do not match the manifest", r.o.Key, etag)
+	case etag != first:
+		return "", fmt.Errorf("lazy %s: the object changed in the store while it was read (ETag %s, was %s)", r.o.Key, etag, first)
 	}
+	if _, fresh := r.store(i, data); fresh {
+		r.mu.Lock()
+		r.stats.OnDemandChunks++
+		r.mu.Unlock()
+	}
+	return etag, nil
 }
 
 // probeChunk is the chunk CheckSource fetches: the first one absent and
