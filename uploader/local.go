@@ -123,7 +123,7 @@ func (l *Local) put(ctx context.Context, key string, r io.Reader, size int64, op
 	if err != nil {
 		return ObjectInfo{}, err
 	}
-	if err := syncDir(dir); err != nil {
+	if err := SyncDir(dir); err != nil {
 		return ObjectInfo{}, err
 	}
 	return ObjectInfo{Key: key, Size: n, ETag: etag, ModTime: st.ModTime()}, nil
@@ -194,18 +194,6 @@ func metaETag(st iofs.FileInfo) string {
 	}
 	sum := sha256.Sum256(fmt.Appendf(nil, "%d/%d/%d", ino, st.Size(), st.ModTime().UnixNano()))
 	return "m-" + hex.EncodeToString(sum[:16])
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("fsync %s: %w", dir, err)
-	}
-	return nil
 }
 
 // Get implements Store.
@@ -352,7 +340,7 @@ func (l *Local) Delete(ctx context.Context, key string) error {
 		}
 		return fmt.Errorf("local: delete %s: %w", key, err)
 	}
-	if err := syncDir(filepath.Dir(p)); err != nil {
+	if err := SyncDir(filepath.Dir(p)); err != nil {
 		return fmt.Errorf("local: delete %s: %w", key, err)
 	}
 	return nil

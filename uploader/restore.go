@@ -196,7 +196,7 @@ func (c *Catalog) fetch(ctx context.Context, id, dst string, o RestoreOptions) (
 		return m, "", fmt.Errorf("restore %s: %w", id, err)
 	}
 	keep = true
-	if err := syncDir(filepath.Dir(dst)); err != nil {
+	if err := SyncDir(filepath.Dir(dst)); err != nil {
 		return m, "", fmt.Errorf("restore %s: %w", id, err)
 	}
 	return m, sum, nil

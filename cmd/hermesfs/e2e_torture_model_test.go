@@ -55,7 +55,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
+	"github.com/hermesfs/hermesfs/uploader"
 )
 
 const workloadEnv = "HERMESFS_TORTURE_WORKLOAD"
@@ -290,7 +290,7 @@ func (w *workload) files(r *rand.Rand) error {
 				if err := os.Rename(p+".tmp", p); err != nil {
 					return err
 				}
-				return daemon.SyncDir(dir)
+				return uploader.SyncDir(dir)
 			}
 			s, err := w.j.begin("files", kind, rel, n)
 			if err != nil {
@@ -308,7 +308,7 @@ func (w *workload) files(r *rand.Rand) error {
 				if err := os.Remove(p); err != nil {
 					return err
 				}
-				return daemon.SyncDir(dir)
+				return uploader.SyncDir(dir)
 			}, "files", kind, rel); err != nil {
 				return err
 			}
@@ -321,7 +321,7 @@ func (w *workload) files(r *rand.Rand) error {
 				if err := os.Rename(p, w.path(to)); err != nil {
 					return err
 				}
-				return daemon.SyncDir(dir)
+				return uploader.SyncDir(dir)
 			}, "files", kind, rel, to); err != nil {
 				return err
 			}

@@ -180,7 +180,7 @@ func packAtomic(out string, pack func(f *os.File) (archive.PackResult, error)) (
 	if err = os.Rename(f.Name(), out); err != nil {
 		return res, err
 	}
-	return res, daemon.SyncDir(filepath.Dir(out))
+	return res, uploader.SyncDir(filepath.Dir(out))
 }
 
 // parseSize reads a byte count with an optional binary suffix: 4096, 64K,

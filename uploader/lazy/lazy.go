@@ -949,7 +949,7 @@ func (r *Reader) sync() error {
 	if err == nil && !saved && etag != "" {
 		// Before the log vouches for chunks of that object: a restart
 		// then knows which object the cache holds (CheckSource).
-		if err = writeSynced(r.etagPath(), []byte(etag+"\n")); err == nil {
+		if err = uploader.WriteFileAtomic(r.etagPath(), []byte(etag+"\n"), 0o600); err == nil {
 			r.mu.Lock()
 			r.etagSaved = true
 			r.mu.Unlock()
@@ -1403,7 +1403,7 @@ func (r *Reader) finish(t0 time.Time) {
 		err = os.Rename(r.partial(), r.o.Path)
 	}
 	if err == nil {
-		err = syncDir(filepath.Dir(r.o.Path))
+		err = uploader.SyncDir(filepath.Dir(r.o.Path))
 	}
 	if err != nil {
 		r.failFill(fmt.Errorf("put the complete archive in place: %w", err))
@@ -1463,41 +1463,6 @@ func (r *Reader) Close() error {
 		pl.Close()
 	}
 	return r.f.Close()
-}
-
-// writeSynced replaces the file at path with b, durably.
-func writeSynced(path string, b []byte) error {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(b)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err == nil {
-		err = syncDir(filepath.Dir(path))
-	}
-	if err != nil {
-		os.Remove(tmp)
-	}
-	return err
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
 
 // identity names the object in the present log: its sha256, else a digest

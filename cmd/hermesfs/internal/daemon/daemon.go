@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/hermesfs/hermesfs/fs"
+	"github.com/hermesfs/hermesfs/uploader"
 	"github.com/hermesfs/hermesfs/uploader/lazy"
 )
 
@@ -492,7 +493,7 @@ func (d *daemon) adopt(path, id, sha string) (string, error) {
 	if err := os.Rename(path, dst); err != nil {
 		return "", fmt.Errorf("cache %s: %w", id, err)
 	}
-	if err := syncDir(d.sd.cacheDir()); err != nil {
+	if err := uploader.SyncDir(d.sd.cacheDir()); err != nil {
 		return "", err
 	}
 	return dst, nil
@@ -1051,7 +1052,7 @@ func (d *daemon) clearUpper(why string) error {
 	if err := os.MkdirAll(d.sd.upper(), 0o700); err != nil {
 		return err
 	}
-	if err := syncDir(d.sd.path); err != nil {
+	if err := uploader.SyncDir(d.sd.path); err != nil {
 		return err
 	}
 	return os.RemoveAll(aside)

@@ -247,7 +247,7 @@ func decryptCache(ctx context.Context, src, dst string, ids *crypt.Identities) (
 		return "", err
 	}
 	keep = true
-	if err := syncDir(filepath.Dir(dst)); err != nil {
+	if err := uploader.SyncDir(filepath.Dir(dst)); err != nil {
 		return "", err
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil

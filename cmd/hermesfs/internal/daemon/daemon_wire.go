@@ -47,7 +47,7 @@ func packTo(out string, pack func(f *os.File) (archive.PackResult, error)) (ps p
 	if err = os.Rename(f.Name(), out); err != nil {
 		return ps, err
 	}
-	if err = syncDir(filepath.Dir(out)); err != nil {
+	if err = uploader.SyncDir(filepath.Dir(out)); err != nil {
 		return ps, err
 	}
 	ps = packStats{

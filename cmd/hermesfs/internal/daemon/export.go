@@ -67,9 +67,6 @@ func ReadState(dir string) (PersistedState, error) { return readState(dir) }
 // UpperHasChanges reports whether an upper layer holds changes.
 func UpperHasChanges(dir string) (bool, error) { return upperHasChanges(dir) }
 
-// SyncDir fsyncs the directory dir.
-func SyncDir(dir string) error { return syncDir(dir) }
-
 // ParseOwner reads USER[:GROUP]: names or numeric ids.
 func ParseOwner(spec string) (*Owner, error) { return parseOwner(spec) }
 

@@ -11,6 +11,7 @@ import (
 	"syscall"
 
 	"github.com/hermesfs/hermesfs/fs"
+	"github.com/hermesfs/hermesfs/uploader"
 )
 
 // A registry of running mounts lives in the runtime dir (see RuntimeDir),
@@ -37,7 +38,7 @@ func registerMount(dir string, e registryEntry) error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(registryPath(dir, e.Mountpoint), b, 0o600)
+	return uploader.WriteFileAtomic(registryPath(dir, e.Mountpoint), b, 0o600)
 }
 
 // unregisterMount removes the entry if it is still ours.

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/hermesfs/hermesfs/fs"
+	"github.com/hermesfs/hermesfs/uploader"
 )
 
 // persistedState is state.json: what a restart on this host needs to know to
@@ -126,53 +127,7 @@ func (s *stateDir) save(st persistedState) error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(s.file("state.json"), append(b, '\n'), 0o600)
-}
-
-// writeFileAtomic replaces name with data: a temp file in the same
-// directory, written, fsynced, renamed over name, then the directory fsynced.
-// The temp file is removed on any error.
-func writeFileAtomic(name string, data []byte, perm os.FileMode) (err error) {
-	dir := filepath.Dir(name)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(name)+".tmp*")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", name, err)
-	}
-	defer func() {
-		if err != nil {
-			f.Close()
-			os.Remove(f.Name())
-		}
-	}()
-	if err = f.Chmod(perm); err != nil {
-		return fmt.Errorf("write %s: %w", name, err)
-	}
-	if _, err = f.Write(data); err != nil {
-		return fmt.Errorf("write %s: %w", name, err)
-	}
-	if err = f.Sync(); err != nil {
-		return fmt.Errorf("write %s: fsync: %w", name, err)
-	}
-	if err = f.Close(); err != nil {
-		return fmt.Errorf("write %s: %w", name, err)
-	}
-	if err = os.Rename(f.Name(), name); err != nil {
-		return fmt.Errorf("write %s: %w", name, err)
-	}
-	return syncDir(dir)
-}
-
-// syncDir makes a rename or removal in dir durable.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("fsync %s: %w", dir, err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("fsync %s: %w", dir, err)
-	}
-	return nil
+	return uploader.WriteFileAtomic(s.file("state.json"), append(b, '\n'), 0o600)
 }
 
 // dirEmpty reports whether dir has no entries; a missing dir is empty.
@@ -205,7 +160,7 @@ func setAside(dir, what string) (string, error) {
 	if err := os.Rename(dir, to); err != nil {
 		return "", fmt.Errorf("set %s aside: %w", dir, err)
 	}
-	if err := syncDir(filepath.Dir(dir)); err != nil {
+	if err := uploader.SyncDir(filepath.Dir(dir)); err != nil {
 		return "", err
 	}
 	return to, nil
