@@ -335,6 +335,18 @@ func isNotMounted(mountpoint string) bool {
 	return !mountedAt(string(b), mountpoint)
 }
 
+// IsMountpoint reports whether something is mounted at path (as
+// /proc/self/mountinfo spells it: absolute, clean).
+func IsMountpoint(path string) bool {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	return err == nil && mountedAt(string(b), path)
+}
+
+// Detach lazily unmounts the FUSE mount at mountpoint, as one whose daemon
+// is gone: umount2 with MNT_DETACH as root, else fusermount3 (or fuse2's
+// fusermount) -u -z.
+func Detach(mountpoint string) error { return detach(mountpoint, os.Geteuid() == 0) }
+
 // setReadAhead sets the read-ahead of the mount's backing device, which
 // FUSE starts at 128 KiB and lets only root change.
 func (m *Mounted) setReadAhead(bytes int) {

@@ -250,7 +250,7 @@ func umountBrowse(e *env, mountpoint string) (bool, error) {
 	if err != nil || !isBrowseMount(mp) {
 		return false, nil
 	}
-	if err := daemon.Detach(mp); err != nil {
+	if err := fs.Detach(mp); err != nil {
 		return true, fmt.Errorf("%s: %w", mp, err)
 	}
 	fmt.Fprintf(e.stdout, "unmounted the browse tree at %s\n", mp)

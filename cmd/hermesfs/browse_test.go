@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
+	"github.com/hermesfs/hermesfs/fs"
 	"github.com/hermesfs/hermesfs/uploader"
 	"github.com/hermesfs/hermesfs/uploader/faultproxy"
 	"github.com/hermesfs/hermesfs/uploader/s3test"
@@ -332,7 +332,7 @@ func TestBrowseStopsOnSignal(t *testing.T) {
 		syscall.Unmount(mp, syscall.MNT_DETACH)
 		t.Fatal("browse still running 30s after its signal")
 	}
-	if daemon.IsMountpoint(mp) {
+	if fs.IsMountpoint(mp) {
 		t.Fatal("still mounted after browse exited")
 	}
 }

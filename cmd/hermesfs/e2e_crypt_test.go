@@ -9,7 +9,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
+	"github.com/hermesfs/hermesfs/fs"
 	"github.com/hermesfs/hermesfs/uploader"
 	"github.com/hermesfs/hermesfs/uploader/crypt"
 )
@@ -150,8 +150,8 @@ func TestE2EEncryptedRefusals(t *testing.T) {
 	secret := mustRead(t, other)
 	noKey.extraEnv = []string{"HERMESFS_ENCRYPT_TO=" + pub, "HERMESFS_IDENTITY=" + other}
 	d2 := noKey.start(mp2)
-	if c := d2.wait(); c != exitCrypt || daemon.IsMountpoint(mp2) || !strings.Contains(d2.stderr.String(), id) || !strings.Contains(d2.stderr.String(), "X25519") {
-		t.Fatalf("mount with the wrong key: exit %d, mounted %v\n%s", c, daemon.IsMountpoint(mp2), d2.stderr)
+	if c := d2.wait(); c != exitCrypt || fs.IsMountpoint(mp2) || !strings.Contains(d2.stderr.String(), id) || !strings.Contains(d2.stderr.String(), "X25519") {
+		t.Fatalf("mount with the wrong key: exit %d, mounted %v\n%s", c, fs.IsMountpoint(mp2), d2.stderr)
 	}
 	if strings.Contains(d2.stderr.String(), strings.TrimSpace(secret[strings.LastIndex(secret, "AGE-SECRET"):])) {
 		t.Error("the log shows the key")
@@ -168,7 +168,7 @@ func TestE2EEncryptedRefusals(t *testing.T) {
 	mp := filepath.Join(e2eDir(t, "home"), "hermes")
 	os.MkdirAll(mp, 0o755)
 	d3 := a.start(mp)
-	if c := d3.wait(); c != exitCrypt || daemon.IsMountpoint(mp) || !strings.Contains(d3.stderr.String(), "--allow-plaintext") {
+	if c := d3.wait(); c != exitCrypt || fs.IsMountpoint(mp) || !strings.Contains(d3.stderr.String(), "--allow-plaintext") {
 		t.Fatalf("plaintext writer over an encrypted LATEST: exit %d\n%s", c, d3.stderr)
 	}
 	if ents, _ := os.ReadDir(filepath.Join(a.state, "cache")); len(ents) != 0 {

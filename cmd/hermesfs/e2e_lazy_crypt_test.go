@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
+	"github.com/hermesfs/hermesfs/fs"
 	"github.com/hermesfs/hermesfs/uploader/crypt"
 )
 
@@ -146,8 +147,8 @@ func TestE2ELazyEncryptedRefusals(t *testing.T) {
 	noKey.extraEnv = []string{"HERMESFS_ENCRYPT_TO=" + pub}
 	mp := e2eDir(t, "homeNoKey")
 	dn := noKey.start(mp)
-	if c := dn.wait(); c != exitCrypt || daemon.IsMountpoint(mp) || !strings.Contains(dn.stderr.String(), id) || !strings.Contains(dn.stderr.String(), "X25519") {
-		t.Fatalf("lazy boot without an identity: exit %d, mounted %v\n%s", c, daemon.IsMountpoint(mp), dn.stderr)
+	if c := dn.wait(); c != exitCrypt || fs.IsMountpoint(mp) || !strings.Contains(dn.stderr.String(), id) || !strings.Contains(dn.stderr.String(), "X25519") {
+		t.Fatalf("lazy boot without an identity: exit %d, mounted %v\n%s", c, fs.IsMountpoint(mp), dn.stderr)
 	}
 	if ents, _ := os.ReadDir(filepath.Join(noKey.state, "cache")); len(ents) != 0 {
 		t.Errorf("a refused mount wrote %d entries in the cache", len(ents))

@@ -234,7 +234,7 @@ func (h *host) start(mp string, args ...string) *daemonProc {
 				d.exited(120 * time.Second)
 			}
 		}
-		if daemon.IsMountpoint(mp) {
+		if fs.IsMountpoint(mp) {
 			syscall.Unmount(mp, syscall.MNT_DETACH)
 		}
 	})
@@ -262,7 +262,7 @@ func (d *daemonProc) waitReady() {
 	case <-time.After(90 * time.Second):
 		d.t.Fatalf("hermesfs mount: no ready line after 90s:\n%s", d.stderr)
 	}
-	if !daemon.IsMountpoint(d.mp) {
+	if !fs.IsMountpoint(d.mp) {
 		d.t.Fatalf("ready, but %s is not a mountpoint", d.mp)
 	}
 }
@@ -286,7 +286,7 @@ func (d *daemonProc) exited(limit time.Duration) bool {
 		return true
 	case <-time.After(15 * time.Second):
 	}
-	if daemon.IsMountpoint(d.mp) && daemon.ProbeFUSE(d.mp, time.Second) == daemon.FUSEHung {
+	if fs.IsMountpoint(d.mp) && daemon.ProbeFUSE(d.mp, time.Second) == daemon.FUSEHung {
 		err := fs.AbortConnection(d.mp, slog.Default())
 		d.t.Logf("the daemon did not exit and its mount hangs: aborted its connection (err %v)", err)
 	}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
+	"github.com/hermesfs/hermesfs/fs"
 	"github.com/hermesfs/hermesfs/uploader"
 	"github.com/hermesfs/hermesfs/uploader/s3test"
 	"github.com/hermesfs/hermesfs/uploader/storeurl"
@@ -119,7 +120,7 @@ func fullCycle(t *testing.T, store string, fetch func(id string) string) {
 	if code := d.stop(syscall.SIGTERM); code != 0 {
 		t.Fatalf("SIGTERM: exit %d\n%s", code, d.stderr)
 	}
-	if daemon.IsMountpoint(mp) {
+	if fs.IsMountpoint(mp) {
 		t.Fatal("still mounted after exit")
 	}
 	// The original directory under the mount was never touched.
@@ -279,11 +280,11 @@ func TestE2ESdNotifyAndBackground(t *testing.T) {
 		t.Fatalf("mount --background: exit %d %q\n%s", code, out, errOut)
 	}
 	t.Cleanup(func() {
-		if daemon.IsMountpoint(mp) {
+		if fs.IsMountpoint(mp) {
 			h.run("umount", mp)
 		}
 	})
-	if !daemon.IsMountpoint(mp) {
+	if !fs.IsMountpoint(mp) {
 		t.Fatal("--background returned but nothing is mounted")
 	}
 	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
@@ -311,7 +312,7 @@ func TestE2ESdNotifyAndBackground(t *testing.T) {
 	for i := 0; daemon.ProcessAlive(r.PID) && i < 100; i++ {
 		time.Sleep(50 * time.Millisecond)
 	}
-	if daemon.ProcessAlive(r.PID) || daemon.IsMountpoint(mp) {
+	if daemon.ProcessAlive(r.PID) || fs.IsMountpoint(mp) {
 		t.Error("daemon still running or mounted after umount")
 	}
 	log := mustRead(t, filepath.Join(h.state, "hermesfs.log"))
@@ -385,7 +386,7 @@ func TestE2EKill9(t *testing.T) {
 		t.Fatalf("writer only got to %d", last)
 	}
 	// The dead mount: umount detaches it.
-	if !daemon.IsMountpoint(mp) {
+	if !fs.IsMountpoint(mp) {
 		t.Fatal("expected the dead FUSE mount to linger")
 	}
 	code, out, errOut := a.run("umount", mp)
@@ -456,7 +457,7 @@ func TestE2ELeaseAndConflict(t *testing.T) {
 	if msg := db.stderr.String(); !strings.Contains(msg, "read-only") {
 		t.Errorf("refusal should name the holder and --read-only:\n%s", msg)
 	}
-	if daemon.IsMountpoint(mpB) {
+	if fs.IsMountpoint(mpB) {
 		t.Fatal("refused host left a mount")
 	}
 	// --read-only works next to the writer: EROFS on writes.
@@ -728,13 +729,13 @@ i=0; while :; do i=$((i+1)); sqlite3 "$H/state.db" "INSERT INTO t VALUES ($i);";
 	}
 	t.Cleanup(func() {
 		cmd.Process.Kill()
-		if daemon.IsMountpoint(mp) {
+		if fs.IsMountpoint(mp) {
 			syscall.Unmount(mp, syscall.MNT_DETACH)
 		}
 	})
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
-		if b, err := os.ReadFile(filepath.Join(mp, "counter")); err == nil && len(b) > 0 && daemon.IsMountpoint(mp) {
+		if b, err := os.ReadFile(filepath.Join(mp, "counter")); err == nil && len(b) > 0 && fs.IsMountpoint(mp) {
 			if n, _ := strconv.Atoi(strings.TrimSpace(string(b))); n >= 10 {
 				break
 			}
@@ -756,7 +757,7 @@ i=0; while :; do i=$((i+1)); sqlite3 "$H/state.db" "INSERT INTO t VALUES ($i);";
 	if i, j := strings.Index(log, "agent stopping"), strings.Index(log, "snapshot published"); i < 0 || j < 0 || i > j {
 		t.Errorf("the agent must stop before the final snapshot:\n%s", log)
 	}
-	if daemon.IsMountpoint(mp) {
+	if fs.IsMountpoint(mp) {
 		t.Fatal("still mounted after the entrypoint exited")
 	}
 	out := unsquashLatest(t, storeDir)

@@ -32,6 +32,7 @@ import (
 	"time"
 
 	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
+	"github.com/hermesfs/hermesfs/fs"
 	"github.com/hermesfs/hermesfs/uploader"
 	"github.com/hermesfs/hermesfs/uploader/faultproxy"
 	"github.com/hermesfs/hermesfs/uploader/s3test"
@@ -239,7 +240,7 @@ func (r *tortureRig) ended(d *daemonProc) int {
 func (r *tortureRig) detach() {
 	t := r.t
 	t.Helper()
-	if !daemon.IsMountpoint(r.mp) {
+	if !fs.IsMountpoint(r.mp) {
 		return
 	}
 	if r.rng.IntN(3) == 0 {
@@ -797,7 +798,7 @@ func TestTortureRestartOverDeadMount(t *testing.T) {
 		}
 		d.cmd.Process.Kill()
 		d.wait()
-		if !daemon.IsMountpoint(mp) || daemon.ProbeFUSE(mp, time.Minute) != daemon.FUSEDead {
+		if !fs.IsMountpoint(mp) || daemon.ProbeFUSE(mp, time.Minute) != daemon.FUSEDead {
 			t.Fatalf("round %d: expected a dead mount after kill -9", round)
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
+	"github.com/hermesfs/hermesfs/fs"
 )
 
 func init() {
@@ -84,7 +85,7 @@ func statusOne(ctx context.Context, e *env, mountpoint, stateDir string, asJSON 
 	}
 	printStatus(e.stdout, []daemon.StatusReport{r}, asJSON)
 	msg := "not running"
-	if daemon.IsMountpoint(loc.Mountpoint) {
+	if fs.IsMountpoint(loc.Mountpoint) {
 		msg += " (but something is mounted there: a killed daemon? 'hermesfs umount' detaches it)"
 	}
 	if r.Unpublished {

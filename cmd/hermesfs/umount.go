@@ -7,6 +7,7 @@ import (
 	"fmt"
 
 	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
+	"github.com/hermesfs/hermesfs/fs"
 )
 
 func init() {
@@ -33,7 +34,7 @@ Example:
 		flags: func(fs *flag.FlagSet) {
 			fs.StringVar(&stateDir, "state-dir", "", "state dir of the mount, if not the default (env HERMESFS_STATE_DIR)")
 		},
-		run: func(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error {
+		run: func(ctx context.Context, e *env, _ *flag.FlagSet, args []string) error {
 			if len(args) != 1 {
 				return usageError("want one MOUNTPOINT")
 			}
@@ -46,10 +47,10 @@ Example:
 			}
 			resp, err := daemon.ControlCall(ctx, loc.Socket, daemon.ControlRequest{Op: "shutdown"})
 			if errors.Is(err, daemon.ErrNoDaemon) {
-				if !daemon.IsMountpoint(loc.Mountpoint) {
+				if !fs.IsMountpoint(loc.Mountpoint) {
 					return fmt.Errorf("%s: %w, and nothing is mounted there", loc.Mountpoint, err)
 				}
-				if err := daemon.Detach(loc.Mountpoint); err != nil {
+				if err := fs.Detach(loc.Mountpoint); err != nil {
 					return fmt.Errorf("%s: no daemon answers and detaching the stale mount failed: %w", loc.Mountpoint, err)
 				}
 				fmt.Fprintf(e.stdout, "no daemon answered; detached the stale mount at %s (local changes stay in %s for the next mount)\n", loc.Mountpoint, loc.StateDir)

@@ -157,7 +157,7 @@ func (d *daemon) boot(ctx context.Context) error {
 		}
 		cfg.StateDir = sd
 	}
-	if isMountpoint(cfg.Mountpoint) {
+	if fs.IsMountpoint(cfg.Mountpoint) {
 		if loc, err := locateDaemon(d.e, cfg.Mountpoint, cfg.StateDir); err == nil {
 			// Bounded: a killed daemon stuck on its own mount (see
 			// fuseHung) still holds its listening socket open.
@@ -174,7 +174,7 @@ func (d *daemon) boot(ctx context.Context) error {
 			// mount behind, answering ENOTCONN; a restart (systemd's
 			// Restart=on-failure) must not trip over it. Its changes are
 			// in the upper layer, not in the dead mount.
-			if err := detach(cfg.Mountpoint); err != nil {
+			if err := fs.Detach(cfg.Mountpoint); err != nil {
 				return fmt.Errorf("mountpoint %s: the mount a killed daemon left is dead and cannot be detached: %w", cfg.Mountpoint, err)
 			}
 			d.log.Warn("detached the dead mount a killed daemon left at the mountpoint", "mountpoint", cfg.Mountpoint)

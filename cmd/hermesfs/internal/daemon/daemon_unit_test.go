@@ -280,10 +280,10 @@ func TestUnescapeMountinfo(t *testing.T) {
 	if got := fs.UnescapeMountinfo(`/a\040b\134c`); got != `/a b\c` {
 		t.Errorf("got %q", got)
 	}
-	if !isMountpoint("/proc") {
+	if !fs.IsMountpoint("/proc") {
 		t.Error("/proc is a mountpoint")
 	}
-	if isMountpoint(t.TempDir()) {
+	if fs.IsMountpoint(t.TempDir()) {
 		t.Error("a temp dir is not a mountpoint")
 	}
 }

@@ -55,12 +55,6 @@ func LocateDaemon(getenv func(string) string, mountpoint, stateDir string) (Regi
 // ListRegistry lists the mounts registered in the runtime dir dir.
 func ListRegistry(dir string) ([]RegistryEntry, error) { return listRegistry(dir) }
 
-// IsMountpoint reports whether path is a mountpoint.
-func IsMountpoint(path string) bool { return isMountpoint(path) }
-
-// Detach lazily unmounts a FUSE mount whose daemon is gone.
-func Detach(mountpoint string) error { return detach(mountpoint) }
-
 // ReadState reads the state.json of the state dir dir without locking it.
 func ReadState(dir string) (PersistedState, error) { return readState(dir) }
 

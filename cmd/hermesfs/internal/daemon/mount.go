@@ -1,10 +1,6 @@
 package daemon
 
 import (
-	"fmt"
-	"os/exec"
-	"syscall"
-
 	"github.com/hermesfs/hermesfs/fs"
 )
 
@@ -27,18 +23,4 @@ func partialCopyUpsOf(m *fs.Mounted) func() (partialCopyUpStats, bool) {
 		}
 		return s, true
 	}
-}
-
-// detach lazily unmounts a FUSE mount whose daemon is gone: umount2 with
-// MNT_DETACH as root, else fusermount3 -uz.
-func detach(mountpoint string) error {
-	err := syscall.Unmount(mountpoint, syscall.MNT_DETACH)
-	if err == nil {
-		return nil
-	}
-	out, ferr := exec.Command("fusermount3", "-uz", mountpoint).CombinedOutput()
-	if ferr != nil {
-		return fmt.Errorf("umount: %v; fusermount3: %v: %s", err, ferr, out)
-	}
-	return nil
 }

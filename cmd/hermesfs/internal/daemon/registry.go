@@ -7,10 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strings"
 	"syscall"
 
-	"github.com/hermesfs/hermesfs/fs"
 	"github.com/hermesfs/hermesfs/uploader"
 )
 
@@ -115,20 +113,4 @@ func locateDaemon(e *env, mountpoint, stateDir string) (registryEntry, error) {
 		return registryEntry{}, err
 	}
 	return registryEntry{Mountpoint: mp, StateDir: stateDir, Socket: filepath.Join(stateDir, "control.sock")}, nil
-}
-
-// isMountpoint reports whether path is currently a mountpoint (from
-// /proc/self/mountinfo, which does not touch a possibly dead FUSE mount).
-func isMountpoint(path string) bool {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return false
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 4 && fs.UnescapeMountinfo(f[4]) == path {
-			return true
-		}
-	}
-	return false
 }

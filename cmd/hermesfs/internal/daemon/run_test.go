@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/hermesfs/hermesfs/archive"
+	"github.com/hermesfs/hermesfs/fs"
 	"github.com/hermesfs/hermesfs/fs/mounttest"
 	"github.com/hermesfs/hermesfs/uploader"
 	"github.com/hermesfs/hermesfs/uploader/storeurl"
@@ -150,7 +151,7 @@ func startDaemon(t *testing.T, store, mp, state, runDir string) *running {
 		case <-time.After(2 * time.Minute):
 			t.Errorf("Run did not return after its context was cancelled")
 		}
-		if isMountpoint(mp) {
+		if fs.IsMountpoint(mp) {
 			syscall.Unmount(mp, syscall.MNT_DETACH)
 		}
 		if t.Failed() {
@@ -197,7 +198,7 @@ func TestRunSnapshotRestore(t *testing.T) {
 	if err := d1.stop(t); err != nil {
 		t.Fatalf("first daemon stopped with %v (exit %d)", err, ExitCode(err))
 	}
-	if isMountpoint(mp) {
+	if fs.IsMountpoint(mp) {
 		t.Fatal("the mountpoint is still mounted after Run returned")
 	}
 
