@@ -121,7 +121,7 @@ func runDaemon(ctx context.Context, e *env, cfg *Config, p parts) error {
 		resultSet: make(chan struct{}),
 		started:   time.Now(),
 	}
-	d.root = e.opts.Logger
+	d.root = e.Logger
 	if d.root == nil {
 		d.root = newLogger(os.Stderr, cfg.LogFormat, cfg.LogLevel)
 	}
@@ -151,7 +151,7 @@ func (d *daemon) setErr(err error) {
 func (d *daemon) boot(ctx context.Context) error {
 	cfg := d.cfg
 	if cfg.StateDir == "" {
-		sd, err := DefaultStateDir(cfg.Mountpoint, os.Getuid(), d.e.getenv)
+		sd, err := DefaultStateDir(cfg.Mountpoint, os.Getuid(), d.e.Getenv)
 		if err != nil {
 			return err
 		}
@@ -624,7 +624,7 @@ func (d *daemon) serve(ctx context.Context) error {
 		d.cleanupBoot()
 		return err
 	}
-	rdir := RuntimeDir(os.Getuid(), d.e.getenv)
+	rdir := RuntimeDir(os.Getuid(), d.e.Getenv)
 	if err := registerMount(rdir, registryEntry{Mountpoint: cfg.Mountpoint, StateDir: d.sd.path, Socket: d.sd.socket(), PID: os.Getpid()}); err != nil {
 		d.log.Warn("cannot register the mount for 'hermesfs status'", "err", err)
 	}
@@ -645,11 +645,11 @@ func (d *daemon) serve(ctx context.Context) error {
 	}
 	// With recovered local changes the mount shows more than that
 	// snapshot: say so (they are published right after).
-	fmt.Fprintf(d.e.stdout, "ready %s snapshot=%s store=%s%s\n", cfg.Mountpoint, shown, store, recoveredNote(pending))
-	if f, ok := d.e.stdout.(interface{ Sync() error }); ok {
+	fmt.Fprintf(d.e.Stdout, "ready %s snapshot=%s store=%s%s\n", cfg.Mountpoint, shown, store, recoveredNote(pending))
+	if f, ok := d.e.Stdout.(interface{ Sync() error }); ok {
 		f.Sync()
 	}
-	if err := sdNotify(d.e.getenv, fmt.Sprintf("READY=1\nSTATUS=mounted %s from snapshot %s\nMAINPID=%d", cfg.Mountpoint, orNone(base), os.Getpid())); err != nil {
+	if err := sdNotify(d.e.Getenv, fmt.Sprintf("READY=1\nSTATUS=mounted %s from snapshot %s\nMAINPID=%d", cfg.Mountpoint, orNone(base), os.Getpid())); err != nil {
 		d.log.Warn("sd_notify", "err", err)
 	}
 	d.log.Info("ready", "snapshot", orNone(base), "store", store, "state_dir", d.sd.path, "interval", cfg.Interval.String(), "read_only", cfg.ReadOnly)
@@ -664,7 +664,7 @@ func (d *daemon) serve(ctx context.Context) error {
 		d.mu.Unlock()
 	}
 	var wd <-chan time.Time
-	if iv := watchdogInterval(d.e.getenv, os.Getpid()); iv > 0 {
+	if iv := watchdogInterval(d.e.Getenv, os.Getpid()); iv > 0 {
 		t := time.NewTicker(iv)
 		defer t.Stop()
 		wd = t.C
@@ -735,7 +735,7 @@ loop:
 			err := fmt.Errorf("%w (local state kept, mount still served)", errLeaseLost)
 			d.log.Error("lease lost", "err", err)
 			d.setErr(err)
-			sdNotify(d.e.getenv, "STATUS=lease lost: not publishing")
+			sdNotify(d.e.Getenv, "STATUS=lease lost: not publishing")
 		case <-tick:
 			d.mu.Lock()
 			d.nextDue = time.Now().Add(cfg.Interval)
@@ -744,11 +744,11 @@ loop:
 		case <-kick:
 			runSnap("unpublished local changes")
 		case <-wd:
-			sdNotify(d.e.getenv, "WATCHDOG=1")
+			sdNotify(d.e.Getenv, "WATCHDOG=1")
 		}
 	}
 	d.log.Info("stopping", "why", why)
-	sdNotify(d.e.getenv, "STOPPING=1\nSTATUS=final snapshot")
+	sdNotify(d.e.Getenv, "STOPPING=1\nSTATUS=final snapshot")
 	ctl.stopAccepting()
 	res := d.stop(bg.Wait)
 	d.result = res
@@ -924,7 +924,7 @@ func (d *daemon) reacquireLease(ctx context.Context) error {
 	default:
 	}
 	d.log.Warn("took the writer lease again after it lapsed; publishing resumes")
-	sdNotify(d.e.getenv, "STATUS=lease taken again: publishing")
+	sdNotify(d.e.Getenv, "STATUS=lease taken again: publishing")
 	return nil
 }
 

@@ -86,7 +86,7 @@ func (d *daemon) snapshotLocked(ctx context.Context, reason string) (snapshotRes
 		"bytes_shared", r.shared, "bytes_copied", r.copied, "packed_on", orNone(r.packedOn), "layout", orNone(r.layout),
 		"compacted", r.layout == "compacted", "garbage_bytes", r.garbage, "garbage_ratio", ratio(r.garbage, r.Size))
 	d.met.snapshotPublished(r)
-	sdNotify(d.e.getenv, "STATUS=snapshot "+r.ID+" published")
+	sdNotify(d.e.Getenv, "STATUS=snapshot "+r.ID+" published")
 
 	t := time.Now()
 	if d.lazyIncomplete() {

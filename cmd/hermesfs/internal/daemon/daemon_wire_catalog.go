@@ -143,7 +143,7 @@ func (a *catalogAdapter) Close() error {
 
 func (realParts) openCatalog(ctx context.Context, d *daemon) (catalog, error) {
 	log := d.base.With("component", "uploader")
-	raw, o, err := d.e.opts.Store(log)
+	raw, o, err := d.e.Store(log)
 	if err != nil {
 		return nil, err
 	}
@@ -154,8 +154,8 @@ func (realParts) openCatalog(ctx context.Context, d *daemon) (catalog, error) {
 	s = d.met.wrapStore(s)
 	// The per-state-dir host id names this writer in snapshot ids,
 	// manifests and the lease, so a restart recognises its own work.
-	co := uploader.CatalogOptions{Host: d.host, Logger: log, Version: d.e.version}
-	if err := d.e.opts.Encryption(&co); err != nil {
+	co := uploader.CatalogOptions{Host: d.host, Logger: log, Version: d.e.Version}
+	if err := d.e.Encryption(&co); err != nil {
 		return nil, err
 	}
 	if co.Recipients != nil && !d.cfg.ReadOnly {
@@ -172,7 +172,7 @@ func (realParts) openCatalog(ctx context.Context, d *daemon) (catalog, error) {
 }
 
 func (realParts) storeURL(d *daemon) string {
-	raw, o, err := d.e.opts.Store(nil)
+	raw, o, err := d.e.Store(nil)
 	if err != nil {
 		return redactURL(raw)
 	}

@@ -49,7 +49,7 @@ func ControlCall(ctx context.Context, path string, req ControlRequest) (ControlR
 // LocateDaemon finds the control socket and state dir of the daemon
 // serving mountpoint (stateDir: as given, or "" for the default).
 func LocateDaemon(getenv func(string) string, mountpoint, stateDir string) (RegistryEntry, error) {
-	return locateDaemon(&env{getenv: getenv}, mountpoint, stateDir)
+	return locateDaemon(&env{Options{Getenv: getenv}}, mountpoint, stateDir)
 }
 
 // ListRegistry lists the mounts registered in the runtime dir dir.

@@ -447,7 +447,7 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	d.mu.Unlock()
 
-	gauge(descInfo, 1, d.e.version, store, fmt.Sprint(d.cfg.ReadOnly))
+	gauge(descInfo, 1, d.e.Version, store, fmt.Sprint(d.cfg.ReadOnly))
 	if !publishedAt.IsZero() {
 		gauge(descLastTime, float64(publishedAt.UnixNano())/1e9)
 		gauge(descSinceLast, now.Sub(publishedAt).Seconds())

@@ -99,13 +99,13 @@ func locateDaemon(e *env, mountpoint, stateDir string) (registryEntry, error) {
 	}
 	mp = filepath.Clean(mp)
 	if stateDir == "" {
-		if r, err := lookupRegistry(RuntimeDir(os.Getuid(), e.getenv), mp); err == nil && processAlive(r.PID) {
+		if r, err := lookupRegistry(RuntimeDir(os.Getuid(), e.Getenv), mp); err == nil && processAlive(r.PID) {
 			return r, nil
 		}
-		stateDir = e.getenv("HERMESFS_STATE_DIR")
+		stateDir = e.Getenv("HERMESFS_STATE_DIR")
 	}
 	if stateDir == "" {
-		if stateDir, err = DefaultStateDir(mp, os.Getuid(), e.getenv); err != nil {
+		if stateDir, err = DefaultStateDir(mp, os.Getuid(), e.Getenv); err != nil {
 			return registryEntry{}, err
 		}
 	}

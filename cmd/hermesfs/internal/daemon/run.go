@@ -40,13 +40,9 @@ type Options struct {
 	Encryption func(o *uploader.CatalogOptions) error
 }
 
-// env is what the daemon sees of its process.
-type env struct {
-	stdout  io.Writer
-	getenv  func(string) string
-	opts    Options
-	version string
-}
+// env is what the daemon sees of its process: Options, with the defaults
+// filled in.
+type env struct{ Options }
 
 // Run runs the daemon of cfg.Mountpoint in the foreground until ctx is
 // done (a signal), `hermesfs umount` asks it to stop or the mount goes
@@ -68,6 +64,6 @@ func Run(ctx context.Context, cfg Config, opts Options) error {
 	if opts.Encryption == nil {
 		opts.Encryption = func(*uploader.CatalogOptions) error { return nil }
 	}
-	e := &env{stdout: opts.Stdout, getenv: opts.Getenv, opts: opts, version: opts.Version}
+	e := &env{opts}
 	return runDaemon(ctx, e, &cfg, realParts{})
 }
