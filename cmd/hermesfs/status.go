@@ -80,7 +80,7 @@ func statusOne(ctx context.Context, e *env, mountpoint, stateDir string, asJSON 
 			r.Last = &daemon.SnapshotRecord{ID: st.LastPublished, Time: st.PublishedAt}
 		}
 	}
-	if changed, err := daemon.UpperHasChanges(loc.StateDir + "/upper"); err == nil && changed {
+	if changed, err := fs.UpperHasChanges(loc.StateDir + "/upper"); err == nil && changed {
 		r.Unpublished = r.Unpublished || !st.CleanShutdown
 	}
 	printStatus(e.stdout, []daemon.StatusReport{r}, asJSON)

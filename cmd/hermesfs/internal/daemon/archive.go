@@ -7,18 +7,18 @@ import (
 	"github.com/hermesfs/hermesfs/archive"
 )
 
-// archiveError gives archive damage its exit status.
-func archiveError(err error) error {
+// ArchiveError gives archive damage its exit status.
+func ArchiveError(err error) error {
 	if errors.Is(err, archive.ErrCorrupt) {
 		return withCode(exitCorrupt, err)
 	}
 	return err
 }
 
-// openArchive opens the archive file at path (opts.Name defaults to path).
+// OpenArchive opens the archive file at path (opts.Name defaults to path).
 // The caller closes the file once done with the reader; a corrupt archive
 // carries the exit code exitCorrupt.
-func openArchive(path string, opts archive.ReaderOptions) (*archive.Reader, *os.File, error) {
+func OpenArchive(path string, opts archive.ReaderOptions) (*archive.Reader, *os.File, error) {
 	f, err := os.Open(path)
 	if lr, ok := lazyLookup(path); ok && errors.Is(err, os.ErrNotExist) {
 		// A base still being fetched: read through its lazy reader.
@@ -27,7 +27,7 @@ func openArchive(path string, opts archive.ReaderOptions) (*archive.Reader, *os.
 		}
 		r, err := archive.Open(lr, lr.Size(), opts)
 		if err != nil {
-			return nil, nil, archiveError(err)
+			return nil, nil, ArchiveError(err)
 		}
 		return r, nil, nil
 	}
@@ -45,7 +45,7 @@ func openArchive(path string, opts archive.ReaderOptions) (*archive.Reader, *os.
 	r, err := archive.Open(f, fi.Size(), opts)
 	if err != nil {
 		f.Close()
-		return nil, nil, archiveError(err)
+		return nil, nil, ArchiveError(err)
 	}
 	return r, f, nil
 }

@@ -206,12 +206,12 @@ func exitCodeOf(err error) int {
 	return exitFailure
 }
 
-// errNoDaemon reports that nothing answers on a control socket.
-var errNoDaemon = errors.New("no hermesfs daemon is running for it")
+// ErrNoDaemon reports that nothing answers on a control socket.
+var ErrNoDaemon = errors.New("no hermesfs daemon is running for it")
 
-// controlCall sends req to the socket at path and returns the response.
-// A socket nobody listens on gives errNoDaemon.
-func controlCall(ctx context.Context, path string, req controlRequest) (controlResponse, error) {
+// ControlCall sends req to the socket at path and returns the response.
+// A socket nobody listens on gives ErrNoDaemon.
+func ControlCall(ctx context.Context, path string, req controlRequest) (controlResponse, error) {
 	var resp controlResponse
 	var c net.Conn
 	err := withShortPath(path, func(p string) error {
@@ -222,7 +222,7 @@ func controlCall(ctx context.Context, path string, req controlRequest) (controlR
 	})
 	if err != nil {
 		if errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT) {
-			return resp, errNoDaemon
+			return resp, ErrNoDaemon
 		}
 		return resp, fmt.Errorf("control socket %s: %w", path, err)
 	}

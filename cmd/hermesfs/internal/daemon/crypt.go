@@ -10,8 +10,8 @@ import (
 	"github.com/hermesfs/hermesfs/uploader/crypt"
 )
 
-// cryptError gives encryption errors their exit code.
-func cryptError(err error) error {
+// CryptError gives encryption errors their exit code.
+func CryptError(err error) error {
 	if _, ok := errors.AsType[*crypt.KeyError](err); ok || errors.Is(err, uploader.ErrPlaintext) {
 		return withCode(exitCrypt, err)
 	}

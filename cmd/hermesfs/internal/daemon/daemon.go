@@ -160,16 +160,16 @@ func (d *daemon) boot(ctx context.Context) error {
 	if fs.IsMountpoint(cfg.Mountpoint) {
 		if loc, err := locateDaemon(d.e, cfg.Mountpoint, cfg.StateDir); err == nil {
 			// Bounded: a killed daemon stuck on its own mount (see
-			// fuseHung) still holds its listening socket open.
+			// FUSEHung) still holds its listening socket open.
 			cctx, cancel := context.WithTimeout(ctx, hungMountWait)
-			_, err := controlCall(cctx, loc.Socket, controlRequest{Op: "status"})
+			_, err := ControlCall(cctx, loc.Socket, controlRequest{Op: "status"})
 			cancel()
 			if err == nil {
 				return fmt.Errorf("%s is already mounted by a running hermesfs", cfg.Mountpoint)
 			}
 		}
-		switch probeFUSE(cfg.Mountpoint, hungMountWait) {
-		case fuseDead:
+		switch ProbeFUSE(cfg.Mountpoint, hungMountWait) {
+		case FUSEDead:
 			// A daemon that was killed (kill -9, OOM, a crash) leaves its
 			// mount behind, answering ENOTCONN; a restart (systemd's
 			// Restart=on-failure) must not trip over it. Its changes are
@@ -178,7 +178,7 @@ func (d *daemon) boot(ctx context.Context) error {
 				return fmt.Errorf("mountpoint %s: the mount a killed daemon left is dead and cannot be detached: %w", cfg.Mountpoint, err)
 			}
 			d.log.Warn("detached the dead mount a killed daemon left at the mountpoint", "mountpoint", cfg.Mountpoint)
-		case fuseHung:
+		case FUSEHung:
 			// No daemon answers the control socket and the mount does not
 			// answer either: a daemon killed while one of its own threads
 			// waited on its mount never exits, and its mount hangs every
@@ -329,12 +329,12 @@ func (d *daemon) decideBase(ctx context.Context) (string, error) {
 		return p, nil
 	}
 
-	changed, err := upperHasChanges(d.sd.upper())
+	changed, err := fs.UpperHasChanges(d.sd.upper())
 	if err != nil {
 		return "", fmt.Errorf("state dir: %w", err)
 	}
 	upperEmpty := !changed
-	if empty, _ := dirEmpty(d.sd.upper()); upperEmpty && !empty {
+	if empty, _ := DirEmpty(d.sd.upper()); upperEmpty && !empty {
 		// Only the overlay's bookkeeping: start the new mount without it.
 		if err := d.clearUpper("unchanged"); err != nil {
 			return "", err
@@ -370,7 +370,7 @@ func (d *daemon) decideBase(ctx context.Context) (string, error) {
 			}
 			st.LastPublished = ""
 		} else {
-			d.log.Warn("the store does not hold the snapshot the local changes went into; treating them as unpublished", "snapshot", orNone(mine), "latest", orNone(latest.ID))
+			d.log.Warn("the store does not hold the snapshot the local changes went into; treating them as unpublished", "snapshot", OrNone(mine), "latest", OrNone(latest.ID))
 			local = true
 		}
 	}
@@ -393,11 +393,11 @@ func (d *daemon) decideBase(ctx context.Context) (string, error) {
 			if oursUnrecorded {
 				st.LastPublished = latest.ID // the next snapshot's parent
 			}
-			d.log.Info("local changes found in the state dir; mounting them over their base and publishing them", "base", orNone(st.Base), "latest", orNone(latest.ID))
+			d.log.Info("local changes found in the state dir; mounting them over their base and publishing them", "base", OrNone(st.Base), "latest", OrNone(latest.ID))
 			return d.baseFile(ctx, st.Base, st.BaseSHA256)
 		case cfg.OnConflict == "keep-local":
 			d.pending, d.expect = true, latest.Pointer
-			d.log.Warn("another host published since our changes; keeping ours (--on-conflict keep-local): the next snapshot replaces theirs as LATEST", "ours", orNone(ours), "theirs", latest.ID)
+			d.log.Warn("another host published since our changes; keeping ours (--on-conflict keep-local): the next snapshot replaces theirs as LATEST", "ours", OrNone(ours), "theirs", latest.ID)
 			return d.baseFile(ctx, st.Base, st.BaseSHA256)
 		case cfg.OnConflict == "discard-local":
 			to, err := setAside(d.sd.upper(), "discarded")
@@ -407,13 +407,13 @@ func (d *daemon) decideBase(ctx context.Context) (string, error) {
 			if err := os.MkdirAll(d.sd.upper(), 0o700); err != nil {
 				return "", err
 			}
-			d.log.Warn("another host published since our changes; discarding ours (--on-conflict discard-local): moved aside, not deleted", "ours", orNone(ours), "theirs", latest.ID, "moved_to", to)
+			d.log.Warn("another host published since our changes; discarding ours (--on-conflict discard-local): moved aside, not deleted", "ours", OrNone(ours), "theirs", latest.ID, "moved_to", to)
 			st.LastPublished, st.Unpublished = "", false
 		default:
 			return "", withCode(exitConflict, fmt.Errorf(
 				"the state dir %s holds local changes based on snapshot %s, but another host has published %s since; "+
 					"choose with --on-conflict keep-local (publish ours over theirs) or --on-conflict discard-local (set ours aside and mount theirs)",
-				d.sd.path, orNone(ours), latest.ID))
+				d.sd.path, OrNone(ours), latest.ID))
 		}
 	}
 
@@ -427,7 +427,7 @@ func (d *daemon) decideBase(ctx context.Context) (string, error) {
 	// An empty store. A non-empty directory at the mountpoint (a user's
 	// real home) becomes the first snapshot, so nothing is hidden by the
 	// mount and the original stays untouched underneath.
-	empty, err := dirEmpty(cfg.Mountpoint)
+	empty, err := DirEmpty(cfg.Mountpoint)
 	if err != nil {
 		return "", fmt.Errorf("mountpoint: %w", err)
 	}
@@ -649,10 +649,10 @@ func (d *daemon) serve(ctx context.Context) error {
 	if f, ok := d.e.Stdout.(interface{ Sync() error }); ok {
 		f.Sync()
 	}
-	if err := sdNotify(d.e.Getenv, fmt.Sprintf("READY=1\nSTATUS=mounted %s from snapshot %s\nMAINPID=%d", cfg.Mountpoint, orNone(base), os.Getpid())); err != nil {
+	if err := sdNotify(d.e.Getenv, fmt.Sprintf("READY=1\nSTATUS=mounted %s from snapshot %s\nMAINPID=%d", cfg.Mountpoint, OrNone(base), os.Getpid())); err != nil {
 		d.log.Warn("sd_notify", "err", err)
 	}
-	d.log.Info("ready", "snapshot", orNone(base), "store", store, "state_dir", d.sd.path, "interval", cfg.Interval.String(), "read_only", cfg.ReadOnly)
+	d.log.Info("ready", "snapshot", OrNone(base), "store", store, "state_dir", d.sd.path, "interval", cfg.Interval.String(), "read_only", cfg.ReadOnly)
 
 	var tick <-chan time.Time
 	if cfg.Interval > 0 && !cfg.ReadOnly {
@@ -859,7 +859,7 @@ func (d *daemon) stop(waitBg func()) shutdownResult {
 		// exit 0 would tell whoever throws this machine away that the
 		// store has everything.
 		res.Code = exitUnsynced
-		res.Error = fmt.Sprintf("writes went on after the final snapshot %s; they are kept in %s and published by the next start (stop the writers before hermesfs)", orNone(res.FinalID), d.sd.path)
+		res.Error = fmt.Sprintf("writes went on after the final snapshot %s; they are kept in %s and published by the next start (stop the writers before hermesfs)", OrNone(res.FinalID), d.sd.path)
 	}
 	if !cfg.ReadOnly {
 		d.finish(res.Code == exitOK && !gone, finalGen)
@@ -874,7 +874,7 @@ func (d *daemon) stop(waitBg func()) shutdownResult {
 	d.cat.Close()
 	d.sd.close()
 	if res.Code == exitOK {
-		d.log.Info("stopped", "final_snapshot", orNone(res.FinalID))
+		d.log.Info("stopped", "final_snapshot", OrNone(res.FinalID))
 	} else {
 		d.log.Error("stopped with unpublished changes", "err", res.Error, "code", res.Code)
 	}
@@ -910,7 +910,7 @@ func (d *daemon) reacquireLease(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		d.log.Warn("not keeping the writer lease: another host published since ours was lost", "latest", orNone(latest.Pointer), "ours", orNone(expect))
+		d.log.Warn("not keeping the writer lease: another host published since ours was lost", "latest", OrNone(latest.Pointer), "ours", OrNone(expect))
 		d.mu.Lock()
 		d.leaseGone = true
 		d.mu.Unlock()
@@ -958,11 +958,11 @@ func (d *daemon) packedHere(s snapshotInfo) bool {
 	return false
 }
 
-// The answers of probeFUSE.
+// The answers of ProbeFUSE.
 const (
-	fuseLive = iota // it answered
-	fuseDead        // ENOTCONN or ECONNABORTED: its daemon is gone
-	fuseHung        // no answer within the wait
+	FUSELive = iota // it answered
+	FUSEDead        // ENOTCONN or ECONNABORTED: its daemon is gone
+	FUSEHung        // no answer within the wait
 )
 
 // hungMountWait is how long boot waits for the daemon of a mount left at
@@ -970,12 +970,12 @@ const (
 // statfs, before it calls it hung.
 var hungMountWait = 5 * time.Second
 
-// probeFUSE asks the mount at mp for statfs (never answered from the
+// ProbeFUSE asks the mount at mp for statfs (never answered from the
 // kernel's caches, unlike stat) and says whether it answered, failed as a
 // FUSE mount whose daemon is gone, or did not answer within wait. A
 // statfs that hangs stays blocked in its goroutine until the connection
 // is aborted.
-func probeFUSE(mp string, wait time.Duration) int {
+func ProbeFUSE(mp string, wait time.Duration) int {
 	done := make(chan error, 1)
 	go func() {
 		var st syscall.Statfs_t
@@ -984,11 +984,11 @@ func probeFUSE(mp string, wait time.Duration) int {
 	select {
 	case err := <-done:
 		if errors.Is(err, syscall.ENOTCONN) || errors.Is(err, syscall.ECONNABORTED) {
-			return fuseDead
+			return FUSEDead
 		}
-		return fuseLive
+		return FUSELive
 	case <-time.After(wait):
-		return fuseHung
+		return FUSEHung
 	}
 }
 
@@ -1030,7 +1030,7 @@ func (d *daemon) finish(synced bool, finalGen uint64) {
 			}
 			d.cleanCache(st.Base)
 			if old != st.Base {
-				d.log.Info("rebased: the final snapshot is the new base", "base", st.Base, "previous", orNone(old))
+				d.log.Info("rebased: the final snapshot is the new base", "base", st.Base, "previous", OrNone(old))
 			}
 			return
 		}

@@ -43,7 +43,7 @@ type sizedReaderAt interface {
 }
 
 // lazyArchives maps a cache path to the reader standing in for the file
-// while it is incomplete, so that openArchive (the mount, the packer)
+// while it is incomplete, so that OpenArchive (the mount, the packer)
 // reads through it.
 var lazyArchives sync.Map // string -> sizedReaderAt
 
@@ -432,13 +432,13 @@ func lazyLookup(path string) (sizedReaderAt, bool) {
 	return v.(sizedReaderAt), true
 }
 
-// lazyLine is the "lazy fill" row of status.
-func lazyLine(l *lazy.Stats) string {
+// LazyLine is the "lazy fill" row of status.
+func LazyLine(l *lazy.Stats) string {
 	pct := 100.0
 	if l.TotalBytes > 0 {
 		pct = 100 * float64(l.PresentBytes) / float64(l.TotalBytes)
 	}
-	s := fmt.Sprintf("%s of %s present (%.0f%%)", humanBytes(l.PresentBytes), humanBytes(l.TotalBytes), pct)
+	s := fmt.Sprintf("%s of %s present (%.0f%%)", HumanBytes(l.PresentBytes), HumanBytes(l.TotalBytes), pct)
 	if l.Complete {
 		s += ", complete and verified"
 	}

@@ -93,7 +93,7 @@ func (a *catalogAdapter) openLazyEncrypted(ctx context.Context, m uploader.Manif
 	}
 	if a.ids == nil {
 		// Nothing to try: no need to fetch a byte.
-		return nil, cryptError(&uploader.KeyError{ID: m.ID, Err: &crypt.KeyError{Types: m.Encryption.RecipientTypes, Err: crypt.ErrNoIdentity}})
+		return nil, CryptError(&uploader.KeyError{ID: m.ID, Err: &crypt.KeyError{Types: m.Encryption.RecipientTypes, Err: crypt.ErrNoIdentity}})
 	}
 	agePath := path + ".age"
 	if fileExists(agePath) {
@@ -156,7 +156,7 @@ func (a *catalogAdapter) openLazyEncrypted(ctx context.Context, m uploader.Manif
 	}
 	plain, n, err := crypt.Open(r, m.Size, a.ids)
 	if err != nil {
-		return fail(lazyCryptError(m, err))
+		return fail(LazyCryptError(m, err))
 	}
 	ps, err := crypt.PayloadStart(io.NewSectionReader(r, 0, m.Size))
 	if err != nil {
@@ -174,18 +174,18 @@ func (a *catalogAdapter) openLazyEncrypted(ctx context.Context, m uploader.Manif
 	return &lazyOpen{r: r, src: src, m: m, metaStart: start, finish: func() { finish(agePath) }}, nil
 }
 
-// lazyCryptError classifies a failure to open snapshot m's age header:
+// LazyCryptError classifies a failure to open snapshot m's age header:
 // identities that do not open an intact header are a KeyError (exit 6);
 // a header naming a recipient type the manifest does not, or failing its
 // MAC or authentication, is corruption.
-func lazyCryptError(m uploader.Manifest, err error) error {
+func LazyCryptError(m uploader.Manifest, err error) error {
 	if ke, ok := errors.AsType[*crypt.KeyError](err); ok {
 		for _, t := range ke.Types {
 			if !slices.Contains(m.Encryption.RecipientTypes, t) {
 				return withCode(exitCorrupt, &uploader.CorruptError{ID: m.ID, Err: fmt.Errorf("%w: %s (manifest: %s)", crypt.ErrUnknownRecipientType, t, strings.Join(m.Encryption.RecipientTypes, ", "))})
 			}
 		}
-		return cryptError(&uploader.KeyError{ID: m.ID, Err: ke})
+		return CryptError(&uploader.KeyError{ID: m.ID, Err: ke})
 	}
 	if errors.Is(err, crypt.ErrAuth) || errors.Is(err, crypt.ErrHeader) {
 		return withCode(exitCorrupt, &uploader.CorruptError{ID: m.ID, Err: err})

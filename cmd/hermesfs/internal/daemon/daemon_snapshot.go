@@ -33,7 +33,7 @@ func (d *daemon) snapshotLocked(ctx context.Context, reason string) (snapshotRes
 	if unchanged {
 		// Nothing to publish needs no lease: a host whose lease was
 		// lost has nothing to resolve either.
-		d.log.Debug("snapshot: nothing changed", "reason", reason, "last", orNone(last))
+		d.log.Debug("snapshot: nothing changed", "reason", reason, "last", OrNone(last))
 		if last == "" {
 			last = expect // LATEST: what the mount shows
 		}
@@ -83,7 +83,7 @@ func (d *daemon) snapshotLocked(ctx context.Context, reason string) (snapshotRes
 		"bytes_packed", r.BytesPacked, "size", r.Size, "bytes_reused", r.BytesReused,
 		"freeze_stall", r.FreezeStall.Round(time.Microsecond), "pack", r.PackTime.Round(time.Millisecond),
 		"upload", r.UploadTime.Round(time.Millisecond), "bytes_uploaded", r.BytesUploaded,
-		"bytes_shared", r.shared, "bytes_copied", r.copied, "packed_on", orNone(r.packedOn), "layout", orNone(r.layout),
+		"bytes_shared", r.shared, "bytes_copied", r.copied, "packed_on", OrNone(r.packedOn), "layout", OrNone(r.layout),
 		"compacted", r.layout == "compacted", "garbage_bytes", r.garbage, "garbage_ratio", ratio(r.garbage, r.Size))
 	d.met.snapshotPublished(r)
 	sdNotify(d.e.Getenv, "STATUS=snapshot "+r.ID+" published")

@@ -113,7 +113,7 @@ func TestSetAsideKeepsData(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(to, "f")); err != nil || string(b) != "keep me" {
 		t.Errorf("set aside lost data: %q %v", b, err)
 	}
-	if empty, _ := dirEmpty(dir); !empty {
+	if empty, _ := DirEmpty(dir); !empty {
 		t.Error("old name still there")
 	}
 }
@@ -192,8 +192,8 @@ func TestControlSocket(t *testing.T) {
 	}
 	sock := filepath.Join(dir, "control.sock")
 	ctx := t.Context()
-	if _, err := controlCall(ctx, sock, controlRequest{Op: "status"}); !errors.Is(err, errNoDaemon) {
-		t.Fatalf("no socket: want errNoDaemon, got %v", err)
+	if _, err := ControlCall(ctx, sock, controlRequest{Op: "status"}); !errors.Is(err, ErrNoDaemon) {
+		t.Fatalf("no socket: want ErrNoDaemon, got %v", err)
 	}
 	h := &testHandler{stopped: make(chan struct{})}
 	srv, err := listenControl(sock, h, discardLogger())
@@ -204,30 +204,30 @@ func TestControlSocket(t *testing.T) {
 	if fi, err := os.Stat(sock); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Errorf("socket mode: %v %v", fi, err)
 	}
-	r, err := controlCall(ctx, sock, controlRequest{Op: "status"})
+	r, err := ControlCall(ctx, sock, controlRequest{Op: "status"})
 	if err != nil || r.Status == nil || r.Status.Base != "b1" || r.Status.DirtyFiles != 3 {
 		t.Fatalf("status: %+v %v", r, err)
 	}
-	r, err = controlCall(ctx, sock, controlRequest{Op: "snapshot"})
+	r, err = ControlCall(ctx, sock, controlRequest{Op: "snapshot"})
 	if err != nil || r.Snapshot == nil || r.Snapshot.ID != "s1" {
 		t.Fatalf("snapshot: %+v %v", r, err)
 	}
-	_, err = controlCall(ctx, sock, controlRequest{Op: "snapshot"})
+	_, err = ControlCall(ctx, sock, controlRequest{Op: "snapshot"})
 	if exitCodeOf(err) != exitConflict || !strings.Contains(err.Error(), "lease lost") {
 		t.Fatalf("failed snapshot: code %d err %v", exitCodeOf(err), err)
 	}
-	if _, err := controlCall(ctx, sock, controlRequest{Op: "bogus"}); exitCodeOf(err) != exitUsage {
+	if _, err := ControlCall(ctx, sock, controlRequest{Op: "bogus"}); exitCodeOf(err) != exitUsage {
 		t.Errorf("unknown op: %v", err)
 	}
 
 	done := make(chan controlResponse)
 	go func() {
-		r, _ := controlCall(ctx, sock, controlRequest{Op: "shutdown"})
+		r, _ := ControlCall(ctx, sock, controlRequest{Op: "shutdown"})
 		done <- r
 	}()
 	time.Sleep(50 * time.Millisecond)
 	srv.stopAccepting()
-	if _, err := controlCall(ctx, sock, controlRequest{Op: "status"}); err == nil {
+	if _, err := ControlCall(ctx, sock, controlRequest{Op: "status"}); err == nil {
 		t.Error("status after stopAccepting: want an error")
 	}
 	close(h.stopped)
@@ -248,16 +248,16 @@ func TestRegistry(t *testing.T) {
 	}
 	// A dead pid: a stale entry.
 	registerMount(dir, registryEntry{Mountpoint: "/b", PID: 1 << 30})
-	got, err := listRegistry(dir)
+	got, err := ListRegistry(dir)
 	if err != nil || len(got) != 1 || got[0].Mountpoint != "/a" {
 		t.Fatalf("list: %+v %v", got, err)
 	}
 	unregisterMount(dir, "/a", os.Getpid()+1)
-	if got, _ := listRegistry(dir); len(got) != 1 {
+	if got, _ := ListRegistry(dir); len(got) != 1 {
 		t.Error("unregister by another pid removed the entry")
 	}
 	unregisterMount(dir, "/a", os.Getpid())
-	if got, _ := listRegistry(dir); len(got) != 0 {
+	if got, _ := ListRegistry(dir); len(got) != 0 {
 		t.Errorf("after unregister: %+v", got)
 	}
 }
@@ -292,18 +292,18 @@ func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
 func TestUpperHasChanges(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "upper")
-	if c, err := upperHasChanges(dir); c || err != nil {
+	if c, err := fs.UpperHasChanges(dir); c || err != nil {
 		t.Errorf("missing upper: %v %v", c, err)
 	}
 	os.MkdirAll(filepath.Join(dir, ".wh..wh..work", "tmp"), 0o700)
 	os.WriteFile(filepath.Join(dir, ".wh..wh..ino"), []byte("map"), 0o600)
-	if c, err := upperHasChanges(dir); c || err != nil {
+	if c, err := fs.UpperHasChanges(dir); c || err != nil {
 		t.Errorf("bookkeeping only: %v %v", c, err)
 	}
 	for _, name := range []string{".wh.deleted", "file", ".wh..wh..opq"} {
 		p := filepath.Join(dir, name)
 		os.WriteFile(p, nil, 0o600)
-		if c, _ := upperHasChanges(dir); !c {
+		if c, _ := fs.UpperHasChanges(dir); !c {
 			t.Errorf("%s is a change", name)
 		}
 		os.Remove(p)
@@ -327,7 +327,7 @@ func TestParseOwner(t *testing.T) {
 		{spec: "no-such-user-here", bad: true},
 		{spec: "root:no-such-group-here", bad: true},
 	} {
-		o, err := parseOwner(c.spec)
+		o, err := ParseOwner(c.spec)
 		if c.bad {
 			if err == nil {
 				t.Errorf("%q: accepted as %+v", c.spec, o)

@@ -73,7 +73,7 @@ func (realParts) packDir(ctx context.Context, dir, out string) (packStats, error
 func (realParts) packView(ctx context.Context, v frozenView, out, base string) (packStats, error) {
 	var opts archive.PackOptions
 	if base != "" {
-		r, f, err := openArchive(base, archive.ReaderOptions{})
+		r, f, err := OpenArchive(base, archive.ReaderOptions{})
 		if err != nil {
 			return packStats{}, mark(err, errBadBase)
 		}
@@ -97,7 +97,7 @@ func (realParts) packView(ctx context.Context, v frozenView, out, base string) (
 }
 
 func (realParts) verify(ctx context.Context, path string) error {
-	r, f, err := openArchive(path, archive.ReaderOptions{})
+	r, f, err := OpenArchive(path, archive.ReaderOptions{})
 	if err != nil {
 		return err
 	}
@@ -165,7 +165,7 @@ func (realParts) mount(ctx context.Context, d *daemon, lowerPath string) (overla
 		reader, err = archive.Open(ra, size, archive.ReaderOptions{Name: lowerPath, Logger: log.With("component", "archive")})
 		if err != nil {
 			c.Close()
-			return nil, archiveError(err)
+			return nil, ArchiveError(err)
 		}
 		lowerFile = c
 	}

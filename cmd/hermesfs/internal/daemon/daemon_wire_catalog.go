@@ -62,7 +62,7 @@ func (a *catalogAdapter) Fetch(ctx context.Context, id, dst string) (snapshotInf
 		if errors.Is(err, uploader.ErrCorrupt) {
 			return snapshotInfo{}, res.SkippedIDs(), withCode(exitCorrupt, err)
 		}
-		return snapshotInfo{}, res.SkippedIDs(), cryptError(err)
+		return snapshotInfo{}, res.SkippedIDs(), CryptError(err)
 	}
 	m := res.Manifest
 	a.setBase(m.ID)
@@ -94,7 +94,7 @@ func (a *catalogAdapter) Publish(ctx context.Context, path string, meta publishM
 		if errors.Is(err, uploader.ErrLeaseLost) {
 			return publishResult{}, mark(err, errLeaseLost)
 		}
-		return publishResult{}, cryptError(err)
+		return publishResult{}, CryptError(err)
 	}
 	a.setBase(p.ID)
 	return publishResult{snapshotInfo: snapshotInfo{ID: p.ID, Size: p.Size, SHA256: p.SHA256}, BytesUploaded: p.Sent, BytesCopied: p.Copied}, nil

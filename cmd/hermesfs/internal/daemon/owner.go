@@ -17,9 +17,9 @@ type owner struct {
 	Uid, Gid int
 }
 
-// parseOwner reads USER[:GROUP]: names or numeric ids. Without GROUP, the
+// ParseOwner reads USER[:GROUP]: names or numeric ids. Without GROUP, the
 // user's primary group.
-func parseOwner(spec string) (*owner, error) {
+func ParseOwner(spec string) (*owner, error) {
 	name, group, hasGroup := strings.Cut(spec, ":")
 	if name == "" {
 		return nil, fmt.Errorf("%q: want USER[:GROUP]", spec)

@@ -59,8 +59,8 @@ func lookupRegistry(dir, mountpoint string) (registryEntry, error) {
 	return e, nil
 }
 
-// listRegistry returns the entries whose process is alive, by mountpoint.
-func listRegistry(dir string) ([]registryEntry, error) {
+// ListRegistry returns the entries whose process is alive, by mountpoint.
+func ListRegistry(dir string) ([]registryEntry, error) {
 	names, err := filepath.Glob(filepath.Join(dir, "*.json"))
 	if err != nil {
 		return nil, err
@@ -72,7 +72,7 @@ func listRegistry(dir string) ([]registryEntry, error) {
 			continue
 		}
 		var e registryEntry
-		if json.Unmarshal(b, &e) != nil || !processAlive(e.PID) {
+		if json.Unmarshal(b, &e) != nil || !ProcessAlive(e.PID) {
 			continue
 		}
 		out = append(out, e)
@@ -81,7 +81,7 @@ func listRegistry(dir string) ([]registryEntry, error) {
 	return out, nil
 }
 
-func processAlive(pid int) bool {
+func ProcessAlive(pid int) bool {
 	if pid <= 0 {
 		return false
 	}
@@ -99,7 +99,7 @@ func locateDaemon(e *env, mountpoint, stateDir string) (registryEntry, error) {
 	}
 	mp = filepath.Clean(mp)
 	if stateDir == "" {
-		if r, err := lookupRegistry(RuntimeDir(os.Getuid(), e.Getenv), mp); err == nil && processAlive(r.PID) {
+		if r, err := lookupRegistry(RuntimeDir(os.Getuid(), e.Getenv), mp); err == nil && ProcessAlive(r.PID) {
 			return r, nil
 		}
 		stateDir = e.Getenv("HERMESFS_STATE_DIR")

@@ -190,7 +190,7 @@ func TestRunSnapshotRestore(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(mp, name), []byte(content), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	resp, err := controlCall(t.Context(), filepath.Join(root, "state1", "control.sock"), controlRequest{Op: "snapshot"})
+	resp, err := ControlCall(t.Context(), filepath.Join(root, "state1", "control.sock"), controlRequest{Op: "snapshot"})
 	if err != nil || resp.Error != "" || resp.Snapshot == nil || resp.Snapshot.ID == "" || resp.Snapshot.Unchanged {
 		t.Fatalf("snapshot on the control socket: %+v, %v", resp, err)
 	}

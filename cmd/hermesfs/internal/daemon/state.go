@@ -13,7 +13,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/hermesfs/hermesfs/fs"
 	"github.com/hermesfs/hermesfs/uploader"
 )
 
@@ -102,10 +101,10 @@ func (s *stateDir) close() error {
 
 // load reads state.json; a missing file is a zero state.
 func (s *stateDir) load() (persistedState, error) {
-	return readState(s.path)
+	return ReadState(s.path)
 }
 
-func readState(dir string) (persistedState, error) {
+func ReadState(dir string) (persistedState, error) {
 	var st persistedState
 	b, err := os.ReadFile(filepath.Join(dir, "state.json"))
 	if errors.Is(err, iofs.ErrNotExist) {
@@ -130,8 +129,8 @@ func (s *stateDir) save(st persistedState) error {
 	return uploader.WriteFileAtomic(s.file("state.json"), append(b, '\n'), 0o600)
 }
 
-// dirEmpty reports whether dir has no entries; a missing dir is empty.
-func dirEmpty(dir string) (bool, error) {
+// DirEmpty reports whether dir has no entries; a missing dir is empty.
+func DirEmpty(dir string) (bool, error) {
 	f, err := os.Open(dir)
 	if errors.Is(err, iofs.ErrNotExist) {
 		return true, nil
@@ -145,12 +144,6 @@ func dirEmpty(dir string) (bool, error) {
 		return true, nil
 	}
 	return len(names) == 0, err
-}
-
-// upperHasChanges reports whether the upper layer at dir holds any change
-// to the tree, as package fs defines it (its own bookkeeping is none).
-func upperHasChanges(dir string) (bool, error) {
-	return fs.UpperHasChanges(dir)
 }
 
 // setAside renames dir to dir.<what>-<time> so nothing is ever deleted that

@@ -85,14 +85,14 @@ type auditRecord struct {
 	Reason  string    `json:"reason"`
 }
 
-func orNone(s string) string {
+func OrNone(s string) string {
 	if s == "" {
 		return "none (empty)"
 	}
 	return s
 }
 
-func humanBytes(n int64) string {
+func HumanBytes(n int64) string {
 	const unit = 1024
 	if n < unit {
 		return fmt.Sprintf("%d B", n)
