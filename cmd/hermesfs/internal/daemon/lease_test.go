@@ -1,13 +1,11 @@
 package daemon
 
 import (
-	"encoding/hex"
 	"os"
 	"path/filepath"
 	"slices"
 	"testing"
 
-	"github.com/hermesfs/hermesfs/archive"
 	"github.com/hermesfs/hermesfs/uploader"
 )
 
@@ -42,38 +40,18 @@ func TestMountLeaseNamesBase(t *testing.T) {
 	}
 	// Another host moves LATEST on (as after a takeover): the base is no
 	// longer LATEST, and a keep-last-1 prune still keeps it.
-	m := publishDir(t, other, t.TempDir())
+	latest, err := other.LatestID(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := filepath.Join(t.TempDir(), "next.sqfs")
+	os.WriteFile(next, []byte("another host's snapshot"), 0o600) // the catalog never parses it
+	m, err := other.Publish(ctx, uploader.PublishInput{Path: next, Parent: latest, Expect: latest})
+	if err != nil {
+		t.Fatal(err)
+	}
 	res, err := other.PruneWith(ctx, uploader.PruneOptions{Policy: uploader.RetentionPolicy{Last: 1}})
 	if err != nil || !slices.Equal(res.Kept, []string{m.ID, r.ID}) {
 		t.Errorf("prune kept %q, %v; want the newest and the lease's base", res.Kept, err)
 	}
-}
-
-// publishDir packs dir and publishes it to cat over its LATEST.
-func publishDir(t *testing.T, cat *uploader.Catalog, dir string) uploader.Manifest {
-	t.Helper()
-	p := filepath.Join(t.TempDir(), "a.sqfs")
-	f, err := os.Create(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := archive.PackDir(t.Context(), f, dir, archive.PackOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Close(); err != nil {
-		t.Fatal(err)
-	}
-	latest, err := cat.LatestID(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := cat.Publish(t.Context(), uploader.PublishInput{
-		Path: p, SHA256: hex.EncodeToString(res.SHA256[:]), Size: res.Size,
-		Parent: latest, Expect: latest, Files: res.Files,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return m
 }
