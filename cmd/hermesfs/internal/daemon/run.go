@@ -2,8 +2,8 @@
 // a mount from a Config and serves it until its context ends. The command
 // (cmd/hermesfs) keeps the flags, the environment, the help text and the
 // output; tests drive Run in-process. daemon.go describes the daemon's life,
-// goroutines and lock order; export.go is what the other commands share
-// with it.
+// goroutines and lock order; export.go gives the types the other commands
+// share with it their exported names.
 package daemon
 
 import (
