@@ -241,7 +241,13 @@ func (d *daemon) boot(ctx context.Context) error {
 		d.lease, err = d.cat.Lease(ctx, d.leaseHolder())
 		if err != nil {
 			if errors.Is(err, errLeaseHeld) {
-				return withCode(exitConflict, fmt.Errorf("%w (use --read-only to mount the newest snapshot read-only)", err))
+				hint := "use --read-only to mount the newest snapshot read-only"
+				if held, ok := errors.AsType[*uploader.LeaseHeldError](err); ok && held.SameMachine {
+					if mp, ok := strings.CutPrefix(held.Holder, "hermesfs mount "); ok {
+						hint = fmt.Sprintf("stop that mount first ('hermesfs umount %s'), or %s", mp, hint)
+					}
+				}
+				return withCode(exitConflict, fmt.Errorf("%w (%s)", err, hint))
 			}
 			return fmt.Errorf("lease: %w", err)
 		}
