@@ -658,7 +658,7 @@ func (d *daemon) serve(ctx context.Context) error {
 	if err := registerMount(rdir, registryEntry{Mountpoint: cfg.Mountpoint, StateDir: d.sd.path, Socket: d.sd.socket(), PID: os.Getpid()}); err != nil {
 		d.log.Warn("cannot register the mount for 'hermesfs status'", "err", err)
 	}
-	defer unregisterMount(rdir, cfg.Mountpoint, os.Getpid())
+	defer markStopped(rdir, cfg.Mountpoint, os.Getpid())
 
 	if cfg.ReadOnly {
 		base = d.roBase
@@ -825,7 +825,7 @@ func (d *daemon) stop(waitBg func()) shutdownResult {
 		changed := d.changedSincePublished()
 		d.snapMu.Unlock()
 		if changed {
-			res.Code, res.Error = exitUnsynced, "the mount went away before a final snapshot; local changes are kept in the state dir and published by the next start"
+			res.Code, res.Error = exitUnsynced, fmt.Sprintf("the mount went away before a final snapshot; local changes are kept in %s and published by the next start", d.sd.path)
 		} else {
 			gone = false // nothing to lose: a clean stop
 		}
