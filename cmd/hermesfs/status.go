@@ -118,11 +118,11 @@ func noStateKnown(loc daemon.RegistryEntry) error {
 	var msg string
 	switch loc.From {
 	case daemon.FromDefault:
-		msg = fmt.Sprintf("no state is known for %s: no mount of it is registered (in this boot) and its default state dir %s holds none; if it was mounted with --state-dir (or HERMESFS_STATE_DIR), pass the same --state-dir", loc.Mountpoint, loc.StateDir)
+		msg = fmt.Sprintf("not running, and no state is known for %s: no mount of it is registered (in this boot) and its default state dir %s holds none; if it was mounted with --state-dir (or HERMESFS_STATE_DIR), pass the same --state-dir", loc.Mountpoint, loc.StateDir)
 	case daemon.FromRegistry:
-		msg = fmt.Sprintf("no state is known for %s: its last mount used the state dir %s, which holds none now (removed?)", loc.Mountpoint, loc.StateDir)
+		msg = fmt.Sprintf("not running, and no state is known for %s: its last mount used the state dir %s, which holds none now (removed?)", loc.Mountpoint, loc.StateDir)
 	default:
-		msg = fmt.Sprintf("no state is known for %s in %s (given by %s): it was never mounted with that state dir, or the state dir was emptied", loc.Mountpoint, loc.StateDir, loc.From)
+		msg = fmt.Sprintf("not running, and no state is known for %s in %s (given by %s): it was never mounted with that state dir, or the state dir was emptied", loc.Mountpoint, loc.StateDir, loc.From)
 	}
 	if fs.IsMountpoint(loc.Mountpoint) {
 		msg += "; something is mounted there (a killed daemon? 'hermesfs umount' detaches it)"
