@@ -134,9 +134,13 @@ func orNone(id string) string {
 
 // CatalogOptions configures a Catalog. The zero value works.
 type CatalogOptions struct {
-	// Host names this machine in snapshot ids, manifests and the lease;
+	// Host names this writer in snapshot ids, manifests and the lease;
 	// default os.Hostname.
 	Host string
+	// Machine is the machine the catalog runs on, recorded in the writer
+	// lease it takes and compared with the one it finds held; default
+	// LocalMachine(). Tests set another to play another machine.
+	Machine Machine
 	// Version is the hermesfs version recorded in manifests.
 	Version string
 	// Logger; nil discards.
@@ -183,6 +187,9 @@ type Catalog struct {
 func NewCatalog(s Store, o CatalogOptions) *Catalog {
 	if o.Host == "" {
 		o.Host, _ = os.Hostname()
+	}
+	if o.Machine == (Machine{}) {
+		o.Machine = LocalMachine()
 	}
 	if o.Now == nil {
 		o.Now = time.Now

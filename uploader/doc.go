@@ -93,7 +93,7 @@ package uploader
 //	store, _ := storeurl.Open(ctx, url, ...)            // local or S3
 //	store = uploader.WithRetry(store, policy, logger)
 //	cat := uploader.NewCatalog(store, uploader.CatalogOptions{Host: host, Version: v, Logger: logger})
-//	lease, err := cat.AcquireLease(ctx, uploader.LeaseOptions{Holder: "hermesfs mount " + dir})
+//	lease, err := cat.AcquireLease(ctx, uploader.LeaseOptions{Holder: "hermesfs mount " + dir, StateDir: stateDir})
 //	                                                    // ErrLeaseHeld: another host writes here
 //	res, err := cat.Restore(ctx, stateDir+"/base.sqfs", uploader.RestoreOptions{Verify: archiveVerify})
 //	                                                    // ErrNoSnapshots: first boot; res.Skipped: warn

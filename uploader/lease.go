@@ -4,12 +4,16 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	iofs "io/fs"
 	"log/slog"
+	"os"
+	"strings"
 	"sync"
 	"time"
 )
@@ -55,24 +59,93 @@ var (
 	ErrLeaseLost = errors.New("lease lost")
 )
 
-// LeaseHeldError names the live holder.
+// LeaseHeldError names the live holder: which writer, on this machine or
+// which other one, with which state dir. Leases written by an older
+// hermesfs name only the writer id (Host).
 type LeaseHeldError struct {
-	Holder  string
-	Host    string
-	Expires time.Time
+	Holder   string
+	Host     string // the holder's writer id: its hostname and a random suffix
+	Hostname string // its machine's hostname; "" in an older lease
+	StateDir string // its state dir; "" in an older lease
+	// SameMachine is true when the holder runs on this machine (same
+	// hostname and machine id): another mount here, not another host.
+	SameMachine bool
+	Expires     time.Time
 }
 
 func (e *LeaseHeldError) Error() string {
-	return fmt.Sprintf("the store is in use by %s on host %s (lease valid until %s unless renewed)",
-		e.Holder, e.Host, e.Expires.UTC().Format(time.RFC3339))
+	return fmt.Sprintf("the store is in use by %s; lease valid until %s unless renewed)",
+		strings.TrimSuffix(describeHolder(e.Holder, e.Host, e.Hostname, e.StateDir, e.SameMachine), ")"),
+		e.Expires.UTC().Format(time.RFC3339))
 }
 
 func (e *LeaseHeldError) Is(target error) bool { return target == ErrLeaseHeld }
 
+// describeHolder names a lease's holder for people, always ending in ")":
+// "hermesfs mount /h on this machine (state dir /s, writer h-1a2b)", or on
+// host H (another machine), or for an older lease only its writer id.
+func describeHolder(holder, host, hostname, stateDir string, same bool) string {
+	sd := stateDir
+	if sd == "" {
+		sd = "unknown"
+	}
+	switch {
+	case hostname == "":
+		return fmt.Sprintf("%s on host %s (a writer id; this lease was written by an older hermesfs, which does not record its machine or state dir)", holder, host)
+	case same:
+		return fmt.Sprintf("%s on this machine (state dir %s, writer %s)", holder, sd, host)
+	}
+	return fmt.Sprintf("%s on host %s (another machine; state dir %s there, writer %s)", holder, hostname, sd, host)
+}
+
+// describe names r's holder as seen from the catalog's machine.
+func (c *Catalog) describe(r LeaseRecord) string {
+	return describeHolder(r.Holder, r.Host, r.Hostname, r.StateDir, c.opts.Machine.holds(r))
+}
+
+// Machine identifies the machine a catalog runs on, so that whoever finds
+// the writer lease held can tell another mount on this machine from
+// another machine.
+type Machine struct {
+	// Hostname is os.Hostname.
+	Hostname string
+	// ID is a digest of the machine id (/etc/machine-id, else
+	// /var/lib/dbus/machine-id), "" where there is none: hostnames repeat
+	// across cloned VMs and containers. The id itself never leaves the
+	// machine (systemd asks that it be kept private).
+	ID string
+}
+
+// holds reports whether lease r was written on machine m.
+func (m Machine) holds(r LeaseRecord) bool {
+	return m.Hostname != "" && r.Hostname == m.Hostname && r.MachineID == m.ID
+}
+
+// LocalMachine is the machine this process runs on.
+var LocalMachine = sync.OnceValue(func() Machine {
+	m := Machine{}
+	m.Hostname, _ = os.Hostname()
+	for _, p := range []string{"/etc/machine-id", "/var/lib/dbus/machine-id"} {
+		b, err := os.ReadFile(p)
+		if id := strings.TrimSpace(string(b)); err == nil && id != "" {
+			sum := sha256.Sum256([]byte("hermesfs writer lease machine\n" + id))
+			m.ID = hex.EncodeToString(sum[:16])
+			break
+		}
+	}
+	return m
+})
+
 // LeaseRecord is the content of the lease object.
 type LeaseRecord struct {
-	Holder     string    `json:"holder"`
-	Host       string    `json:"host"`
+	Holder string `json:"holder"`
+	// Host is the holder's writer id (CatalogOptions.Host).
+	Host string `json:"host"`
+	// Hostname, MachineID (Machine.ID) and StateDir say where the holder
+	// runs; absent from leases an older hermesfs wrote.
+	Hostname   string    `json:"hostname,omitempty"`
+	MachineID  string    `json:"machine_id,omitempty"`
+	StateDir   string    `json:"state_dir,omitempty"`
 	Token      string    `json:"token"` // random, one per acquisition
 	Generation int64     `json:"generation"`
 	Acquired   time.Time `json:"acquired"`
@@ -138,6 +211,9 @@ type LeaseOptions struct {
 	// Base is the snapshot the holder's mount is based on (see
 	// LeaseRecord.Base); SetBase changes it.
 	Base string
+	// StateDir is the holder's local state dir, recorded in the lease for
+	// whoever finds it held.
+	StateDir string
 }
 
 // Lease is a held writer lease.
@@ -206,14 +282,16 @@ func (c *Catalog) AcquireLease(ctx context.Context, o LeaseOptions) (*Lease, err
 		sameHolder := cur.Host == c.opts.Host && cur.Holder == o.Holder
 		if exists && !sameHolder {
 			if left := c.leaseLeft(cur, info); left > 0 {
-				return nil, &LeaseHeldError{Holder: cur.Holder, Host: cur.Host, Expires: now.Add(left)}
+				return nil, &LeaseHeldError{Holder: cur.Holder, Host: cur.Host, Hostname: cur.Hostname, StateDir: cur.StateDir,
+					SameMachine: c.opts.Machine.holds(cur), Expires: now.Add(left)}
 			}
 		}
 		if exists && etag != "" && !cur.Released && cur.Token != "" {
-			l.log.Warn("taking over a stale lease", "stale_holder", cur.Holder, "stale_host", cur.Host, "last_renewed", cur.Renewed)
+			l.log.Warn("taking over a stale lease", "stale_holder", c.describe(cur), "last_renewed", cur.Renewed)
 		}
 		rec := LeaseRecord{
 			Holder: o.Holder, Host: c.opts.Host, Token: token, Generation: cur.Generation + 1,
+			Hostname: c.opts.Machine.Hostname, MachineID: c.opts.Machine.ID, StateDir: o.StateDir,
 			Acquired: now.UTC(), Renewed: now.UTC(), Expires: now.Add(o.TTL).UTC(), Write: randomHex(8), Base: o.Base,
 		}
 		cond := PutOptions{IfNoneMatch: !exists, IfMatch: etag}
@@ -304,7 +382,7 @@ func (l *Lease) Renew(ctx context.Context) error {
 		return nil
 	case errors.Is(err, ErrPrecondition):
 		cur, _, _ := l.c.ReadLease(ctx)
-		return l.markLost(fmt.Errorf("%w: taken over by %s on %s (generation %d)", ErrLeaseLost, cur.Holder, cur.Host, cur.Generation))
+		return l.markLost(fmt.Errorf("%w: taken over by %s, generation %d", ErrLeaseLost, l.c.describe(cur), cur.Generation))
 	case l.c.opts.Mono() >= l.valid:
 		return l.markLost(fmt.Errorf("%w: not renewed within its TTL of %s: %w", ErrLeaseLost, l.opts.TTL, err))
 	}

@@ -96,6 +96,11 @@ Type=notify, KillMode=mixed and TimeoutStopSec larger than --stop-timeout
 				return err
 			}
 			if cfg.Background {
+				// The daemon refuses these too, but only after the log
+				// file is made in the state dir.
+				if err := checkStoreFlags(e, fs); err != nil {
+					return err
+				}
 				return runBackground(ctx, e, cfg, fs)
 			}
 			return daemon.Run(ctx, cfg.Config, cfg.daemonOptions(e))

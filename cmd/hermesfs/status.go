@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -33,7 +34,10 @@ uploaded), when the next one is due, the last error, the lease and recent
 memory-hook rejections. Without MOUNTPOINT, every running mount is shown.
 
 When no daemon runs for MOUNTPOINT, status says so and shows what its state
-dir records (for instance local changes that were never published).
+dir records (for instance local changes that were never published): the
+state dir its last mount used (the registry in the runtime dir remembers it
+until a reboot), else the default one. When neither holds any state, status
+says so: pass the --state-dir the mount was made with.
 
 Exit codes: 0 running, 1 not running (or an error), 2 bad command line.
 
@@ -43,7 +47,7 @@ Examples:
   hermesfs status`,
 		flags: func(fs *flag.FlagSet) {
 			fs.BoolVar(&asJSON, "json", false, "print JSON")
-			fs.StringVar(&stateDir, "state-dir", "", "state dir of the mount, if not the default (env HERMESFS_STATE_DIR)")
+			fs.StringVar(&stateDir, "state-dir", "", "state dir of the mount (env HERMESFS_STATE_DIR; default: the one its last mount used, as registered in the runtime dir, else the default state dir)")
 		},
 		run: func(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error {
 			switch len(args) {
@@ -72,6 +76,9 @@ func statusOne(ctx context.Context, e *env, mountpoint, stateDir string, asJSON 
 		}
 		return err
 	}
+	if !stateKnown(loc.StateDir) {
+		return noStateKnown(loc)
+	}
 	st, serr := daemon.ReadState(loc.StateDir)
 	r := daemon.StatusReport{Mountpoint: loc.Mountpoint, StateDir: loc.StateDir, Lease: "none"}
 	if serr == nil {
@@ -90,6 +97,35 @@ func statusOne(ctx context.Context, e *env, mountpoint, stateDir string, asJSON 
 	}
 	if r.Unpublished {
 		msg += "; the state dir holds local changes not yet published: the next 'hermesfs mount' publishes them"
+	}
+	return withCode(exitFailure, errors.New(msg))
+}
+
+// stateKnown reports whether dir holds a mount's state: its state.json,
+// or local changes.
+func stateKnown(dir string) bool {
+	if _, err := os.Stat(filepath.Join(dir, "state.json")); err == nil {
+		return true
+	}
+	changed, err := fs.UpperHasChanges(filepath.Join(dir, "upper"))
+	return err == nil && changed
+}
+
+// noStateKnown is status' answer for a mountpoint whose state dir holds
+// nothing: not a mount that never published, but a state dir status cannot
+// find, and what to do about it.
+func noStateKnown(loc daemon.RegistryEntry) error {
+	var msg string
+	switch loc.From {
+	case daemon.FromDefault:
+		msg = fmt.Sprintf("not running, and no state is known for %s: no mount of it is registered (in this boot) and its default state dir %s holds none; if it was mounted with --state-dir (or HERMESFS_STATE_DIR), pass the same --state-dir", loc.Mountpoint, loc.StateDir)
+	case daemon.FromRegistry:
+		msg = fmt.Sprintf("not running, and no state is known for %s: its last mount used the state dir %s, which holds none now (removed?)", loc.Mountpoint, loc.StateDir)
+	default:
+		msg = fmt.Sprintf("not running, and no state is known for %s in %s (given by %s): it was never mounted with that state dir, or the state dir was emptied", loc.Mountpoint, loc.StateDir, loc.From)
+	}
+	if fs.IsMountpoint(loc.Mountpoint) {
+		msg += "; something is mounted there (a killed daemon? 'hermesfs umount' detaches it)"
 	}
 	return withCode(exitFailure, errors.New(msg))
 }

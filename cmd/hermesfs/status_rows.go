@@ -23,7 +23,7 @@ func printMemoryStatus(row func(k, f string, a ...any), r daemon.StatusReport) {
 		row("memory limits", "%s characters", strings.Join(parts, ", "))
 	}
 	for _, p := range r.MemoryConfigProblems {
-		row("memory config", "WARNING: %s (the limit in force is the flag or default, not what config.yaml means)", p)
+		row("memory config", "WARNING: %s", p)
 	}
 }
 

@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	iofs "io/fs"
 	"log/slog"
 	"os"
 	"strconv"
@@ -125,14 +124,30 @@ func openStore(ctx context.Context, e *env, fs *flag.FlagSet, logger *slog.Logge
 	// The store commands never create a store (only mount does): a
 	// mistyped URL is reported, not turned into a new empty directory.
 	o.NoCreate = true
-	s, loc, err := storeurl.Open(ctx, raw, o)
-	if errors.Is(err, iofs.ErrNotExist) {
-		return nil, loc, withCode(exitFailure, err)
-	}
+	loc, err := storeurl.Parse(raw, o)
 	if err != nil {
-		return nil, loc, usageError("%v", err)
+		return nil, loc, usageError("%v", err) // the URL cannot be right
+	}
+	s, err := loc.Open(ctx, o)
+	if err != nil {
+		return nil, loc, err // no store there (iofs.ErrNotExist), or it cannot be reached
 	}
 	return uploader.WithRetry(s, uploader.RetryPolicy{}, logger), loc, nil
+}
+
+// checkStoreFlags refuses a store URL that cannot be right and encryption
+// flags that cannot be used (usage errors), before a command starts
+// anything.
+func checkStoreFlags(e *env, fs *flag.FlagSet) error {
+	raw, o, err := storeOptions(e, fs, nil)
+	if err != nil {
+		return err
+	}
+	if _, err := storeurl.Parse(raw, o); err != nil {
+		return usageError("%v", err)
+	}
+	var co uploader.CatalogOptions
+	return cryptOptions(e, fs, &co)
 }
 
 // openCatalog opens the snapshot catalog of the store the flags name.

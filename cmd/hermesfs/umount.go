@@ -32,7 +32,7 @@ the state dir for the next mount.
 Example:
   hermesfs umount ~/.hermes`,
 		flags: func(fs *flag.FlagSet) {
-			fs.StringVar(&stateDir, "state-dir", "", "state dir of the mount, if not the default (env HERMESFS_STATE_DIR)")
+			fs.StringVar(&stateDir, "state-dir", "", "state dir of the mount (env HERMESFS_STATE_DIR; default: the one its last mount used, as registered in the runtime dir, else the default state dir)")
 		},
 		run: func(ctx context.Context, e *env, _ *flag.FlagSet, args []string) error {
 			if len(args) != 1 {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	iofs "io/fs"
 	"log/slog"
+	"math"
 	"strings"
 	"sync"
 	"syscall"
@@ -117,19 +118,21 @@ func TestConfigMalformedFallsBackWithOneWarning(t *testing.T) {
 		t.Fatalf("second malformed content: %d warnings, want 2", n)
 	}
 
-	// Bad values are ignored key by key: a good key beside them still counts.
-	for _, bad := range []string{`"lots"`, "-5", "0", "[1, 2]", "{a: 1}", "99999999999999999999999", "true"} {
+	// A value Hermes' int() refuses makes Hermes use its defaults for both
+	// limits (load_on_disk_store): the flags apply to both, the good key
+	// beside it included.
+	for _, bad := range []string{`"lots"`, "[1, 2]", "{a: 1}", "3e3", "~", ".nan"} {
 		before := warnings()
 		cfg.set(fmt.Sprintf(hermesConfig, bad, 800), nil)
-		limitsOf(t, g, 700, 800)
-		limitsOf(t, g, 700, 800)
+		limitsOf(t, g, 700, DefaultUserLimit)
+		limitsOf(t, g, 700, DefaultUserLimit)
 		if n := warnings() - before; n != 1 {
 			t.Errorf("memory_char_limit: %s: %d warnings, want 1", bad, n)
 		}
 	}
 	last := g.logs.records(t, slog.LevelWarn, "config.yaml")
-	if p := fmt.Sprint(last[len(last)-1]["problem"]); !strings.Contains(p, "memory.memory_char_limit") || !strings.Contains(p, "line 8") {
-		t.Errorf("warning %q does not name the key and line", p)
+	if p := fmt.Sprint(last[len(last)-1]["problem"]); !strings.Contains(p, "memory.memory_char_limit") || !strings.Contains(p, "line 8") || !strings.Contains(p, "BOTH") {
+		t.Errorf("warning %q does not name the key and line, or say that both limits fall back", p)
 	}
 
 	// memory is not a mapping.
@@ -169,69 +172,135 @@ func TestParseLimitsReportsNothingForValid(t *testing.T) {
 	}
 }
 
-// TestLimitValues: every form Hermes Agent takes a limit in is read as it
-// reads it; what cannot be read is reported, never taken for another number.
+// TestLimitValues: every rule of Hermes Agent's load_on_disk_store
+// (tools/memory_tool.py: PyYAML safe_load of config.yaml, then int() of each
+// value inside one try block that falls back to the defaults for both
+// limits), one row each. user_char_limit is 900 beside every value, so a row
+// also shows whether the value takes the other limit down with it.
 func TestLimitValues(t *testing.T) {
+	const both = -1 // int() refuses it: both limits fall back (nil, one problem)
 	for _, c := range []struct {
 		value string
-		want  int // 0: refused, reported
+		want  int  // the memory limit; both: none set
+		warn  bool // accepted, but worth a warning
 	}{
-		{"3000", 3000},
-		{"'3000'", 3000},
-		{`"3000"`, 3000},
-		{"' 3000 '", 3000},
-		{"'+3000'", 3000},
-		{"'3_000'", 3000},
-		{"3_000", 3000},
-		{"2200.5", 2200},
-		{"3.0e3", 3000},
-		{"0x10", 16},
-		{"!!int '2500'", 2500},
-		{"'3,000'", 0},
-		{"'3000.0'", 0},
-		{"'3e3'", 0},
-		{"'_3000'", 0},
-		{"'3__000'", 0},
-		{"'lots'", 0},
-		{"''", 0},
-		{"", 0},
-		{"~", 0},
-		{"true", 0},
-		{"'-5'", 0},
-		{"0", 0},
-		{"-5", 0},
-		{".inf", 0},
-		{".nan", 0},
-		{"99999999999999999999999", 0},
-		{"'99999999999999999999999'", 0},
-		{"[3000]", 0},
-		{"{n: 3000}", 0},
+		// ints, as YAML 1.1 writes them
+		{"3000", 3000, false},
+		{"+3000", 3000, false},
+		{"3_000", 3000, false},
+		{"0x10", 16, false},
+		{"010", 8, false}, // a leading zero is octal in YAML 1.1
+		{"0b11", 3, false},
+		{"1:30", 90, false}, // base 60
+		{"0o17", both, false},
+		{"99999999999999999999999", math.MaxInt32, false},
+		// quoted numbers: strings, which int() reads
+		{"'3000'", 3000, false},
+		{`"3000"`, 3000, false},
+		{"' 3000 '", 3000, false},
+		{"'+3000'", 3000, false},
+		{"'3_000'", 3000, false},
+		{"'３０００'", 3000, false}, // int() reads the digits of every script
+		{"'٣٠٠٠'", 3000, false},
+		{"|\n    3000", 3000, false}, // a block scalar: "3000\n"
+		{"'3,000'", both, false},
+		{"'3000.0'", both, false},
+		{"'_3000'", both, false},
+		{"'3__000'", both, false},
+		{"'lots'", both, false},
+		{"lots", both, false},
+		{"''", both, false},
+		// floats: int() truncates toward zero
+		{"2200.5", 2200, false},
+		{"2200.", 2200, false},
+		{"3.0e+3", 3000, false},
+		{"1_000.9", 1000, false},
+		{".inf", both, false},
+		{".nan", both, false},
+		// exponents without a dot or a sign are text to PyYAML
+		{"3e3", both, false},
+		{"3.0e3", both, false},
+		{"'3e3'", both, false},
+		// booleans: int(True) is 1
+		{"true", 1, true},
+		{"yes", 1, true},
+		{"On", 1, true},
+		{"false", 0, true},
+		{"no", 0, true},
+		{"'yes'", both, false},
+		// zero and negative: Hermes adds nothing
+		{"0", 0, true},
+		{"-5", 0, true},
+		{"'-5'", 0, true},
+		{"-0.5", 0, true},
+		// null and other types int() refuses
+		{"", both, false},
+		{"~", both, false},
+		{"null", both, false},
+		{"2026-01-01", both, false},
+		{"[3000]", both, false},
+		{"{n: 3000}", both, false},
+		// explicit tags
+		{"!!int '2500'", 2500, false},
+		{"!!str 3000", 3000, false},
+		{"!!float '3000'", 3000, false},
 	} {
 		doc := fmt.Sprintf("memory:\n  memory_char_limit: %s\n  user_char_limit: 900\n", c.value)
 		lim, problems := parseLimits([]byte(doc))
-		if lim[KindUser] != 900 {
-			t.Errorf("%s: user limit %d, want 900 (one bad key must not hide the other)", c.value, lim[KindUser])
-		}
-		got, ok := lim[KindMemory]
 		switch {
-		case c.want == 0 && (ok || len(problems) != 1):
-			t.Errorf("%s: limit %d (set %v), problems %q; want it refused and reported", c.value, got, ok, problems)
-		case c.want != 0 && (got != c.want || len(problems) != 0):
-			t.Errorf("%s: limit %d, problems %q; want %d", c.value, got, problems, c.want)
-		}
-		if c.want == 0 && len(problems) == 1 && !strings.Contains(problems[0], "memory.memory_char_limit") {
-			t.Errorf("%s: problem %q does not name the key", c.value, problems[0])
+		case c.want == both:
+			if lim != nil || len(problems) != 1 || !strings.Contains(problems[0], "memory.memory_char_limit") || !strings.Contains(problems[0], "BOTH") {
+				t.Errorf("%s: limits %v, problems %q; want none set (both fall back) and one problem naming the key", c.value, lim, problems)
+			}
+		case lim[KindMemory] != c.want || lim[KindUser] != 900 || len(lim) != 2:
+			t.Errorf("%s: limits %v (problems %q); want memory %d, user 900", c.value, lim, problems, c.want)
+		case c.warn != (len(problems) == 1) || len(problems) > 1:
+			t.Errorf("%s: problems %q; want a warning: %v", c.value, problems, c.warn)
 		}
 	}
-	// The nesting Hermes reads: only the top-level memory mapping.
-	for doc, want := range map[string]int{
-		"memory_char_limit: 3000\n":                        0,
-		"agent:\n  memory:\n    memory_char_limit: 3000\n": 0,
-		"memory:\n  memory_char_limit: 3000\n":             3000,
-		"memory: {memory_char_limit: '3000'}\n":            3000,
+}
+
+// TestConfigDocumentRules: what Hermes makes of the file as a whole.
+func TestConfigDocumentRules(t *testing.T) {
+	const both = -1
+	for _, c := range []struct {
+		name, doc    string
+		memory, user int // both: none set; 0: that key not set
+		problem      bool
+	}{
+		{"one invalid key takes both down", "memory:\n  memory_char_limit: 3000\n  user_char_limit: lots\n", both, both, true},
+		{"both invalid", "memory:\n  memory_char_limit: x\n  user_char_limit: y\n", both, both, true},
+		{"a missing key keeps its default", "memory:\n  user_char_limit: 500\n", 0, 500, false},
+		{"no memory section", "model:\n  default: x\n", both, both, false},
+		{"memory: null", "memory:\n", both, both, false},
+		{"memory not a mapping", "memory: 3000\n", both, both, true},
+		{"memory a list", "memory: [3000]\n", both, both, true},
+		{"top level a list", "- memory: 3000\n", both, both, true},
+		{"top level text", "memory\n", both, both, true},
+		{"only comments", "# memory:\n#   memory_char_limit: 10\n", both, both, false},
+		{"not YAML", "memory:\n  memory_char_limit: [unclosed\n", both, both, true},
+		{"two documents", "memory:\n  memory_char_limit: 3000\n---\nx: 1\n", both, both, true},
+		{"nested elsewhere", "agent:\n  memory:\n    memory_char_limit: 3000\n", both, both, false},
+		{"top-level key", "memory_char_limit: 3000\n", both, both, false},
+		{"flow mapping", "memory: {memory_char_limit: '3000', user_char_limit: 10}\n", 3000, 10, false},
+		{"repeated key: the last wins", "memory:\n  memory_char_limit: 10\n  memory_char_limit: 3000\n", 3000, 0, false},
+		{"anchors and merge keys", "base: &b\n  memory_char_limit: 3000\n  user_char_limit: 10\nmemory:\n  <<: *b\n  user_char_limit: 20\n", 3000, 20, false},
+		{"alias value", "n: &n 2500\nmemory:\n  memory_char_limit: *n\n", 2500, 0, false},
 	} {
-		if lim, _ := parseLimits([]byte(doc)); lim[KindMemory] != want {
-			t.Errorf("%q: memory limit %d, want %d", doc, lim[KindMemory], want)
+		lim, problems := parseLimits([]byte(c.doc))
+		if c.problem != (len(problems) > 0) {
+			t.Errorf("%s: problems %q, want some: %v", c.name, problems, c.problem)
+		}
+		if c.memory == both {
+			if lim != nil {
+				t.Errorf("%s: limits %v, want none set", c.name, lim)
+			}
+			continue
+		}
+		m, mok := lim[KindMemory]
+		u, uok := lim[KindUser]
+		if mok != (c.memory != 0) || m != c.memory || uok != (c.user != 0) || u != c.user {
+			t.Errorf("%s: limits %v, want memory %d user %d (0: not set)", c.name, lim, c.memory, c.user)
 		}
 	}
 }
@@ -242,7 +311,7 @@ func TestConfigProblemsReported(t *testing.T) {
 	cfg := &configFile{}
 	cfg.set(fmt.Sprintf(hermesConfig, "'3000'", "lots"), nil)
 	g := newTestGuard(t, Options{ConfigYAML: cfg.read})
-	limitsOf(t, g, 3000, DefaultUserLimit)
+	limitsOf(t, g, DefaultMemoryLimit, DefaultUserLimit) // as Hermes: one bad value, both defaults
 	p := g.ConfigProblems()
 	if len(p) != 1 || !strings.Contains(p[0], "user_char_limit") || !strings.Contains(p[0], "lots") {
 		t.Fatalf("problems %q", p)

@@ -53,9 +53,11 @@
 // A limit counts Unicode code points of the whole file, entry delimiters
 // ("\n§\n") included: not bytes, not tokens, not entries. Each guarded file has a
 // [Kind]; the limit of a kind is resolved at every Check, first match wins:
-// the home's config.yaml (memory.memory_char_limit, memory.user_char_limit) when it
-// exists and the key holds a positive integer; else the flag value in Options;
-// else the default (2,200 and 1,375). config.yaml is read through a callback so
+// the home's config.yaml (memory.memory_char_limit, memory.user_char_limit), read
+// exactly as Hermes Agent reads it (config.go: YAML 1.1 types as PyYAML makes
+// them, Python's int() of each value, and one value int() refuses sends both
+// limits to their defaults); else the flag value in Options; else the default
+// (2,200 and 1,375). config.yaml is read through a callback so
 // that editing it takes effect without a remount; the parsed result is cached by
 // the content's hash, and a malformed file is reported once per distinct content
 // (a Warn log line) and otherwise ignored, never blocking a write.

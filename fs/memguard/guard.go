@@ -233,11 +233,13 @@ func (g *Guard) Limits(ctx context.Context) map[Kind]int {
 	return out
 }
 
-// ConfigProblems reads config.yaml again and says why a memory limit it
-// sets is not the one in force: the file cannot be read, or a value is not
-// a number hermesfs can read (then the flag or default limit applies, which
-// may differ from what Hermes uses). Empty when config.yaml is absent or
-// every limit it sets is in force; for startup and `hermesfs status`.
+// ConfigProblems reads config.yaml again and says what in it needs fixing,
+// each with its consequence: the file cannot be read or parsed, a value
+// Hermes Agent's int() refuses (Hermes then uses its defaults for both
+// limits, and the Guard the flag or default ones), or a value that works
+// but is surely a mistake (a boolean, a limit of zero or less). Empty when
+// config.yaml is absent or sets its limits plainly; for startup and
+// `hermesfs status`.
 func (g *Guard) ConfigProblems() []string {
 	return g.config.trouble()
 }

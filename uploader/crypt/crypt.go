@@ -154,16 +154,26 @@ func (r *Recipients) addFile(name string) error {
 	return nil
 }
 
+// parseRecipient reads one recipient. Its errors say what a recipient
+// looks like; the library's own words come last, as the cause.
 func parseRecipient(s string) (age.Recipient, error) {
 	switch {
 	case strings.HasPrefix(s, "age1pq1"):
-		return age.ParseHybridRecipient(s)
+		r, err := age.ParseHybridRecipient(s)
+		if err != nil {
+			return nil, fmt.Errorf("not a valid post-quantum age public key (age1pq1… as 'age-keygen -pq' prints it, copied whole) (cause: %w)", err)
+		}
+		return r, nil
 	case strings.HasPrefix(s, "age1"):
-		return age.ParseX25519Recipient(s)
+		r, err := age.ParseX25519Recipient(s)
+		if err != nil {
+			return nil, fmt.Errorf("not a valid age public key: one is \"age1\" and 58 more lower-case letters and digits, as 'hermesfs keygen FILE' or 'age-keygen' print it; copy it whole (cause: %w)", err)
+		}
+		return r, nil
 	case strings.HasPrefix(s, "ssh-ed25519 "), strings.HasPrefix(s, "ssh-rsa "):
 		pk, _, _, _, err := ssh.ParseAuthorizedKey([]byte(s))
 		if err != nil {
-			return nil, fmt.Errorf("malformed SSH public key: %w", err)
+			return nil, fmt.Errorf("not a valid SSH public key: give the whole line of the .pub file, \"ssh-ed25519 AAAA… comment\" (cause: %w)", err)
 		}
 		if pk.Type() == "ssh-rsa" {
 			return agessh.NewRSARecipient(pk)
@@ -172,7 +182,7 @@ func parseRecipient(s string) (age.Recipient, error) {
 	case strings.HasPrefix(s, "AGE-SECRET-KEY-"), strings.HasPrefix(s, "-----BEGIN"):
 		return nil, errors.New("this is a private key, not a recipient: give the public key (age-keygen -y KEYFILE prints it)")
 	}
-	return nil, errors.New("not an age1… key, an ssh-ed25519/ssh-rsa public key or @FILE")
+	return nil, errors.New("not a recipient: give an age public key (age1…, printed by 'hermesfs keygen FILE' or 'age-keygen'), an ssh-ed25519 or ssh-rsa public key line (a .pub file's), or @FILE with one of those a line")
 }
 
 // shorten keeps a recipient argument recognisable in a message without

@@ -19,6 +19,7 @@ import (
 	"github.com/hermesfs/hermesfs/fs"
 	"github.com/hermesfs/hermesfs/uploader"
 	"github.com/hermesfs/hermesfs/uploader/lazy"
+	"github.com/hermesfs/hermesfs/uploader/storeurl"
 )
 
 // The daemon of `hermesfs mount`. The README section "hermesfs mount" says
@@ -134,7 +135,7 @@ func runDaemon(ctx context.Context, e *env, cfg *Config, p parts) error {
 	}
 	defer d.met.close()
 	if err := d.boot(ctx); err != nil {
-		d.cleanupBoot()
+		d.cleanupBoot(true)
 		return err
 	}
 	d.met.ready()
@@ -156,6 +157,9 @@ func (d *daemon) boot(ctx context.Context) error {
 			return err
 		}
 		cfg.StateDir = sd
+	}
+	if err := d.checkStoreConfig(); err != nil {
+		return err
 	}
 	if fs.IsMountpoint(cfg.Mountpoint) {
 		if loc, err := locateDaemon(d.e, cfg.Mountpoint, cfg.StateDir); err == nil {
@@ -241,7 +245,13 @@ func (d *daemon) boot(ctx context.Context) error {
 		d.lease, err = d.cat.Lease(ctx, d.leaseHolder())
 		if err != nil {
 			if errors.Is(err, errLeaseHeld) {
-				return withCode(exitConflict, fmt.Errorf("%w (use --read-only to mount the newest snapshot read-only)", err))
+				hint := "use --read-only to mount the newest snapshot read-only"
+				if held, ok := errors.AsType[*uploader.LeaseHeldError](err); ok && held.SameMachine {
+					if mp, ok := strings.CutPrefix(held.Holder, "hermesfs mount "); ok {
+						hint = fmt.Sprintf("stop that mount first ('hermesfs umount %s'), or %s", mp, hint)
+					}
+				}
+				return withCode(exitConflict, fmt.Errorf("%w (%s)", err, hint))
 			}
 			return fmt.Errorf("lease: %w", err)
 		}
@@ -279,8 +289,25 @@ func (d *daemon) boot(ctx context.Context) error {
 	return nil
 }
 
-// cleanupBoot undoes what a failed boot set up.
-func (d *daemon) cleanupBoot() {
+// checkStoreConfig refuses, before anything is created, a store URL that
+// cannot be right (a usage error, exit 2) and encryption settings that
+// cannot be used (Options.Encryption's error, as it is).
+func (d *daemon) checkStoreConfig() error {
+	raw, o, err := d.e.Store(nil)
+	if err != nil {
+		return err
+	}
+	if _, err := storeurl.Parse(raw, o); err != nil {
+		return usageError("%v", err)
+	}
+	var co uploader.CatalogOptions
+	return d.e.Encryption(&co)
+}
+
+// cleanupBoot undoes what a failed boot set up; refused: the boot did
+// not go ahead, so the parts of the state dir it created and left empty
+// go too (a refused mount changes nothing in the state dir).
+func (d *daemon) cleanupBoot(refused bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if d.ov != nil {
@@ -294,6 +321,9 @@ func (d *daemon) cleanupBoot() {
 		d.cat.Close()
 	}
 	if d.sd != nil {
+		if refused {
+			d.sd.removeCreated()
+		}
 		d.sd.close()
 	}
 }
@@ -621,14 +651,14 @@ func (d *daemon) serve(ctx context.Context) error {
 	base, store, pending, lastPub := d.st.Base, d.st.Store, d.pending, d.st.LastPublished
 	ctl, err := listenControl(d.sd.socket(), d, d.log)
 	if err != nil {
-		d.cleanupBoot()
+		d.cleanupBoot(false)
 		return err
 	}
 	rdir := RuntimeDir(os.Getuid(), d.e.Getenv)
 	if err := registerMount(rdir, registryEntry{Mountpoint: cfg.Mountpoint, StateDir: d.sd.path, Socket: d.sd.socket(), PID: os.Getpid()}); err != nil {
 		d.log.Warn("cannot register the mount for 'hermesfs status'", "err", err)
 	}
-	defer unregisterMount(rdir, cfg.Mountpoint, os.Getpid())
+	defer markStopped(rdir, cfg.Mountpoint, os.Getpid())
 
 	if cfg.ReadOnly {
 		base = d.roBase
@@ -795,7 +825,7 @@ func (d *daemon) stop(waitBg func()) shutdownResult {
 		changed := d.changedSincePublished()
 		d.snapMu.Unlock()
 		if changed {
-			res.Code, res.Error = exitUnsynced, "the mount went away before a final snapshot; local changes are kept in the state dir and published by the next start"
+			res.Code, res.Error = exitUnsynced, fmt.Sprintf("the mount went away before a final snapshot; local changes are kept in %s and published by the next start", d.sd.path)
 		} else {
 			gone = false // nothing to lose: a clean stop
 		}

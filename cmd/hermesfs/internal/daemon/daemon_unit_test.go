@@ -252,13 +252,36 @@ func TestRegistry(t *testing.T) {
 	if err != nil || len(got) != 1 || got[0].Mountpoint != "/a" {
 		t.Fatalf("list: %+v %v", got, err)
 	}
-	unregisterMount(dir, "/a", os.Getpid()+1)
+	markStopped(dir, "/a", os.Getpid()+1)
 	if got, _ := ListRegistry(dir); len(got) != 1 {
-		t.Error("unregister by another pid removed the entry")
+		t.Error("markStopped by another pid changed the entry")
 	}
-	unregisterMount(dir, "/a", os.Getpid())
+	markStopped(dir, "/a", os.Getpid())
 	if got, _ := ListRegistry(dir); len(got) != 0 {
-		t.Errorf("after unregister: %+v", got)
+		t.Errorf("after markStopped, listed as running: %+v", got)
+	}
+	// The stopped mount's state dir is still known: status and umount
+	// of it look there, not in the default state dir.
+	if e, err := lookupRegistry(dir, "/a"); err != nil || e.PID != 0 || e.Stopped.IsZero() || e.StateDir != "/s/a" {
+		t.Errorf("stopped entry %+v, %v", e, err)
+	}
+	getenv := func(k string) string {
+		if k == "HERMESFS_RUNTIME_DIR" {
+			return dir
+		}
+		return ""
+	}
+	for _, c := range []struct {
+		mp, stateDir, wantDir, wantFrom string
+	}{
+		{"/a", "", "/s/a", FromRegistry},
+		{"/a", "/given", "/given", FromFlag},
+		{"/b", "", "", FromDefault}, // a dead entry without a state dir
+	} {
+		loc, err := LocateDaemon(getenv, c.mp, c.stateDir)
+		if err != nil || loc.From != c.wantFrom || c.wantDir != "" && loc.StateDir != c.wantDir {
+			t.Errorf("locate %s (%q): %+v, %v; want %s from %s", c.mp, c.stateDir, loc, err, c.wantDir, c.wantFrom)
+		}
 	}
 }
 

@@ -16,6 +16,9 @@ type catalogAdapter struct {
 	closer func() error
 	lease  *uploader.Lease
 	ids    *crypt.Identities // decrypt encrypted snapshots read lazily
+	// stateDir is recorded in the lease, so that a mount refused by it
+	// can say which state dir (on which machine) holds it.
+	stateDir string
 }
 
 var _ catalog = (*catalogAdapter)(nil)
@@ -123,7 +126,7 @@ func (a *catalogAdapter) Prune(ctx context.Context, policy uploader.RetentionPol
 }
 
 func (a *catalogAdapter) Lease(ctx context.Context, holder string) (lease, error) {
-	l, err := a.c.AcquireLease(ctx, uploader.LeaseOptions{Holder: holder})
+	l, err := a.c.AcquireLease(ctx, uploader.LeaseOptions{Holder: holder, StateDir: a.stateDir})
 	if err != nil {
 		if errors.Is(err, uploader.ErrLeaseHeld) {
 			return nil, mark(err, errLeaseHeld)
@@ -163,6 +166,7 @@ func (realParts) openCatalog(ctx context.Context, d *daemon) (catalog, error) {
 		log.Info("new snapshots are encrypted with age", "recipients", co.Recipients.Len(), "recipient_types", strings.Join(co.Recipients.Types(), ","))
 	}
 	a := newCatalogAdapter(s, co, nil)
+	a.stateDir = d.sd.path
 	if !d.cfg.ReadOnly {
 		if err := checkEncryptedLatest(ctx, a.c, co); err != nil {
 			return nil, err

@@ -27,7 +27,9 @@ type PersistedState = persistedState
 type Owner = owner
 
 // LocateDaemon finds the control socket and state dir of the daemon
-// serving mountpoint (stateDir: as given, or "" for the default).
+// serving mountpoint, or of its last mount (stateDir: as given, or "" to
+// look it up: registry, HERMESFS_STATE_DIR, default); From says where the
+// state dir came from.
 func LocateDaemon(getenv func(string) string, mountpoint, stateDir string) (RegistryEntry, error) {
 	return locateDaemon(&env{Options{Getenv: getenv}}, mountpoint, stateDir)
 }

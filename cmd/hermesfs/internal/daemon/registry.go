@@ -8,21 +8,40 @@ import (
 	"path/filepath"
 	"sort"
 	"syscall"
+	"time"
 
 	"github.com/hermesfs/hermesfs/uploader"
 )
 
-// A registry of running mounts lives in the runtime dir (see RuntimeDir),
-// one file per mountpoint, so that `hermesfs status` with no argument finds
-// every mount, and `snapshot`/`umount` find a daemon started with a
-// non-default state dir. Entries of daemons that died are stale: callers
-// check the pid and the socket, and ignore them.
+// A registry of mounts lives in the runtime dir (see RuntimeDir), one file
+// per mountpoint, so that `hermesfs status` with no argument finds every
+// running mount, and status, snapshot and umount find the state dir of a
+// mount made with a state dir other than the default. An entry stays once
+// its daemon is gone: a daemon that stops records that it stopped (PID 0),
+// a killed one leaves its pid, which callers check (ProcessAlive) before
+// they talk to its socket. Either way the entry still names the state dir
+// that holds the mount's local changes, until the runtime dir goes (a
+// reboot empties /run).
 type registryEntry struct {
-	Mountpoint string `json:"mountpoint"`
-	StateDir   string `json:"state_dir"`
-	Socket     string `json:"socket"`
-	PID        int    `json:"pid"`
+	Mountpoint string    `json:"mountpoint"`
+	StateDir   string    `json:"state_dir"`
+	Socket     string    `json:"socket"`
+	PID        int       `json:"pid"`
+	Stopped    time.Time `json:"stopped,omitzero"` // when its daemon stopped
+	// From says where locateDaemon found StateDir: "running daemon",
+	// "registry" (the last mount of it, its daemon gone), "--state-dir",
+	// "HERMESFS_STATE_DIR" or "default".
+	From string `json:"-"`
 }
+
+// Where locateDaemon found a state dir (registryEntry.From).
+const (
+	FromRunning  = "running daemon"
+	FromRegistry = "registry"
+	FromFlag     = "--state-dir"
+	FromEnv      = "HERMESFS_STATE_DIR"
+	FromDefault  = "default"
+)
 
 func registryPath(dir, mountpoint string) string {
 	return filepath.Join(dir, escapePath(mountpoint)+".json")
@@ -39,11 +58,15 @@ func registerMount(dir string, e registryEntry) error {
 	return uploader.WriteFileAtomic(registryPath(dir, e.Mountpoint), b, 0o600)
 }
 
-// unregisterMount removes the entry if it is still ours.
-func unregisterMount(dir, mountpoint string, pid int) {
+// markStopped records, if the entry is still ours, that its daemon
+// stopped: the entry keeps naming the state dir, for status and umount.
+func markStopped(dir, mountpoint string, pid int) {
 	e, err := lookupRegistry(dir, mountpoint)
 	if err == nil && e.PID == pid {
-		os.Remove(registryPath(dir, mountpoint))
+		e.PID, e.Stopped = 0, time.Now().UTC()
+		if b, err := json.Marshal(e); err == nil {
+			uploader.WriteFileAtomic(registryPath(dir, mountpoint), b, 0o600)
+		}
 	}
 }
 
@@ -90,27 +113,36 @@ func ProcessAlive(pid int) bool {
 }
 
 // locateDaemon finds the control socket and state dir of the daemon for
-// mountpoint: a live registry entry first, else stateDir (if given), else
-// the default state dir.
+// mountpoint, or of its last mount: stateDir if given, else a registry
+// entry whose daemon runs, else $HERMESFS_STATE_DIR, else the registry
+// entry of its last mount (a daemon that stopped or was killed), else the
+// default state dir. From says which.
 func locateDaemon(e *env, mountpoint, stateDir string) (registryEntry, error) {
 	mp, err := filepath.Abs(mountpoint)
 	if err != nil {
 		return registryEntry{}, err
 	}
 	mp = filepath.Clean(mp)
+	from := FromFlag
 	if stateDir == "" {
-		if r, err := lookupRegistry(RuntimeDir(os.Getuid(), e.Getenv), mp); err == nil && ProcessAlive(r.PID) {
+		r, rerr := lookupRegistry(RuntimeDir(os.Getuid(), e.Getenv), mp)
+		if rerr == nil && ProcessAlive(r.PID) {
+			r.From = FromRunning
 			return r, nil
 		}
-		stateDir = e.Getenv("HERMESFS_STATE_DIR")
+		stateDir, from = e.Getenv("HERMESFS_STATE_DIR"), FromEnv
+		if stateDir == "" && rerr == nil && r.StateDir != "" {
+			stateDir, from = r.StateDir, FromRegistry
+		}
 	}
 	if stateDir == "" {
 		if stateDir, err = DefaultStateDir(mp, os.Getuid(), e.Getenv); err != nil {
 			return registryEntry{}, err
 		}
+		from = FromDefault
 	}
 	if stateDir, err = filepath.Abs(stateDir); err != nil {
 		return registryEntry{}, err
 	}
-	return registryEntry{Mountpoint: mp, StateDir: stateDir, Socket: filepath.Join(stateDir, "control.sock")}, nil
+	return registryEntry{Mountpoint: mp, StateDir: stateDir, Socket: filepath.Join(stateDir, "control.sock"), From: from}, nil
 }

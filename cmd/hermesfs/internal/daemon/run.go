@@ -33,10 +33,13 @@ type Options struct {
 
 	// Store resolves the store: its URL and how to open it. Called at
 	// boot (logger is the store's) and for messages (logger nil); an
-	// error is returned by Run as it is.
+	// error is returned by Run as it is, a URL that cannot be right as
+	// a usage error (ExitUsage), before the state dir is touched.
 	Store func(logger *slog.Logger) (string, storeurl.Options, error)
 	// Encryption, if set, fills in the catalog's identities, recipients
-	// and AllowPlaintext; its error is returned by Run as it is.
+	// and AllowPlaintext; its error is returned by Run as it is. It is
+	// called once before the state dir is touched, to refuse early, and
+	// again when the store opens.
 	Encryption func(o *uploader.CatalogOptions) error
 }
 

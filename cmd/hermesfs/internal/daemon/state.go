@@ -45,6 +45,9 @@ type persistedState struct {
 type stateDir struct {
 	path string
 	lock *os.File
+	// created is what openStateDir made (directories top down, then the
+	// lock file), for removeCreated.
+	created []string
 }
 
 func (s *stateDir) file(name string) string { return filepath.Join(s.path, name) }
@@ -60,33 +63,136 @@ func (s *stateDir) cached(id string) string {
 // errStateLocked reports another daemon holding the state dir.
 var errStateLocked = errors.New("state directory is in use by another hermesfs daemon")
 
-// openStateDir creates the state dir's layout (0700) and takes its lock.
-func openStateDir(path string) (*stateDir, error) {
-	if err := os.MkdirAll(path, 0o700); err != nil {
+// openStateDir creates the state dir's layout (0700) and takes its lock,
+// noting what it created.
+func openStateDir(path string) (_ *stateDir, err error) {
+	s := &stateDir{path: path}
+	defer func() {
+		if err != nil {
+			s.removeCreated()
+		}
+	}()
+	if s.created, err = mkdirAll(path); err != nil {
 		return nil, fmt.Errorf("state dir %s: %w", path, err)
 	}
 	for _, d := range []string{"cache", "upper", "pack"} {
-		if err := os.MkdirAll(filepath.Join(path, d), 0o700); err != nil {
+		made, err := mkdirAll(filepath.Join(path, d))
+		if err != nil {
 			return nil, fmt.Errorf("state dir %s: %w", path, err)
 		}
+		s.created = append(s.created, made...)
 	}
-	f, err := os.OpenFile(filepath.Join(path, "lock"), os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("state dir %s: lock: %w", path, err)
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		pid, _ := io.ReadAll(io.LimitReader(f, 32))
-		f.Close()
-		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, fmt.Errorf("%s: %w (pid %s)", path, errStateLocked, strings.TrimSpace(string(pid)))
+	lockPath := filepath.Join(path, "lock")
+	for attempt := 0; ; attempt++ {
+		f, made, err := openLock(lockPath)
+		if err != nil {
+			return nil, fmt.Errorf("state dir %s: lock: %w", path, err)
 		}
-		return nil, fmt.Errorf("state dir %s: lock: %w", path, err)
+		if made {
+			s.created = append(s.created, lockPath)
+		}
+		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+			pid, _ := io.ReadAll(io.LimitReader(f, 32))
+			f.Close()
+			if errors.Is(err, syscall.EWOULDBLOCK) {
+				return nil, fmt.Errorf("%s: %w (pid %s)", path, errStateLocked, strings.TrimSpace(string(pid)))
+			}
+			return nil, fmt.Errorf("state dir %s: lock: %w", path, err)
+		}
+		// A refused boot removes the lock file it made (removeCreated)
+		// while holding it: a lock taken on that removed file locks
+		// nothing, so take it again on the file now at the path.
+		if same, err := sameFile(f, lockPath); err != nil || !same {
+			f.Close()
+			if made {
+				s.created = s.created[:len(s.created)-1]
+			}
+			if attempt < 5 {
+				continue
+			}
+			return nil, fmt.Errorf("state dir %s: lock: the lock file keeps being replaced", path)
+		}
+		s.lock = f
+		break
 	}
 	// The pid is informational, for the error above.
-	if err := f.Truncate(0); err == nil {
-		f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	if err := s.lock.Truncate(0); err == nil {
+		s.lock.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	}
-	return &stateDir{path: path, lock: f}, nil
+	return s, nil
+}
+
+// mkdirAll is os.MkdirAll(path, 0o700) that returns the directories it
+// created, top down.
+func mkdirAll(path string) ([]string, error) {
+	var missing []string
+	for p := filepath.Clean(path); ; p = filepath.Dir(p) {
+		if _, err := os.Lstat(p); err == nil {
+			break
+		} else if !errors.Is(err, iofs.ErrNotExist) {
+			return nil, err
+		}
+		missing = append(missing, p)
+		if filepath.Dir(p) == p {
+			break
+		}
+	}
+	var made []string
+	for i := len(missing) - 1; i >= 0; i-- {
+		if err := os.Mkdir(missing[i], 0o700); err != nil && !errors.Is(err, iofs.ErrExist) {
+			return made, err
+		} else if err == nil {
+			made = append(made, missing[i])
+		}
+	}
+	// What exists at path may be something other than a directory.
+	if fi, err := os.Stat(path); err != nil {
+		return made, err
+	} else if !fi.IsDir() {
+		return made, fmt.Errorf("%s: not a directory", path)
+	}
+	return made, nil
+}
+
+// openLock opens the lock file, creating it if needed; made says it did.
+func openLock(path string) (f *os.File, made bool, err error) {
+	f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err == nil {
+		return f, true, nil
+	}
+	if !errors.Is(err, iofs.ErrExist) {
+		return nil, false, err
+	}
+	f, err = os.OpenFile(path, os.O_RDWR, 0o600)
+	return f, false, err
+}
+
+// sameFile reports whether f is the file now at path.
+func sameFile(f *os.File, path string) (bool, error) {
+	a, err := f.Stat()
+	if err != nil {
+		return false, err
+	}
+	b, err := os.Stat(path)
+	if errors.Is(err, iofs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return os.SameFile(a, b), nil
+}
+
+// removeCreated takes away what openStateDir created, newest first, for a
+// boot that does not go ahead: the lock file, then each directory it made
+// that is still empty. Nothing that existed before, and nothing the boot
+// wrote since (a download, state.json), is removed. Call it before close,
+// with the lock held.
+func (s *stateDir) removeCreated() {
+	for i := len(s.created) - 1; i >= 0; i-- {
+		os.Remove(s.created[i]) // a directory only if empty
+	}
+	s.created = nil
 }
 
 // close releases the lock.

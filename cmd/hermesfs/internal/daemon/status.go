@@ -153,16 +153,17 @@ func (d *daemon) memoryStatus(r *statusReport) {
 	}
 }
 
-// warnMemoryConfig says at startup, as an error, that config.yaml sets a
-// memory limit hermesfs cannot read: the limit in force is then the flag or
-// the default, and Hermes may be using another one.
+// warnMemoryConfig says at startup, as an error, what in config.yaml's
+// memory limits needs fixing (memguard.Guard.ConfigProblems): the limits in
+// force are what Hermes Agent makes of the file, which may not be what its
+// author meant.
 func warnMemoryConfig(log *slog.Logger, g *memguard.Guard) {
 	problems := g.ConfigProblems()
 	if len(problems) == 0 {
 		return
 	}
 	lim := g.Limits(context.Background())
-	log.Error("config.yaml sets a memory limit hermesfs cannot read: enforcing the flag or default limit instead, which may not be the one Hermes uses (fix config.yaml; `hermesfs status` shows this until then)",
+	log.Error("config.yaml's memory limits need fixing: hermesfs enforces what Hermes Agent makes of them, which may not be what was meant (fix config.yaml; `hermesfs status` shows this until then)",
 		"problems", strings.Join(problems, "; "), "memory_limit", lim[memguard.KindMemory], "user_limit", lim[memguard.KindUser])
 }
 

@@ -1,0 +1,152 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"filippo.io/age"
+
+	"github.com/hermesfs/hermesfs/uploader"
+	"github.com/hermesfs/hermesfs/uploader/crypt"
+	"github.com/hermesfs/hermesfs/uploader/storeurl"
+)
+
+// TestRunRefusedLeavesStateDir: a mount that is refused (the lease is held,
+// local changes conflict with another host's snapshot, LATEST is encrypted
+// and no recipient is given, a store URL or recipient that cannot be right,
+// a state dir of another mountpoint) changes nothing in the state dir: what
+// it created (the dir and its parents, lock, cache/, pack/, upper/) is taken
+// away again, and what was there before stays as it was.
+func TestRunRefusedLeavesStateDir(t *testing.T) {
+	root := tempDir(t)
+	mp := filepath.Join(root, "home")
+	if err := os.Mkdir(mp, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	// newStore makes a local store; with held, another writer holds its
+	// lease; with latest, it holds a snapshot of another host's (encrypted
+	// with enc).
+	newStore := func(t *testing.T, held, latest bool, enc *crypt.Recipients) string {
+		t.Helper()
+		dir, err := os.MkdirTemp(root, "store-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := uploader.NewLocal(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		other := uploader.NewCatalog(s, uploader.CatalogOptions{Host: "other-1a2b3c4d", Recipients: enc})
+		if latest {
+			p := filepath.Join(dir, "..", filepath.Base(dir)+".sqfs")
+			os.WriteFile(p, []byte("another host's snapshot"), 0o600) // the catalog never parses it
+			if _, err := other.Publish(t.Context(), uploader.PublishInput{Path: p}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if held {
+			l, err := other.AcquireLease(t.Context(), uploader.LeaseOptions{Holder: "hermesfs mount /elsewhere", Heartbeat: -1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { l.Release(t.Context()) })
+		}
+		return dir
+	}
+	id, err := age.GenerateX25519Identity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	recipients, err := crypt.ParseRecipients([]string{id.Recipient().String()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// localChanges leaves in the state dir what a crash leaves: changes
+	// in the upper layer that no snapshot has.
+	localChanges := func(t *testing.T, state string) {
+		os.MkdirAll(filepath.Join(state, "upper"), 0o700)
+		os.WriteFile(filepath.Join(state, "upper", "notes.md"), []byte("unpublished\n"), 0o600)
+		os.WriteFile(filepath.Join(state, "state.json"), []byte(`{"mountpoint": "`+mp+`", "host": "here-5e6f7a8b", "unpublished": true}`), 0o600)
+	}
+	for _, c := range []struct {
+		name   string
+		store  func(t *testing.T) string
+		before func(t *testing.T, state string)
+		mod    func(*Config, *Options)
+		code   int
+		says   string
+	}{
+		{"lease held", func(t *testing.T) string { return newStore(t, true, false, nil) }, nil, nil, ExitConflict, "in use by"},
+		{"encrypted LATEST, no recipient", func(t *testing.T) string { return newStore(t, false, true, recipients) }, nil, nil, ExitCrypt, "encrypted"},
+		{"local changes, another host published", func(t *testing.T) string { return newStore(t, false, true, nil) }, localChanges, nil, ExitConflict, "--on-conflict"},
+		{"state dir of another mountpoint", func(t *testing.T) string { return newStore(t, false, false, nil) },
+			func(t *testing.T, state string) {
+				os.MkdirAll(state, 0o700)
+				os.WriteFile(filepath.Join(state, "state.json"), []byte(`{"mountpoint": "/another/home"}`), 0o600)
+			}, nil, ExitUsage, "belongs to mountpoint /another/home"},
+		{"store URL that cannot be right", func(t *testing.T) string { return newStore(t, false, false, nil) }, nil,
+			func(_ *Config, o *Options) {
+				store := o.Store
+				o.Store = func(l *slog.Logger) (string, storeurl.Options, error) {
+					_, so, err := store(l)
+					return "s3:bucket", so, err
+				}
+			}, ExitUsage, "two slashes"},
+		{"recipient that is not a key", func(t *testing.T) string { return newStore(t, false, false, nil) }, nil,
+			func(_ *Config, o *Options) {
+				o.Encryption = func(*uploader.CatalogOptions) error {
+					_, err := crypt.ParseRecipients([]string{"age1notakey"})
+					return UsageError("--encrypt-to: %v", err)
+				}
+			}, ExitUsage, "age1notakey"},
+	} {
+		t.Run(strings.ReplaceAll(c.name, " ", "_"), func(t *testing.T) {
+			top, err := os.MkdirTemp(root, "state-")
+			if err != nil {
+				t.Fatal(err)
+			}
+			// A fresh state dir two levels below a directory that does
+			// not exist yet either; or, with before, one that does.
+			state := filepath.Join(top, "a", "b", "state")
+			if c.before != nil {
+				c.before(t, state)
+			} else if err := os.Remove(top); err != nil {
+				t.Fatal(err)
+			}
+			was := tree(t, top)
+			logs, err := runRefused(t, c.store(t), mp, state, c.mod)
+			if ExitCode(err) != c.code || !strings.Contains(fmt.Sprint(err), c.says) {
+				t.Fatalf("Run: %v (exit %d), want exit %d saying %q; logs:\n%s", err, ExitCode(err), c.code, c.says, logs)
+			}
+			if now := tree(t, top); !slices.Equal(now, was) {
+				t.Errorf("the refused mount changed the state dir's tree\nbefore %q\nafter  %q", was, now)
+			}
+		})
+	}
+}
+
+// tree lists everything below dir (nil when dir does not exist).
+func tree(t *testing.T, dir string) []string {
+	t.Helper()
+	var out []string
+	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		out = append(out, strings.TrimPrefix(p, dir))
+		return nil
+	})
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
