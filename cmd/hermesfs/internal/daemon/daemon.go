@@ -471,7 +471,11 @@ func (d *daemon) seed(ctx context.Context) (string, error) {
 	defer os.Remove(tmp)
 	packTime := time.Since(t0)
 	t1 := time.Now()
-	pr, err := d.cat.Publish(ctx, tmp, publishMeta{Files: ps.Files, Host: d.host, SHA256: ps.SHA256, Size: ps.Size}, "")
+	var pr publishResult
+	err = contain(func() (err error) {
+		pr, err = d.cat.Publish(ctx, tmp, publishMeta{Files: ps.Files, Host: d.host, SHA256: ps.SHA256, Size: ps.Size}, "")
+		return err
+	})
 	if err != nil {
 		return "", fmt.Errorf("seed from %s: publish: %w", d.cfg.Mountpoint, err)
 	}
@@ -682,9 +686,13 @@ func (d *daemon) serve(ctx context.Context) error {
 		bg0 := d.bgCtx
 		go func(path string) {
 			t := time.Now()
-			if err := d.parts.verify(bg0, path); err != nil && bg0.Err() == nil {
+			if err := contain(func() error { return d.parts.verify(bg0, path) }); err != nil && bg0.Err() == nil {
 				err = fmt.Errorf("the base snapshot failed verification: %w", err)
-				d.log.Error("base snapshot is corrupt; reads of damaged blocks fail with EIO", "err", err)
+				if stack := panicStack(err); stack != nil {
+					d.log.Error("base snapshot verification failed on a panic", "err", err, "stack", string(stack))
+				} else {
+					d.log.Error("base snapshot is corrupt; reads of damaged blocks fail with EIO", "err", err)
+				}
 				d.setErr(err)
 				return
 			}

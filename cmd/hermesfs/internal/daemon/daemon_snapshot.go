@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/hermesfs/hermesfs/archive"
@@ -68,11 +69,21 @@ func (d *daemon) snapshotLocked(ctx context.Context, reason string) (snapshotRes
 	if parent == "" {
 		parent = base
 	}
-	r, err := d.snapshotOnce(ctx, parent, expect)
+	var r snapshotDone
+	err := contain(func() (err error) {
+		r, err = d.snapshotOnce(ctx, parent, expect)
+		return err
+	})
 	if err != nil {
 		d.met.snapshotFailed(err)
-		err = fmt.Errorf("snapshot (%s): %w", reason, err)
-		d.log.Error("snapshot failed; local state kept, retrying at the next tick", "err", err)
+		stack := panicStack(err)
+		if stack != nil {
+			err = fmt.Errorf("snapshot (%s): %w (a hermesfs bug: its stack is in the log)", reason, err)
+			d.log.Error("snapshot failed on a panic; local state kept, the mount goes on", "err", err, "stack", string(stack))
+		} else {
+			err = fmt.Errorf("snapshot (%s): %w", reason, err)
+			d.log.Error("snapshot failed; local state kept, retrying at the next tick", "err", err)
+		}
 		d.setErr(err)
 		if errors.Is(err, errConflict) || errors.Is(err, errLeaseLost) {
 			return r.snapshotResult, withCode(exitConflict, err)
@@ -92,8 +103,11 @@ func (d *daemon) snapshotLocked(ctx context.Context, reason string) (snapshotRes
 	if d.lazyIncomplete() {
 		// Retention could delete the base the fill still reads from.
 		d.log.Debug("prune deferred until the lazy fill completes")
-	} else if err := d.cat.Prune(ctx, d.cfg.Retention); err != nil {
+	} else if err := contain(func() error { return d.cat.Prune(ctx, d.cfg.Retention) }); err != nil {
 		d.log.Warn("prune", "err", err, "took", time.Since(t).Round(time.Millisecond))
+		if stack := panicStack(err); stack != nil {
+			d.log.Error("prune failed on a panic", "err", err, "stack", string(stack))
+		}
 	}
 	return r.snapshotResult, nil
 }
@@ -154,6 +168,9 @@ func (d *daemon) snapshotOnce(ctx context.Context, parent, expect string) (snaps
 	if err != nil {
 		return r, fmt.Errorf("freeze: %w", err)
 	}
+	// Closed below once packed, or on the way out of a panic.
+	closeView := sync.OnceValue(view.Close)
+	defer closeView()
 	r.FreezeStall = time.Since(t0)
 	d.met.snapshotFrozen()
 	viewGen := view.Generation()
@@ -173,7 +190,7 @@ func (d *daemon) snapshotOnce(ctx context.Context, parent, expect string) (snaps
 		base, baseID = "", ""
 		ps, err = d.parts.packView(ctx, view, out, "")
 	}
-	if cerr := view.Close(); cerr != nil && err == nil {
+	if cerr := closeView(); cerr != nil && err == nil {
 		err = cerr
 	}
 	if err != nil {
