@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -122,4 +123,145 @@ func exitCode(err error) int {
 		return 128 + int(ws.Signal())
 	}
 	return ee.ExitCode()
+}
+
+// `make demo` after its daemon was killed: the dead mount it left at
+// DEMO_DIR/home does not stop the recipe; the mount is detached and the
+// demo comes back with the changes the killed daemon had not published.
+func TestE2EDemoAfterKill9(t *testing.T) {
+	need(t, "/dev/fuse", "make", "fusermount3", "sqlite3") // sqlite3: scripts/deps.sh demo wants it
+	if os.Geteuid() != 0 {
+		t.Skip("standing in for the dead mount (below) mounts FUSE by hand, which needs root")
+	}
+	bin := hermesfsBin(t)
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	demo := e2eDir(t, "demo")
+	home := filepath.Join(demo, "home")
+	writeFile(t, filepath.Join(home, "config.yaml"), "model: demo\n", 0o644) // no sample to generate
+	h := &host{t: t, state: filepath.Join(demo, "state"), runtime: e2eDir(t, "run"), store: "file://" + filepath.Join(demo, "store")}
+
+	// makeDemo runs the demo target (its build step taken as done) and
+	// returns once the mount is ready, with the daemon's pid.
+	makeDemo := func() (pid int, ready string) {
+		t.Helper()
+		cmd := exec.Command("make", "-C", root, "-o", "build", "demo", "BIN="+bin, "DEMO_DIR="+demo)
+		cmd.Env = append(os.Environ(), "HERMESFS_RUNTIME_DIR="+h.runtime, "NOTIFY_SOCKET=")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var errOut syncBuffer
+		cmd.Stderr = &errOut
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		t.Cleanup(func() {
+			syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM) // make and the daemon: their own group
+			select {
+			case <-done:
+			case <-time.After(time.Minute):
+				syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+				<-done
+			}
+			if fs.IsMountpoint(home) {
+				syscall.Unmount(home, syscall.MNT_DETACH)
+			}
+		})
+		lines := make(chan string, 1)
+		go func() {
+			sc := bufio.NewScanner(out)
+			for sc.Scan() {
+				if strings.HasPrefix(sc.Text(), "ready ") {
+					lines <- sc.Text()
+				}
+			}
+			close(lines)
+		}()
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				<-done
+				t.Fatalf("make demo ended before the mount was ready:\n%s", errOut.String())
+			}
+			ready = l
+		case <-time.After(90 * time.Second):
+			t.Fatalf("make demo: no ready line:\n%s", errOut.String())
+		}
+		r, code := h.statusJSON(home)
+		if code != 0 || r.PID <= 0 {
+			t.Fatalf("status of the demo mount: exit %d %+v", code, r)
+		}
+		return r.PID, ready
+	}
+
+	pid, _ := makeDemo()
+	writeFile(t, filepath.Join(home, "memories", "MEMORY.md"), "not yet published\n", 0o644)
+	syscall.Kill(pid, syscall.SIGKILL)
+	for deadline := time.Now().Add(30 * time.Second); daemonAlive(pid) && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !fs.IsMountpoint(home) {
+		t.Fatal("kill -9 left no dead mount behind")
+	}
+	// The kernel answers stat of the dead mount's root from its cache
+	// (the mount's attribute timeout, an hour) and ENOTCONN after that:
+	// the state `make demo` found. Stand in for it: the same mount, but
+	// with nothing cached (a FUSE connection that died unanswered).
+	if err := syscall.Unmount(home, syscall.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	deadFUSEMount(t, home)
+	if _, err := os.Stat(home); !errors.Is(err, syscall.ENOTCONN) {
+		t.Fatalf("stat of the dead mount: %v, want ENOTCONN", err)
+	}
+
+	_, ready := makeDemo()
+	if !strings.Contains(ready, "local=recovered") {
+		t.Errorf("ready line after the crash %q: want the recovered changes", ready)
+	}
+	if got := mustRead(t, filepath.Join(home, "memories", "MEMORY.md")); got != "not yet published\n" {
+		t.Errorf("MEMORY.md after the crash and make demo: %q", got)
+	}
+	if got := mustRead(t, filepath.Join(home, "config.yaml")); got != "model: demo\n" {
+		t.Errorf("config.yaml after the crash and make demo: %q", got)
+	}
+}
+
+// deadFUSEMount mounts at mp a FUSE file system (type fuse.hermesfs)
+// whose server went away before answering anything: every request,
+// stat of its root included, fails with ENOTCONN.
+func deadFUSEMount(t *testing.T, mp string) {
+	t.Helper()
+	fd, err := syscall.Open("/dev/fuse", syscall.O_RDWR|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := fmt.Sprintf("fd=%d,rootmode=40000,user_id=%d,group_id=%d", fd, os.Getuid(), os.Getgid())
+	err = syscall.Mount("hermesfs", mp, "fuse.hermesfs", syscall.MS_NOSUID|syscall.MS_NODEV, opts)
+	syscall.Close(fd)
+	if err != nil {
+		t.Fatalf("mount a dead FUSE file system at %s: %v", mp, err)
+	}
+	t.Cleanup(func() {
+		if fs.IsMountpoint(mp) {
+			syscall.Unmount(mp, syscall.MNT_DETACH)
+		}
+	})
+}
+
+// daemonAlive reports whether process pid still exists (a zombie counts
+// as gone).
+func daemonAlive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	_, rest, _ := strings.Cut(string(b), ") ")
+	return !strings.HasPrefix(rest, "Z")
 }
