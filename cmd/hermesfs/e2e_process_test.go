@@ -265,3 +265,84 @@ func daemonAlive(pid int) bool {
 	_, rest, _ := strings.Cut(string(b), ") ")
 	return !strings.HasPrefix(rest, "Z")
 }
+
+// --background runs the daemon in "/": every path given relative to the
+// working directory (identity, recipients file, store, state dir, log
+// file, mountpoint) still names what it named there.
+func TestE2EBackgroundRelativePaths(t *testing.T) {
+	need(t, "/dev/fuse")
+	work := e2eDir(t, "cwd")
+	runtime := e2eDir(t, "run")
+	storeName := filepath.Base(work) + "-store" // unique: see the check at the end
+	if err := os.Mkdir(filepath.Join(work, "home"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		// A daemon that resolved the store in its own working directory
+		// put it there.
+		if strayed := filepath.Join("/", storeName); fileExists(strayed) {
+			t.Errorf("the relative store went to %s", strayed)
+			os.RemoveAll(strayed)
+		}
+	})
+	run := func(args ...string) (int, string, string) {
+		t.Helper()
+		cmd := exec.Command(hermesfsBin(t), args...)
+		cmd.Dir = work
+		cmd.Env = append(os.Environ(), "HERMESFS_RUNTIME_DIR="+runtime, "HERMESFS_STORE=", "HERMESFS_STATE_DIR=", "HERMESFS_IDENTITY=", "NOTIFY_SOCKET=")
+		var out, errOut strings.Builder
+		cmd.Stdout, cmd.Stderr = &out, &errOut
+		err := cmd.Run()
+		if code := exitCode(err); code >= 0 {
+			return code, out.String(), errOut.String()
+		}
+		t.Fatal(err)
+		return 0, "", ""
+	}
+	code, pub, errOut := run("keygen", "key.txt")
+	if code != 0 {
+		t.Fatalf("keygen: exit %d %s", code, errOut)
+	}
+	writeFile(t, filepath.Join(work, "recipients.txt"), pub, 0o644)
+	mount := []string{"mount", "--background", "--interval", "0", "--store", storeName, "--state-dir", "state",
+		"--log-file", "logs/hermesfs.log", "--identity", "key.txt", "--encrypt-to", "@recipients.txt", "home"}
+	umount := func() {
+		t.Helper()
+		if code, out, errOut := run("umount", "--state-dir", "state", "home"); code != 0 {
+			t.Fatalf("umount: exit %d %q %s", code, out, errOut)
+		}
+	}
+	mp := filepath.Join(work, "home")
+	t.Cleanup(func() {
+		if fs.IsMountpoint(mp) {
+			run("umount", "--state-dir", "state", "home")
+		}
+	})
+
+	code, out, errOut := run(mount...)
+	if code != 0 || !strings.HasPrefix(out, "ready "+mp+" ") {
+		t.Fatalf("mount --background with relative paths: exit %d %q\n%s", code, out, errOut)
+	}
+	writeFile(t, filepath.Join(mp, "x.txt"), "encrypted, in the relative store\n", 0o644)
+	umount()
+	if snaps := localSnapshots(t, filepath.Join(work, storeName)); len(snaps) == 0 {
+		t.Fatalf("no snapshot in %s", filepath.Join(work, storeName))
+	}
+	if !fileExists(filepath.Join(work, "state", "state.json")) || !strings.Contains(mustRead(t, filepath.Join(work, "logs", "hermesfs.log")), "snapshot published") {
+		t.Errorf("the state dir or the log file is not where the relative flags named them")
+	}
+
+	// A new host boots the encrypted snapshot: the relative identity is
+	// what opens it.
+	if err := os.RemoveAll(filepath.Join(work, "state")); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut = run(mount...)
+	if code != 0 {
+		t.Fatalf("second mount --background: exit %d %q\n%s", code, out, errOut)
+	}
+	if got := mustRead(t, filepath.Join(mp, "x.txt")); got != "encrypted, in the relative store\n" {
+		t.Errorf("x.txt on the new host: %q", got)
+	}
+	umount()
+}
