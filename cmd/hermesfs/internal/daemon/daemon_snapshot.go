@@ -30,6 +30,9 @@ func (d *daemon) snapshotLocked(ctx context.Context, reason string) (snapshotRes
 	d.mu.Lock()
 	unchanged := d.ov.Generation() == d.publishedGen && !d.pending
 	last, expect := d.st.LastPublished, d.expect
+	// The newest snapshot is the mount's base: a tree that is the base's
+	// again (files created and removed, nothing else) needs none.
+	onBase := !d.pending && (last == "" || last == d.st.Base)
 	d.mu.Unlock()
 	if unchanged {
 		// Nothing to publish needs no lease: a host whose lease was
@@ -71,7 +74,7 @@ func (d *daemon) snapshotLocked(ctx context.Context, reason string) (snapshotRes
 	}
 	var r snapshotDone
 	err := contain(func() (err error) {
-		r, err = d.snapshotOnce(ctx, parent, expect)
+		r, err = d.snapshotOnce(ctx, parent, expect, onBase)
 		return err
 	})
 	if err != nil {
@@ -89,6 +92,13 @@ func (d *daemon) snapshotLocked(ctx context.Context, reason string) (snapshotRes
 			return r.snapshotResult, withCode(exitConflict, err)
 		}
 		return r.snapshotResult, err
+	}
+	if r.Unchanged {
+		d.log.Debug("snapshot: nothing changed but directory times (files created and removed again); nothing packed or uploaded", "reason", reason, "base", OrNone(base))
+		if r.ID == "" {
+			r.ID = expect // LATEST: what the mount shows
+		}
+		return r.snapshotResult, nil
 	}
 	d.log.Info("snapshot published", "reason", reason, "id", r.ID, "files", r.Files,
 		"bytes_packed", r.BytesPacked, "size", r.Size, "bytes_reused", r.BytesReused,
@@ -160,7 +170,10 @@ func (d *daemon) packBase() (path, id string) {
 	return "", ""
 }
 
-func (d *daemon) snapshotOnce(ctx context.Context, parent, expect string) (snapshotDone, error) {
+// snapshotOnce freezes the tree, packs it and publishes it. onBase: the
+// newest snapshot is the base the mount sits on, so a tree that is the
+// lower layer's again is not packed (r.Unchanged, ID the base).
+func (d *daemon) snapshotOnce(ctx context.Context, parent, expect string, onBase bool) (snapshotDone, error) {
 	var r snapshotDone
 	d.resolveHot() // not part of the stall: nothing is frozen yet
 	t0 := time.Now()
@@ -172,8 +185,23 @@ func (d *daemon) snapshotOnce(ctx context.Context, parent, expect string) (snaps
 	closeView := sync.OnceValue(view.Close)
 	defer closeView()
 	r.FreezeStall = time.Since(t0)
-	d.met.snapshotFrozen()
 	viewGen := view.Generation()
+	if onBase {
+		// SQLite creates and removes a database's -wal and -shm even for
+		// a query: the generation moved, the tree did not.
+		same, err := view.SameAsLower()
+		if err != nil {
+			d.log.Debug("snapshot: cannot tell whether the tree is its base's; packing it", "err", err)
+		} else if same {
+			d.mu.Lock()
+			d.publishedGen = viewGen
+			r.ID = d.st.LastPublished
+			d.mu.Unlock()
+			r.Unchanged = true
+			return r, nil
+		}
+	}
+	d.met.snapshotFrozen()
 
 	t1 := time.Now()
 	out := filepath.Join(d.sd.packDir(), "next.sqfs")
