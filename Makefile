@@ -50,15 +50,11 @@ fuzz:
 # The first run generates a small sample Hermes home, which the first mount
 # publishes as the store's first snapshot (the seeding path of a real
 # `hermesfs mount ~/.hermes`). The demo keeps its store under $(DEMO_DIR) so it
-# never touches your real default store.
+# never touches your real default store. After a demo daemon was killed, the
+# next run detaches the dead mount it left (scripts/demo.sh).
 demo run: build
 	@scripts/deps.sh demo
-	@if [ ! -e $(DEMO_DIR)/home ] && [ ! -e $(DEMO_DIR)/store ]; then \
-		echo "demo: generating a sample Hermes home in $(DEMO_DIR)/home"; \
-		$(GO) run ./scripts/genhome -size 20M -out $(DEMO_DIR)/home; fi
-	@mkdir -p $(DEMO_DIR)/home
-	HERMESFS_STORE=file://$(DEMO_DIR)/store HERMESFS_STATE_DIR=$(DEMO_DIR)/state \
-		$(BIN) mount --interval 1m $(DEMO_DIR)/home
+	@GO=$(GO) scripts/demo.sh $(BIN) $(DEMO_DIR)
 
 clean:
 	rm -rf bin

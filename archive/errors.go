@@ -3,6 +3,7 @@ package archive
 import (
 	"errors"
 	"fmt"
+	"runtime/debug"
 )
 
 // ErrCorrupt is matched (errors.Is) by every error that reports damage in
@@ -32,3 +33,26 @@ func (e *CorruptError) Is(target error) bool { return target == ErrCorrupt }
 func (e *CorruptError) Unwrap() error        { return e.Err }
 
 var errChecksum = errors.New("checksum mismatch")
+
+// PanicError is a panic in one of the goroutines Pack starts to read and
+// compress file data (the source FS's Open and Read included), returned
+// as Pack's error: a bug in a file system being packed, or in the packer,
+// fails that pack instead of the process. A panic on the goroutine that
+// called Pack is left to the caller.
+type PanicError struct {
+	Value any    // what was passed to panic
+	Stack []byte // the panicking goroutine's stack
+}
+
+func (e *PanicError) Error() string { return fmt.Sprintf("panic: %v", e.Value) }
+
+// PanicStack returns the stack of the panic, for the log.
+func (e *PanicError) PanicStack() []byte { return e.Stack }
+
+// recovered, deferred, turns a panic of its goroutine into a *PanicError
+// in *err.
+func recovered(err *error) {
+	if v := recover(); v != nil {
+		*err = &PanicError{Value: v, Stack: debug.Stack()}
+	}
+}

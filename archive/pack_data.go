@@ -19,7 +19,9 @@ import (
 // blocks), Workers goroutines sum and compress blocks in parallel, and the
 // calling goroutine writes the results in the producer's order. The order
 // channel's capacity bounds the blocks in flight, so memory does not grow
-// with the tree.
+// with the tree. A panic on the producer, a worker or the goroutine that
+// sums duplicates ahead (in the source FS's code too) is that goroutine's
+// error (PanicError): the pack fails, the process goes on.
 
 type jobKind uint8
 
@@ -159,7 +161,7 @@ func (p *packer) writeData(ctx context.Context, out *output) ([]fragEntry, error
 		wg.Go(func() {
 			bc := p.codec.newWorker()
 			for j := range d.jobs {
-				d.process(bc, j)
+				d.processContained(bc, j)
 				close(j.ready)
 			}
 		})
@@ -168,6 +170,7 @@ func (p *packer) writeData(ctx context.Context, out *output) ([]fragEntry, error
 	go func() {
 		defer close(d.order)
 		defer close(d.jobs)
+		defer recovered(&prodErr) // set before order closes
 		prodErr = d.produce()
 	}()
 
@@ -253,6 +256,12 @@ func (d *dataWriter) release(j *job) {
 		d.comp.put(j.comp)
 	}
 	j.in, j.out, j.comp, j.tails = nil, nil, nil, nil
+}
+
+// processContained is process with a panic made the job's error.
+func (d *dataWriter) processContained(bc blockCompressor, j *job) {
+	defer recovered(&j.err)
+	d.process(bc, j)
 }
 
 func (d *dataWriter) process(bc blockCompressor, j *job) {
@@ -630,10 +639,16 @@ func (d *dataWriter) hashAhead(later []*node) {
 		if d.ctx.Err() != nil {
 			ph.err = d.ctx.Err()
 		} else {
-			ph.sum, ph.skipped, ph.err = d.p.sumFile(n, buf)
+			ph.sum, ph.skipped, ph.err = d.p.sumFileContained(n, buf)
 		}
 		close(ph.done)
 	}
+}
+
+// sumFileContained is sumFile with a panic made its error.
+func (p *packer) sumFileContained(n *node, buf []byte) (s sum, skipped bool, err error) {
+	defer recovered(&err)
+	return p.sumFile(n, buf)
 }
 
 // sumFile reads a whole file for its content sum. Files that come from

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
+	"github.com/hermesfs/hermesfs/uploader/storeurl"
 )
 
 // runBackground starts the daemon again as a child in its own session
@@ -55,10 +56,18 @@ func runBackground(ctx context.Context, e *env, cfg *mountConfig, fset *flag.Fla
 	if err != nil {
 		return fmt.Errorf("background: %w", err)
 	}
+	// The child runs in "/": a relative path would name something else
+	// there. The state dir, log file and mountpoint are absolute already
+	// (validate, above); the store and the key files are made so here,
+	// from their flags or environment variables.
+	paths, err := absolutePathFlags(e, fset)
+	if err != nil {
+		return err
+	}
 	args := []string{"mount"}
 	fset.Visit(func(fl *flag.Flag) {
 		switch fl.Name {
-		case "background":
+		case "background", "store", "identity", "encrypt-to":
 		case "state-dir":
 			args = append(args, "--state-dir="+stateDir)
 		default:
@@ -74,6 +83,7 @@ func runBackground(ctx context.Context, e *env, cfg *mountConfig, fset *flag.Fla
 	if cfg.StateDir == "" {
 		args = append(args, "--state-dir="+stateDir)
 	}
+	args = append(args, paths...)
 	args = append(args, "--", cfg.Mountpoint)
 	cmd := exec.Command(exe, args...)
 	cmd.Dir = "/"
@@ -111,6 +121,42 @@ func runBackground(ctx context.Context, e *env, cfg *mountConfig, fset *flag.Fla
 		case <-t.C:
 		}
 	}
+}
+
+// absolutePathFlags returns the settings of mount that may name a file
+// relative to the working directory (--store as a bare path, --identity,
+// --encrypt-to @FILE), from their flags or else their environment
+// variables, as flags naming it absolutely.
+func absolutePathFlags(e *env, fset *flag.FlagSet) ([]string, error) {
+	var out []string
+	if raw := storeSetting(e, fset, "store"); raw != "" {
+		if !strings.Contains(raw, "://") {
+			loc, err := storeurl.Parse(raw, storeurl.Options{Getenv: e.getenv, UID: os.Getuid()})
+			if err != nil {
+				return nil, usageError("%v", err)
+			}
+			raw = loc.Dir
+		}
+		out = append(out, "--store="+raw)
+	}
+	for _, id := range cryptSettings(e, fset, "identity") {
+		abs, err := filepath.Abs(id)
+		if err != nil {
+			return nil, usageError("--identity %s: %v", id, err)
+		}
+		out = append(out, "--identity="+abs)
+	}
+	for _, r := range cryptSettings(e, fset, "encrypt-to") {
+		if file, ok := strings.CutPrefix(strings.TrimSpace(r), "@"); ok {
+			abs, err := filepath.Abs(file)
+			if err != nil {
+				return nil, usageError("--encrypt-to %s: %v", r, err)
+			}
+			r = "@" + abs
+		}
+		out = append(out, "--encrypt-to="+r)
+	}
+	return out, nil
 }
 
 // findReady returns the ready line written to the log after offset off.

@@ -82,3 +82,48 @@ func TestMetricsAddrValidated(t *testing.T) {
 		}
 	}
 }
+
+// What --background passes its daemon (which runs in "/") names files
+// absolutely, whether they came from flags or from the environment; URLs
+// and keys stay as they are.
+func TestAbsolutePathFlags(t *testing.T) {
+	abs := func(p string) string {
+		a, err := filepath.Abs(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	for _, c := range []struct {
+		args []string
+		env  map[string]string
+		want []string
+	}{
+		{[]string{"--store", "st", "--identity", "k1", "--identity", "/abs/k2", "--encrypt-to", "@r.txt", "--encrypt-to", "age1xyz"}, nil,
+			[]string{"--store=" + abs("st"), "--identity=" + abs("k1"), "--identity=/abs/k2", "--encrypt-to=@" + abs("r.txt"), "--encrypt-to=age1xyz"}},
+		{nil, map[string]string{"HERMESFS_STORE": "./a:b", "HERMESFS_IDENTITY": "k1:k2", "HERMESFS_ENCRYPT_TO": "@r.txt"},
+			[]string{"--store=" + abs("a:b"), "--identity=" + abs("k1"), "--identity=" + abs("k2"), "--encrypt-to=@" + abs("r.txt")}},
+		{[]string{"--store", "s3://bucket/prefix"}, map[string]string{"HERMESFS_STORE": "ignored"}, []string{"--store=s3://bucket/prefix"}},
+		{[]string{"--store", "file:///srv/store"}, nil, []string{"--store=file:///srv/store"}},
+		{nil, nil, nil},
+	} {
+		cfg := newMountConfig()
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		cfg.addFlags(fs)
+		if err := fs.Parse(c.args); err != nil {
+			t.Fatal(err)
+		}
+		e := &env{getenv: func(k string) string { return c.env[k] }}
+		got, err := absolutePathFlags(e, fs)
+		if err != nil || strings.Join(got, " ") != strings.Join(c.want, " ") {
+			t.Errorf("%v %v: %q, %v; want %q", c.args, c.env, got, err, c.want)
+		}
+	}
+	cfg := newMountConfig()
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	cfg.addFlags(fs)
+	fs.Parse([]string{"--store", "s3:bucket"})
+	if _, err := absolutePathFlags(&env{getenv: func(string) string { return "" }}, fs); daemon.ExitCode(err) != exitUsage {
+		t.Errorf("a malformed store URL: %v, want a usage error", err)
+	}
+}

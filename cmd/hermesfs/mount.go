@@ -34,7 +34,11 @@ snapshot, unmount and exit within --stop-timeout. If the final upload fails,
 the local changes stay in the state dir, the exit code is 5, and the next
 mount publishes them. After a crash or kill -9, the next mount with the same
 state dir mounts the local changes again (nothing written before the crash is
-lost) and publishes them at once.
+lost) and publishes them at once; the dead mount the killed daemon left at
+MOUNTPOINT is detached first. A live FUSE mount at MOUNTPOINT (another
+hermesfs, whatever its store) is never mounted over: exit 1, naming its
+daemon. A snapshot that fails, even on a bug (a panic), keeps everything
+local and the mount serving; the stop then exits 5.
 
 One host writes a store prefix at a time (a lease in the store, renewed every
 10s, stale after 25s). A second host is refused (exit 4) unless --read-only.

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"strings"
+	"time"
 
 	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
 	"github.com/hermesfs/hermesfs/fs"
@@ -25,9 +27,12 @@ the next 'hermesfs mount').
 
 A read-only tree of 'hermesfs browse' is simply unmounted.
 
-If no daemon answers but something is still mounted there (the daemon was
-killed), the mount is detached and the message says so; local changes stay in
-the state dir for the next mount.
+The daemon is looked for through the registry of running mounts, --state-dir
+(or HERMESFS_STATE_DIR) and the default state dir. If none answers and the
+mount there is dead (the daemon was killed), it is detached and the message
+says so; local changes stay in the state dir for the next mount. A mount that
+still answers is never detached: umount says so and exits 1 (pass the
+--state-dir of the daemon serving it).
 
 Example:
   hermesfs umount ~/.hermes`,
@@ -41,20 +46,19 @@ Example:
 			if done, err := umountBrowse(e, args[0]); done {
 				return err
 			}
-			loc, err := daemon.LocateDaemon(e.getenv, args[0], stateDir)
+			cands, err := daemon.LocateDaemons(e.getenv, args[0], stateDir)
 			if err != nil {
 				return err
 			}
-			resp, err := daemon.ControlCall(ctx, loc.Socket, daemon.ControlRequest{Op: "shutdown"})
+			var resp daemon.ControlResponse
+			err = daemon.ErrNoDaemon
+			for _, c := range cands {
+				if resp, err = daemon.ControlCall(ctx, c.Socket, daemon.ControlRequest{Op: "shutdown"}); !errors.Is(err, daemon.ErrNoDaemon) {
+					break
+				}
+			}
 			if errors.Is(err, daemon.ErrNoDaemon) {
-				if !fs.IsMountpoint(loc.Mountpoint) {
-					return fmt.Errorf("%s: %w, and nothing is mounted there", loc.Mountpoint, err)
-				}
-				if err := fs.Detach(loc.Mountpoint); err != nil {
-					return fmt.Errorf("%s: no daemon answers and detaching the stale mount failed: %w", loc.Mountpoint, err)
-				}
-				fmt.Fprintf(e.stdout, "no daemon answered; detached the stale mount at %s (local changes stay in %s for the next mount)\n", loc.Mountpoint, loc.StateDir)
-				return nil
+				return detachStale(e, cands, err)
 			}
 			if err != nil {
 				return err
@@ -72,4 +76,31 @@ Example:
 			return nil
 		},
 	})
+}
+
+// detachStale detaches the mount no daemon answered for (cands, all
+// tried), if it is dead or hung: the mount of a killed daemon. A mount
+// that answers is refused: its daemon may be alive where none of cands
+// looked, and detaching would cut it off without its final snapshot.
+func detachStale(e *env, cands []daemon.RegistryEntry, noDaemon error) error {
+	mp := cands[0].Mountpoint
+	if !fs.IsMountpoint(mp) {
+		return fmt.Errorf("%s: %w, and nothing is mounted there", mp, noDaemon)
+	}
+	if daemon.ProbeFUSE(mp, 5*time.Second) == daemon.FUSELive {
+		var dirs []string
+		for _, c := range cands {
+			dirs = append(dirs, c.StateDir)
+		}
+		fstype, source := daemon.MountedFS(mp)
+		return fmt.Errorf("%s is a live mount (type %s, source %s), but no hermesfs daemon answers for it (state dirs tried: %s); "+
+			"not detaching it, which would cut its daemon off without a final snapshot. "+
+			"If hermesfs serves it from another state dir, pass --state-dir DIR; to detach it anyway: umount -l %s",
+			mp, fstype, source, strings.Join(dirs, ", "), mp)
+	}
+	if err := fs.Detach(mp); err != nil {
+		return fmt.Errorf("%s: no daemon answers and detaching the stale mount failed: %w", mp, err)
+	}
+	fmt.Fprintf(e.stdout, "no daemon answered; detached the stale mount at %s (local changes stay in %s for the next mount)\n", mp, cands[0].StateDir)
+	return nil
 }

@@ -162,39 +162,8 @@ func (d *daemon) boot(ctx context.Context) error {
 		return err
 	}
 	if fs.IsMountpoint(cfg.Mountpoint) {
-		if loc, err := locateDaemon(d.e, cfg.Mountpoint, cfg.StateDir); err == nil {
-			// Bounded: a killed daemon stuck on its own mount (see
-			// FUSEHung) still holds its listening socket open.
-			cctx, cancel := context.WithTimeout(ctx, hungMountWait)
-			_, err := ControlCall(cctx, loc.Socket, controlRequest{Op: "status"})
-			cancel()
-			if err == nil {
-				return fmt.Errorf("%s is already mounted by a running hermesfs", cfg.Mountpoint)
-			}
-		}
-		switch ProbeFUSE(cfg.Mountpoint, hungMountWait) {
-		case FUSEDead:
-			// A daemon that was killed (kill -9, OOM, a crash) leaves its
-			// mount behind, answering ENOTCONN; a restart (systemd's
-			// Restart=on-failure) must not trip over it. Its changes are
-			// in the upper layer, not in the dead mount.
-			if err := fs.Detach(cfg.Mountpoint); err != nil {
-				return fmt.Errorf("mountpoint %s: the mount a killed daemon left is dead and cannot be detached: %w", cfg.Mountpoint, err)
-			}
-			d.log.Warn("detached the dead mount a killed daemon left at the mountpoint", "mountpoint", cfg.Mountpoint)
-		case FUSEHung:
-			// No daemon answers the control socket and the mount does not
-			// answer either: a daemon killed while one of its own threads
-			// waited on its mount never exits, and its mount hangs every
-			// request. Aborting the connection frees the processes stuck
-			// in it; the changes are in the upper layer.
-			d.log.Warn("the mount at the mountpoint does not answer and no hermesfs answers its control socket: aborting its FUSE connection", "mountpoint", cfg.Mountpoint, "waited", hungMountWait)
-			if err := fs.AbortConnection(cfg.Mountpoint, d.log); err != nil {
-				return fmt.Errorf("mountpoint %s: a hung FUSE mount is there and cannot be aborted (%w); as root: echo 1 > /sys/fs/fuse/connections/<minor>/abort, then umount -l %s", cfg.Mountpoint, err, cfg.Mountpoint)
-			}
-			d.log.Warn("aborted and detached the hung mount a killed daemon left at the mountpoint", "mountpoint", cfg.Mountpoint)
-		default:
-			d.log.Warn("something is mounted at the mountpoint already; mounting over it", "mountpoint", cfg.Mountpoint)
+		if err := d.clearMountpoint(ctx); err != nil {
+			return err
 		}
 	}
 	fi, err := os.Stat(cfg.Mountpoint)
@@ -501,7 +470,11 @@ func (d *daemon) seed(ctx context.Context) (string, error) {
 	defer os.Remove(tmp)
 	packTime := time.Since(t0)
 	t1 := time.Now()
-	pr, err := d.cat.Publish(ctx, tmp, publishMeta{Files: ps.Files, Host: d.host, SHA256: ps.SHA256, Size: ps.Size}, "")
+	var pr publishResult
+	err = contain(func() (err error) {
+		pr, err = d.cat.Publish(ctx, tmp, publishMeta{Files: ps.Files, Host: d.host, SHA256: ps.SHA256, Size: ps.Size}, "")
+		return err
+	})
 	if err != nil {
 		return "", fmt.Errorf("seed from %s: publish: %w", d.cfg.Mountpoint, err)
 	}
@@ -655,7 +628,7 @@ func (d *daemon) serve(ctx context.Context) error {
 		return err
 	}
 	rdir := RuntimeDir(os.Getuid(), d.e.Getenv)
-	if err := registerMount(rdir, registryEntry{Mountpoint: cfg.Mountpoint, StateDir: d.sd.path, Socket: d.sd.socket(), PID: os.Getpid()}); err != nil {
+	if err := registerMount(rdir, registryEntry{Mountpoint: cfg.Mountpoint, StateDir: d.sd.path, Socket: d.sd.socket(), PID: os.Getpid(), Store: store}); err != nil {
 		d.log.Warn("cannot register the mount for 'hermesfs status'", "err", err)
 	}
 	defer markStopped(rdir, cfg.Mountpoint, os.Getpid())
@@ -712,9 +685,13 @@ func (d *daemon) serve(ctx context.Context) error {
 		bg0 := d.bgCtx
 		go func(path string) {
 			t := time.Now()
-			if err := d.parts.verify(bg0, path); err != nil && bg0.Err() == nil {
+			if err := contain(func() error { return d.parts.verify(bg0, path) }); err != nil && bg0.Err() == nil {
 				err = fmt.Errorf("the base snapshot failed verification: %w", err)
-				d.log.Error("base snapshot is corrupt; reads of damaged blocks fail with EIO", "err", err)
+				if stack := panicStack(err); stack != nil {
+					d.log.Error("base snapshot verification failed on a panic", "err", err, "stack", string(stack))
+				} else {
+					d.log.Error("base snapshot is corrupt; reads of damaged blocks fail with EIO", "err", err)
+				}
 				d.setErr(err)
 				return
 			}

@@ -35,6 +35,9 @@ type overlay interface {
 type frozenView interface {
 	iofs.FS
 	Generation() uint64
+	// SameAsLower reports whether the tree is the lower layer's,
+	// directory times aside (fs.View.SameAsLower).
+	SameAsLower() (bool, error)
 	Close() error
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/hermesfs/hermesfs/archive"
@@ -29,6 +30,9 @@ func (d *daemon) snapshotLocked(ctx context.Context, reason string) (snapshotRes
 	d.mu.Lock()
 	unchanged := d.ov.Generation() == d.publishedGen && !d.pending
 	last, expect := d.st.LastPublished, d.expect
+	// The newest snapshot is the mount's base: a tree that is the base's
+	// again (files created and removed, nothing else) needs none.
+	onBase := !d.pending && (last == "" || last == d.st.Base)
 	d.mu.Unlock()
 	if unchanged {
 		// Nothing to publish needs no lease: a host whose lease was
@@ -68,16 +72,33 @@ func (d *daemon) snapshotLocked(ctx context.Context, reason string) (snapshotRes
 	if parent == "" {
 		parent = base
 	}
-	r, err := d.snapshotOnce(ctx, parent, expect)
+	var r snapshotDone
+	err := contain(func() (err error) {
+		r, err = d.snapshotOnce(ctx, parent, expect, onBase)
+		return err
+	})
 	if err != nil {
 		d.met.snapshotFailed(err)
-		err = fmt.Errorf("snapshot (%s): %w", reason, err)
-		d.log.Error("snapshot failed; local state kept, retrying at the next tick", "err", err)
+		stack := panicStack(err)
+		if stack != nil {
+			err = fmt.Errorf("snapshot (%s): %w (a hermesfs bug: its stack is in the log)", reason, err)
+			d.log.Error("snapshot failed on a panic; local state kept, the mount goes on", "err", err, "stack", string(stack))
+		} else {
+			err = fmt.Errorf("snapshot (%s): %w", reason, err)
+			d.log.Error("snapshot failed; local state kept, retrying at the next tick", "err", err)
+		}
 		d.setErr(err)
 		if errors.Is(err, errConflict) || errors.Is(err, errLeaseLost) {
 			return r.snapshotResult, withCode(exitConflict, err)
 		}
 		return r.snapshotResult, err
+	}
+	if r.Unchanged {
+		d.log.Debug("snapshot: nothing changed but directory times (files created and removed again); nothing packed or uploaded", "reason", reason, "base", OrNone(base))
+		if r.ID == "" {
+			r.ID = expect // LATEST: what the mount shows
+		}
+		return r.snapshotResult, nil
 	}
 	d.log.Info("snapshot published", "reason", reason, "id", r.ID, "files", r.Files,
 		"bytes_packed", r.BytesPacked, "size", r.Size, "bytes_reused", r.BytesReused,
@@ -92,8 +113,11 @@ func (d *daemon) snapshotLocked(ctx context.Context, reason string) (snapshotRes
 	if d.lazyIncomplete() {
 		// Retention could delete the base the fill still reads from.
 		d.log.Debug("prune deferred until the lazy fill completes")
-	} else if err := d.cat.Prune(ctx, d.cfg.Retention); err != nil {
+	} else if err := contain(func() error { return d.cat.Prune(ctx, d.cfg.Retention) }); err != nil {
 		d.log.Warn("prune", "err", err, "took", time.Since(t).Round(time.Millisecond))
+		if stack := panicStack(err); stack != nil {
+			d.log.Error("prune failed on a panic", "err", err, "stack", string(stack))
+		}
 	}
 	return r.snapshotResult, nil
 }
@@ -146,7 +170,10 @@ func (d *daemon) packBase() (path, id string) {
 	return "", ""
 }
 
-func (d *daemon) snapshotOnce(ctx context.Context, parent, expect string) (snapshotDone, error) {
+// snapshotOnce freezes the tree, packs it and publishes it. onBase: the
+// newest snapshot is the base the mount sits on, so a tree that is the
+// lower layer's again is not packed (r.Unchanged, ID the base).
+func (d *daemon) snapshotOnce(ctx context.Context, parent, expect string, onBase bool) (snapshotDone, error) {
 	var r snapshotDone
 	d.resolveHot() // not part of the stall: nothing is frozen yet
 	t0 := time.Now()
@@ -154,9 +181,27 @@ func (d *daemon) snapshotOnce(ctx context.Context, parent, expect string) (snaps
 	if err != nil {
 		return r, fmt.Errorf("freeze: %w", err)
 	}
+	// Closed below once packed, or on the way out of a panic.
+	closeView := sync.OnceValue(view.Close)
+	defer closeView()
 	r.FreezeStall = time.Since(t0)
-	d.met.snapshotFrozen()
 	viewGen := view.Generation()
+	if onBase {
+		// SQLite creates and removes a database's -wal and -shm even for
+		// a query: the generation moved, the tree did not.
+		same, err := view.SameAsLower()
+		if err != nil {
+			d.log.Debug("snapshot: cannot tell whether the tree is its base's; packing it", "err", err)
+		} else if same {
+			d.mu.Lock()
+			d.publishedGen = viewGen
+			r.ID = d.st.LastPublished
+			d.mu.Unlock()
+			r.Unchanged = true
+			return r, nil
+		}
+	}
+	d.met.snapshotFrozen()
 
 	t1 := time.Now()
 	out := filepath.Join(d.sd.packDir(), "next.sqfs")
@@ -173,7 +218,7 @@ func (d *daemon) snapshotOnce(ctx context.Context, parent, expect string) (snaps
 		base, baseID = "", ""
 		ps, err = d.parts.packView(ctx, view, out, "")
 	}
-	if cerr := view.Close(); cerr != nil && err == nil {
+	if cerr := closeView(); cerr != nil && err == nil {
 		err = cerr
 	}
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	iofs "io/fs"
 	"os"
 	"path/filepath"
 
@@ -22,7 +23,8 @@ type realParts struct{}
 var _ parts = realParts{}
 
 // packTo packs with pack into out, atomically: a temp file in out's
-// directory, fsynced, renamed.
+// directory, fsynced, renamed. A panic in pack is its error, and the temp
+// file goes as with any other.
 func packTo(out string, pack func(f *os.File) (archive.PackResult, error)) (ps packStats, err error) {
 	f, err := os.CreateTemp(filepath.Dir(out), "."+filepath.Base(out)+".tmp*")
 	if err != nil {
@@ -34,7 +36,11 @@ func packTo(out string, pack func(f *os.File) (archive.PackResult, error)) (ps p
 			os.Remove(f.Name())
 		}
 	}()
-	res, err := pack(f)
+	var res archive.PackResult
+	err = contain(func() (err error) {
+		res, err = pack(f)
+		return err
+	})
 	if err != nil {
 		return ps, err
 	}
@@ -92,7 +98,7 @@ func (realParts) packView(ctx context.Context, v frozenView, out, base string) (
 		}
 	}
 	return packTo(out, func(f *os.File) (archive.PackResult, error) {
-		return archive.Pack(ctx, f, v.(*viewAdapter).View, opts)
+		return archive.Pack(ctx, f, v.(*viewAdapter), opts)
 	})
 }
 
@@ -127,6 +133,21 @@ type mountAdapter struct {
 }
 
 type viewAdapter struct{ *fs.View }
+
+func (v *viewAdapter) ReadDir(name string) ([]iofs.DirEntry, error) {
+	if h := testViewHook.Load(); h != nil && h.readDir != nil {
+		h.readDir(name)
+	}
+	return v.View.ReadDir(name)
+}
+
+func (v *viewAdapter) Open(name string) (iofs.File, error) {
+	f, err := v.View.Open(name)
+	if h := testViewHook.Load(); h != nil && h.open != nil && err == nil {
+		f = h.open(name, f)
+	}
+	return f, err
+}
 
 func (m *mountAdapter) Freeze(ctx context.Context) (frozenView, error) {
 	v, err := m.Mounted.Freeze(ctx)

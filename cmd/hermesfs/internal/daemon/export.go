@@ -33,3 +33,9 @@ type Owner = owner
 func LocateDaemon(getenv func(string) string, mountpoint, stateDir string) (RegistryEntry, error) {
 	return locateDaemon(&env{Options{Getenv: getenv}}, mountpoint, stateDir)
 }
+
+// LocateDaemons lists every control socket that may answer for the daemon
+// serving mountpoint, in the order to try them (see locateDaemons).
+func LocateDaemons(getenv func(string) string, mountpoint, stateDir string) ([]RegistryEntry, error) {
+	return locateDaemons(&env{Options{Getenv: getenv}}, mountpoint, stateDir)
+}

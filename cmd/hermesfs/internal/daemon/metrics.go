@@ -89,7 +89,7 @@ func newDaemonMetrics(d *daemon, addr string) (*daemonMetrics, error) {
 	}
 	m.snapshots = prometheus.NewCounter(prometheus.CounterOpts(f("snapshots_published_total", "Snapshots published to the store.")))
 	m.failures = prometheus.NewCounterVec(prometheus.CounterOpts(f("snapshot_failures_total",
-		"Snapshots that failed, by cause: freeze, pack, publish, conflict (another host published), lease_lost, lease (the lease could not be taken again), canceled, other.")), []string{"cause"})
+		"Snapshots that failed, by cause: freeze, pack, publish, conflict (another host published), lease_lost, lease (the lease could not be taken again), canceled, panic (a bug; the stack is in the log), other.")), []string{"cause"})
 	m.duration = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: metricsNS, Name: "snapshot_duration_seconds",
 		Help:    "Time from freeze to published, of each published snapshot.",
 		Buckets: []float64{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}})
@@ -288,6 +288,8 @@ func failureCause(err error) string {
 		return "lease"
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return "canceled"
+	case panicStack(err) != nil:
+		return "panic"
 	}
 	step, _, _ := strings.Cut(err.Error(), ":")
 	switch step {

@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"testing"
 	"time"
+
+	"github.com/hermesfs/hermesfs/archive"
 )
 
 func TestFailureCause(t *testing.T) {
@@ -21,6 +23,8 @@ func TestFailureCause(t *testing.T) {
 		{errLeaseLost, "lease_lost"},
 		{mark(errors.New("store down"), errLeaseReacquire), "lease"},
 		{fmt.Errorf("pack: %w", context.Canceled), "canceled"},
+		{fmt.Errorf("pack: %w", &archive.PanicError{Value: "bug", Stack: []byte("goroutine 7")}), "panic"},
+		{contain(func() error { panic("bug") }), "panic"},
 		{errors.New("something else"), "other"},
 	} {
 		if got := failureCause(c.err); got != c.want {

@@ -28,6 +28,9 @@ type registryEntry struct {
 	Socket     string    `json:"socket"`
 	PID        int       `json:"pid"`
 	Stopped    time.Time `json:"stopped,omitzero"` // when its daemon stopped
+	// Store is the daemon's store URL, credentials redacted ("" from
+	// daemons before it was recorded).
+	Store string `json:"store,omitempty"`
 	// From says where locateDaemon found StateDir: "running daemon",
 	// "registry" (the last mount of it, its daemon gone), "--state-dir",
 	// "HERMESFS_STATE_DIR" or "default".
@@ -145,4 +148,67 @@ func locateDaemon(e *env, mountpoint, stateDir string) (registryEntry, error) {
 		return registryEntry{}, err
 	}
 	return registryEntry{Mountpoint: mp, StateDir: stateDir, Socket: filepath.Join(stateDir, "control.sock"), From: from}, nil
+}
+
+// locateDaemons lists where the daemon serving mountpoint may answer, to
+// be tried in order, each socket once: the state dir given, every live
+// registry entry for mountpoint (in this runtime dir, and in the one a
+// daemon started by a service manager, without XDG_RUNTIME_DIR,
+// registers in), HERMESFS_STATE_DIR and the default state dir. Whoever
+// would detach a mount no daemon answers for must have tried them all.
+func locateDaemons(e *env, mountpoint, stateDir string) ([]registryEntry, error) {
+	mp, err := filepath.Abs(mountpoint)
+	if err != nil {
+		return nil, err
+	}
+	mp = filepath.Clean(mp)
+	var out []registryEntry
+	seen := map[string]bool{}
+	add := func(r registryEntry) {
+		if !seen[r.Socket] {
+			seen[r.Socket] = true
+			out = append(out, r)
+		}
+	}
+	dir := func(sd string) error {
+		abs, err := filepath.Abs(sd)
+		if err != nil {
+			return err
+		}
+		add(registryEntry{Mountpoint: mp, StateDir: abs, Socket: filepath.Join(abs, "control.sock")})
+		return nil
+	}
+	if stateDir != "" {
+		if err := dir(stateDir); err != nil {
+			return nil, err
+		}
+	}
+	uid := os.Getuid()
+	noXDG := func(k string) string {
+		if k == "XDG_RUNTIME_DIR" || k == "HERMESFS_RUNTIME_DIR" {
+			return ""
+		}
+		return e.Getenv(k)
+	}
+	for _, rdir := range []string{RuntimeDir(uid, e.Getenv), RuntimeDir(uid, noXDG)} {
+		if r, err := lookupRegistry(rdir, mp); err == nil && ProcessAlive(r.PID) {
+			add(r)
+		}
+	}
+	if sd := e.Getenv("HERMESFS_STATE_DIR"); sd != "" {
+		if err := dir(sd); err != nil {
+			return nil, err
+		}
+	}
+	sd, err := DefaultStateDir(mp, uid, e.Getenv)
+	if err != nil {
+		if len(out) > 0 {
+			return out, nil
+		}
+		return nil, err
+	}
+	if err := dir(sd); err != nil {
+		return nil, err
+	}
+	return out, nil
 }

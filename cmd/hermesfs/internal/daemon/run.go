@@ -11,6 +11,9 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/signal"
+	"sync"
+	"syscall"
 
 	"github.com/hermesfs/hermesfs/uploader"
 	"github.com/hermesfs/hermesfs/uploader/storeurl"
@@ -67,6 +70,22 @@ func Run(ctx context.Context, cfg Config, opts Options) error {
 	if opts.Encryption == nil {
 		opts.Encryption = func(*uploader.CatalogOptions) error { return nil }
 	}
+	survivePipes()
 	e := &env{opts}
 	return runDaemon(ctx, e, &cfg, realParts{})
+}
+
+var pipesOnce sync.Once
+
+// survivePipes keeps the daemon alive when the pipe its output goes to
+// closes (journald restarting, a closed `docker logs`, `hermesfs mount |
+// tee` whose tee was interrupted): with SIGPIPE at its default, the first
+// log line after that kills the process, with the unpublished changes and
+// the mount. Go's runtime raises SIGPIPE for a write to a broken pipe on
+// fds 1 and 2 unless the program asks for the signal; asked for (on a
+// channel nobody reads: the runtime never blocks on it), such a write
+// fails with EPIPE instead, which the logger and the ready line ignore.
+// Children (fusermount3) still start with SIGPIPE at its default.
+func survivePipes() {
+	pipesOnce.Do(func() { signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE) })
 }

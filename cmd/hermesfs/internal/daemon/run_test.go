@@ -111,6 +111,21 @@ func (r *running) stop(t *testing.T) error {
 // it and detaches the mount if it is still there.
 func startDaemon(t *testing.T, store, mp, state, runDir string) *running {
 	t.Helper()
+	r, ready := launchDaemon(t, store, mp, state, runDir)
+	select {
+	case <-ready:
+	case <-r.done:
+		t.Fatalf("Run returned before ready: %v; logs:\n%s", r.err, r.logs)
+	case <-time.After(time.Minute):
+		t.Fatalf("no ready line within a minute; logs:\n%s", r.logs)
+	}
+	return r
+}
+
+// launchDaemon is startDaemon without the wait: ready is closed at the
+// ready line.
+func launchDaemon(t *testing.T, store, mp, state, runDir string) (r *running, ready <-chan struct{}) {
+	t.Helper()
 	cfg := Config{
 		Mountpoint:  mp,
 		StateDir:    state,
@@ -139,7 +154,7 @@ func startDaemon(t *testing.T, store, mp, state, runDir string) *running {
 		},
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &running{cancel: cancel, done: make(chan struct{}), logs: logs}
+	r = &running{cancel: cancel, done: make(chan struct{}), logs: logs}
 	go func() {
 		r.err = Run(ctx, cfg, opts)
 		close(r.done)
@@ -158,14 +173,7 @@ func startDaemon(t *testing.T, store, mp, state, runDir string) *running {
 			t.Logf("daemon logs (%s):\n%s", mp, logs)
 		}
 	})
-	select {
-	case <-out.ready:
-	case <-r.done:
-		t.Fatalf("Run returned before ready: %v; logs:\n%s", r.err, logs)
-	case <-time.After(time.Minute):
-		t.Fatalf("no ready line within a minute; logs:\n%s", logs)
-	}
-	return r
+	return r, out.ready
 }
 
 // TestRunSnapshotRestore drives the daemon through its library API, with

@@ -1,0 +1,120 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/hermesfs/hermesfs/fs"
+)
+
+// What is already mounted at a mountpoint decides whether a mount may go
+// there. A live FUSE mount is refused: mounted over, it would stay alive
+// underneath, its daemon still packing its own (now hidden) tree, while
+// the new mount packed the old one's view into its own store; and
+// `hermesfs umount` could later take the live lower mount for a dead one.
+// The dead or hung mount a killed daemon left behind is detached, so a
+// restart by systemd just works. Anything else mounted there (a volume, a
+// bind mount holding the user's existing home) is mounted over, as any
+// directory is.
+
+// clearMountpoint deals with the mount already at the mountpoint.
+func (d *daemon) clearMountpoint(ctx context.Context) error {
+	cfg := d.cfg
+	mp := cfg.Mountpoint
+	if loc, err := locateDaemon(d.e, mp, cfg.StateDir); err == nil {
+		// Bounded: a killed daemon stuck on its own mount (see
+		// FUSEHung) still holds its listening socket open.
+		cctx, cancel := context.WithTimeout(ctx, hungMountWait)
+		resp, err := ControlCall(cctx, loc.Socket, controlRequest{Op: "status"})
+		cancel()
+		if err == nil {
+			who := registryEntry{StateDir: loc.StateDir}
+			if st := resp.Status; st != nil {
+				who.PID, who.StateDir, who.Store = st.PID, st.StateDir, st.Store
+			}
+			return fmt.Errorf("%s is already mounted by a running hermesfs (%s); stop it first with 'hermesfs umount %s'", mp, who.describe(), mp)
+		}
+	}
+	switch ProbeFUSE(mp, hungMountWait) {
+	case FUSEDead:
+		// A daemon that was killed (kill -9, OOM, a crash) leaves its
+		// mount behind, answering ENOTCONN; a restart (systemd's
+		// Restart=on-failure) must not trip over it. Its changes are in
+		// the upper layer, not in the dead mount.
+		if err := fs.Detach(mp); err != nil {
+			return fmt.Errorf("mountpoint %s: the mount a killed daemon left is dead and cannot be detached: %w", mp, err)
+		}
+		d.log.Warn("detached the dead mount a killed daemon left at the mountpoint", "mountpoint", mp)
+		return nil
+	case FUSEHung:
+		// No daemon answers the control socket and the mount does not
+		// answer either: a daemon killed while one of its own threads
+		// waited on its mount never exits, and its mount hangs every
+		// request. Aborting the connection frees the processes stuck in
+		// it; the changes are in the upper layer.
+		d.log.Warn("the mount at the mountpoint does not answer and no hermesfs answers its control socket: aborting its FUSE connection", "mountpoint", mp, "waited", hungMountWait)
+		if err := fs.AbortConnection(mp, d.log); err != nil {
+			return fmt.Errorf("mountpoint %s: a hung FUSE mount is there and cannot be aborted (%w); as root: echo 1 > /sys/fs/fuse/connections/<minor>/abort, then umount -l %s", mp, err, mp)
+		}
+		d.log.Warn("aborted and detached the hung mount a killed daemon left at the mountpoint", "mountpoint", mp)
+		return nil
+	}
+	fstype, source := MountedFS(mp)
+	if !strings.HasPrefix(fstype, "fuse") {
+		d.log.Warn("something is mounted at the mountpoint already; mounting over it", "mountpoint", mp, "fstype", fstype, "source", source)
+		return nil
+	}
+	if r, err := lookupRegistry(RuntimeDir(os.Getuid(), d.e.Getenv), mp); err == nil && ProcessAlive(r.PID) {
+		if r.Store == "" {
+			// Registered by an older daemon: ask it.
+			cctx, cancel := context.WithTimeout(ctx, hungMountWait)
+			if resp, err := ControlCall(cctx, r.Socket, controlRequest{Op: "status"}); err == nil && resp.Status != nil {
+				r.Store = resp.Status.Store
+			}
+			cancel()
+		}
+		return fmt.Errorf("%s is already mounted by a running hermesfs (%s); refusing to mount over a live mount: stop it first with 'hermesfs umount --state-dir %s %s'", mp, r.describe(), r.StateDir, mp)
+	}
+	return fmt.Errorf("%s is already a live FUSE mount (type %s, source %s) that no registered hermesfs serves; refusing to mount over it: unmount it first (if it is a hermesfs mount started with its own --state-dir: 'hermesfs umount --state-dir DIR %s')", mp, fstype, source, mp)
+}
+
+// describe names a running daemon for a message.
+func (r registryEntry) describe() string {
+	var parts []string
+	if r.PID > 0 {
+		parts = append(parts, fmt.Sprintf("pid %d", r.PID))
+	}
+	if r.StateDir != "" {
+		parts = append(parts, "state dir "+r.StateDir)
+	}
+	if r.Store != "" {
+		parts = append(parts, "store "+r.Store)
+	}
+	return strings.Join(parts, ", ")
+}
+
+// MountedFS returns the file system type and source of the topmost mount
+// at mp (absolute, clean), as /proc/self/mountinfo lists it; "" if none.
+func MountedFS(mp string) (fstype, source string) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return "", ""
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 || fs.UnescapeMountinfo(f[4]) != mp {
+			continue
+		}
+		// Optional fields, then "-", the type and the source. A later
+		// line is a mount on top of an earlier one.
+		for i := 5; i+2 < len(f); i++ {
+			if f[i] == "-" {
+				fstype, source = f[i+1], fs.UnescapeMountinfo(f[i+2])
+				break
+			}
+		}
+	}
+	return fstype, source
+}
