@@ -7,7 +7,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -105,9 +104,9 @@ func TestStoppedMountFoundInRegistry(t *testing.T) {
 		t.Errorf("status --state-dir: exit %d\n%s", code, out)
 	}
 
-	// Killed: the entry keeps the dead daemon's pid, and its mount stays
-	// (a tmpfs stands in for the dead FUSE mount). umount detaches it and
-	// names the state dir that holds the changes.
+	// Killed: the entry keeps the dead daemon's pid, and its dead FUSE
+	// mount stays. umount detaches it and names the state dir that holds
+	// the changes.
 	var e map[string]any
 	if err := json.Unmarshal(running, &e); err != nil {
 		t.Fatal(err)
@@ -121,14 +120,7 @@ func TestStoppedMountFoundInRegistry(t *testing.T) {
 	if err := os.WriteFile(entries[0], b, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := syscall.Mount("tmpfs", mp, "tmpfs", 0, "size=1m"); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if fs.IsMountpoint(mp) {
-			syscall.Unmount(mp, syscall.MNT_DETACH)
-		}
-	})
+	deadFUSEMount(t, mp)
 	code, out, errOut = runCLIEnv(t, environ, "umount", mp)
 	if code != exitOK || !strings.Contains(out, "detached the stale mount at "+mp+" (local changes stay in "+state+" ") {
 		t.Errorf("umount of the killed mount: exit %d\nstdout %q\nstderr %q", code, out, errOut)

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -101,6 +103,15 @@ func detachStale(e *env, cands []daemon.RegistryEntry, noDaemon error) error {
 	if err := fs.Detach(mp); err != nil {
 		return fmt.Errorf("%s: no daemon answers and detaching the stale mount failed: %w", mp, err)
 	}
-	fmt.Fprintf(e.stdout, "no daemon answered; detached the stale mount at %s (local changes stay in %s for the next mount)\n", mp, cands[0].StateDir)
+	// The local changes are in the first of the state dirs tried that
+	// holds a mount's state.
+	where := cands[0].StateDir
+	for _, c := range cands {
+		if _, err := os.Stat(filepath.Join(c.StateDir, "state.json")); err == nil {
+			where = c.StateDir
+			break
+		}
+	}
+	fmt.Fprintf(e.stdout, "no daemon answered; detached the stale mount at %s (local changes stay in %s for the next mount)\n", mp, where)
 	return nil
 }

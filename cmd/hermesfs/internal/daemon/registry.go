@@ -154,7 +154,9 @@ func locateDaemon(e *env, mountpoint, stateDir string) (registryEntry, error) {
 // be tried in order, each socket once: the state dir given, every live
 // registry entry for mountpoint (in this runtime dir, and in the one a
 // daemon started by a service manager, without XDG_RUNTIME_DIR,
-// registers in), HERMESFS_STATE_DIR and the default state dir. Whoever
+// registers in), HERMESFS_STATE_DIR, the entries of daemons that stopped
+// or died (they name the state dir holding the mount's local changes) and
+// the default state dir. Whoever
 // would detach a mount no daemon answers for must have tried them all.
 func locateDaemons(e *env, mountpoint, stateDir string) ([]registryEntry, error) {
 	mp, err := filepath.Abs(mountpoint)
@@ -190,15 +192,25 @@ func locateDaemons(e *env, mountpoint, stateDir string) ([]registryEntry, error)
 		}
 		return e.Getenv(k)
 	}
+	var gone []registryEntry // entries of daemons that stopped or died
 	for _, rdir := range []string{RuntimeDir(uid, e.Getenv), RuntimeDir(uid, noXDG)} {
-		if r, err := lookupRegistry(rdir, mp); err == nil && ProcessAlive(r.PID) {
-			add(r)
+		if r, err := lookupRegistry(rdir, mp); err == nil {
+			if ProcessAlive(r.PID) {
+				add(r)
+			} else {
+				gone = append(gone, r)
+			}
 		}
 	}
 	if sd := e.Getenv("HERMESFS_STATE_DIR"); sd != "" {
 		if err := dir(sd); err != nil {
 			return nil, err
 		}
+	}
+	// The state dir the mount's last daemon used: where its local
+	// changes are, though nothing answers there now.
+	for _, r := range gone {
+		add(r)
 	}
 	sd, err := DefaultStateDir(mp, uid, e.Getenv)
 	if err != nil {
