@@ -273,7 +273,7 @@ func Open(o Options) (*Reader, error) {
 	}
 	r := &Reader{
 		o: o, log: o.Logger, n: len(o.Chunks),
-		hot:      NewHotRecorder(nil, o.ChunkSize, o.HotWindow),
+		hot:      newHotRecorder(nil, o.ChunkSize, uploader.HotLimit(o.Size, o.ChunkSize), o.HotWindow),
 		demand:   make(chan struct{}, o.Parallel),
 		ahead:    make(chan struct{}, max(1, o.Parallel/2)),
 		filling:  make(chan struct{}, o.FillParallel),
