@@ -19,7 +19,9 @@ const DefaultHotWindow = 2 * time.Minute
 
 // A scan (a backup, tar, grep -r, an indexer) reads the archive in order:
 // reads near each other (within scanSlack) that ask for at least half of
-// the bytes they span and record scanBytes of chunks not read before.
+// the bytes they span and record scanBytes of chunks not read before (or
+// half the byte bound, if that is less: the scan is told before the bound
+// is reached).
 // What a startup reads is small pieces of a few files here and there, and
 // its reads of a file in order are short (or served well without the hot
 // set: the fill follows a sequential read).
@@ -125,7 +127,7 @@ func (h *HotRecorder) Note(off, n int64) {
 			}
 		}
 	}
-	if int64(len(run.fresh))*h.chunkSize >= scanBytes && run.dense() {
+	if int64(len(run.fresh))*h.chunkSize >= min(scanBytes, int64(h.limit)*h.chunkSize/2) && run.dense() {
 		h.dropScan(run)
 	}
 }

@@ -340,3 +340,24 @@ func TestHotFilesScanKeepsStartup(t *testing.T) {
 		}
 	}
 }
+
+// Begin forgets what opening the archive read; after the recording ended
+// it changes nothing.
+func TestHotRecorderBegin(t *testing.T) {
+	t.Parallel()
+	h := NewHotRecorder(nil, testChunk, time.Hour)
+	h.Note(0, 96)               // the superblock
+	h.Note(90*testChunk, 3<<20) // the tables
+	h.Begin()
+	h.Note(7*testChunk, 10)
+	h.Note(2*testChunk, 10)
+	if got := h.Hot(); !slices.Equal(got, []int64{7, 2}) {
+		t.Fatalf("hot %v; want [7 2], what was read after Begin", got)
+	}
+	h.Stop()
+	h.Begin()
+	h.Note(5*testChunk, 10)
+	if got := h.Hot(); !slices.Equal(got, []int64{7, 2}) {
+		t.Fatalf("hot %v after Stop and Begin; want [7 2]", got)
+	}
+}
