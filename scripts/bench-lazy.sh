@@ -25,12 +25,21 @@
 #     completed (from the complete cache), and on host C right after its read
 #     set (through the lazy reader while it fetches, and the decryption when
 #     encrypted)
+#   - a session that reads every file (host E: tar of the home, as a backup
+#     or an indexer does, right after a lazy boot), then stops and publishes;
+#     then new hosts boot its snapshot and run the read set, in turn with its
+#     hot set (hosts F), with the hot set taken out of its manifest (hosts G,
+#     the no-hot-set baseline on the same archive and link), and with every
+#     chunk of the archive in its hot set, in order (hosts H: what hermesfs
+#     up to 8391c3a published after such a session, at most 4096 chunks),
+#     TRIALS times each (default 5): the read set's medians, F/G and H/G
 # ENCRYPT=1 runs it all on encrypted snapshots (a key made with 'hermesfs
 # keygen', HERMESFS_ENCRYPT_TO and HERMESFS_IDENTITY for every host): run it
 # with ENCRYPT=0 and ENCRYPT=1 to compare.
 # Env: SIZES (default "1G 8G"), ENCRYPT (default 0), LINK_RATE (default 50MB, bytes/s, 10^6),
 # LINK_LATENCY (default 20ms), FILL_TIMEOUT (seconds a fill may take before
-# the run fails, default 1800), BENCH_DIR (scratch, default
+# the run fails, default 1800), TRIALS (default 5), SCAN_ONLY (1: publish,
+# then only hosts E to H), BENCH_DIR (scratch, default
 # /var/tmp/hermesfs-bench), HERMESFS_BIN (default bin/hermesfs).
 set -eu
 cd "$(dirname "$0")/.."
@@ -211,6 +220,17 @@ session_row() {
 INSERT INTO messages(session_id, role, content, timestamp) VALUES ('bench_$2_$$', 'user', 'hello from host $2', unixepoch('now'));" >/dev/null
 }
 hwm() { awk '/^VmHWM/ {printf "%.0f", $2/1024}' "/proc/$1/status"; }
+# hot_of ID: "CHUNKS MIB TOTAL_MIB" of snapshot ID's hot set, from its
+# manifest in the store.
+hot_of() {
+	s3curl "$ep/bench/home-$size/snapshots/$1.json" | python3 -c 'import json,sys
+m=json.load(sys.stdin); h=m.get("hot") or []; cs=m.get("chunk_size") or 0
+print(len(h), "%.1f" % (len(h)*cs/1048576), "%.1f" % (m["size"]/1048576))'
+}
+latest_id() { s3curl "$ep/bench/home-$size/LATEST" | tr -d '[:space:]'; }
+median() { tr ' ' '\n' | grep . | sort -n | awk '{v[NR]=$1} END {print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
+TRIALS=${TRIALS:-5}
+SCAN_ONLY=${SCAN_ONLY:-0}
 
 summary=""
 for size in $SIZES; do
@@ -229,36 +249,40 @@ for size in $SIZES; do
 	echo "published (unshaped, not measured): pack + upload + stop done"
 	export HERMESFS_STORE="s3://bench/home-$size?endpoint=$pep&region=us-east-1&path_style=true"
 
-	# Host B: a new host through the link.
-	reset_counts
-	ts=$(now)
-	start_host b
-	bpid=$hpid
-	boot_b=$boot
-	readset "$sw/mnt-b"
-	rs_b=$rs
-	rsn_b=$rsn
-	# The session writes its row, as every Hermes session does: its stop
-	# then publishes a snapshot, which carries the hot set to host C.
-	session_row "$sw/mnt-b" b
-	wait_fill b "$ts"
-	fill_b=$fill
-	lazy_b=$lazy
-	rss_b=$(hwm "$bpid")
-	t0=$(now)
-	readall=$(find "$sw/mnt-b/" -type f -exec cat {} + | wc -c)
-	readall_t=$(elapsed "$t0" "$(now)")
-	echo "read-all on host B after the fill: $(mib "$readall") MiB in ${readall_t}s ($(echo "scale=1; $readall / 1000000 / $readall_t" | bc) MB/s)"
-	set -- $(data_gets)
-	gets_b="$1 archive GETs, $(mib "$3") MiB through the link"
-	archive=$snapshot
-	size_b=$(s3curl -sI "$ep/bench/home-$size/snapshots/$archive.sqfs" | tr -d '\r' | awk 'tolower($1)=="content-length:" {print $2}')
-	if [ "$lazy_b" = absent ]; then
-		echo "$default, new host: ready ${boot_b}s, read set ${rs_b} after ready, archive complete at ready (no lazy status), peak RSS ${rss_b} MiB, $gets_b"
-	else
-		echo "$default, new host: ready ${boot_b}s, read set ${rs_b} after ready, fill complete ${fill_b}s after start, peak RSS ${rss_b} MiB during the fill, $gets_b"
+	if [ "$SCAN_ONLY" != 1 ]; then
+		# Host B: a new host through the link.
+		reset_counts
+		ts=$(now)
+		start_host b
+		bpid=$hpid
+		boot_b=$boot
+		readset "$sw/mnt-b"
+		rs_b=$rs
+		rsn_b=$rsn
+		# The session writes its row, as every Hermes session does: its stop
+		# then publishes a snapshot, which carries the hot set to host C.
+		session_row "$sw/mnt-b" b
+		wait_fill b "$ts"
+		fill_b=$fill
+		lazy_b=$lazy
+		rss_b=$(hwm "$bpid")
+		t0=$(now)
+		readall=$(find "$sw/mnt-b/" -type f -exec cat {} + | wc -c)
+		readall_t=$(elapsed "$t0" "$(now)")
+		echo "read-all on host B after the fill: $(mib "$readall") MiB in ${readall_t}s ($(echo "scale=1; $readall / 1000000 / $readall_t" | bc) MB/s)"
+		set -- $(data_gets)
+		gets_b="$1 archive GETs, $(mib "$3") MiB through the link"
+		archive=$snapshot
+		size_b=$(s3curl -sI "$ep/bench/home-$size/snapshots/$archive.sqfs" | tr -d '\r' | awk 'tolower($1)=="content-length:" {print $2}')
+		if [ "$lazy_b" = absent ]; then
+			echo "$default, new host: ready ${boot_b}s, read set ${rs_b} after ready, archive complete at ready (no lazy status), peak RSS ${rss_b} MiB, $gets_b"
+		else
+			echo "$default, new host: ready ${boot_b}s, read set ${rs_b} after ready, fill complete ${fill_b}s after start, peak RSS ${rss_b} MiB during the fill, $gets_b"
 	fi
 	stop_host "$bpid"
+	set -- $(hot_of "$(latest_id)")
+	hot_b="$1 chunks, $2 MiB of $3 MiB"
+	echo "host B's snapshot (after its read set and row): hot set $hot_b"
 
 	# Host B again: a reboot after a clean stop.
 	reset_counts
@@ -307,14 +331,68 @@ for size in $SIZES; do
 	get=$(elapsed "$t0" "$t1")
 	echo "plain GET of the archive ($(mib "$size_b") MiB) through the link: ${get}s ($(echo "scale=1; $size_b / 1000000 / $get" | bc) MB/s)"
 
-	echo "ratios: ready $short / download-then-mount $(ratio "$boot_b" "$boot_d")x;" \
-		"first read set + ready vs download-then-mount $(ratio "$(echo "$boot_b + $rsn_b" | bc)" "$(echo "$boot_d + $rsn_d" | bc)")x;" \
-		"fill complete / plain GET $(ratio "$fill_b" "$get")x; download-then-mount ready / plain GET $(ratio "$boot_d" "$get")x"
-	summary="$summary
-$size $(mib "$size_b") $boot_b $rsn_b $fill_b $readall_t $rss_b $boot_c $rsn_c $readall_ct $gets_r $boot_d $rsn_d $get"
+	fi
+
+	# Host E: a session that reads every file right after a lazy boot (tar
+	# of the home, as a backup or an indexer does), writes its row, stops
+	# and publishes. Then new hosts boot its snapshot and run the read set:
+	# hosts F with its hot set, G with the hot set taken out of its
+	# manifest (the same archive, nothing else changed), H with every chunk
+	# hot (the most a manifest may name), in turn.
+	reset_counts
+	start_host e
+	epid=$hpid
+	t0=$(now)
+	scanned=$(tar -cf - -C "$sw/mnt-e" . 2>>"$sw/e-tar.log" | wc -c)
+	scan_t=$(elapsed "$t0" "$(now)")
+	session_row "$sw/mnt-e" e
+	stop_host "$epid"
+	scan_id=$(latest_id)
+	set -- $(hot_of "$scan_id")
+	hot_e="$1 chunks, $2 MiB of $3 MiB"
+	echo "host E (new host) read every file (tar): $(mib "$scanned") MiB in ${scan_t}s; its snapshot's hot set: $hot_e"
+	mkey="$ep/bench/home-$size/snapshots/$scan_id.json"
+	s3curl -o "$sw/scan-f.json" "$mkey"
+	python3 -c 'import json,sys
+m=json.load(open(sys.argv[1]))
+m.pop("hot",None); json.dump(m,open(sys.argv[2],"w"))
+m["hot"]=list(range(min(4096,len(m["chunks"])))); json.dump(m,open(sys.argv[3],"w"))' "$sw/scan-f.json" "$sw/scan-g.json" "$sw/scan-h.json"
+	rs_f=""
+	rs_g=""
+	rs_h=""
+	for k in $(seq "$TRIALS"); do
+		for v in f g h; do
+			s3curl -X PUT -T "$sw/scan-$v.json" "$mkey" >/dev/null
+			start_host "$v$k"
+			readset "$sw/mnt-$v$k"
+			stop_host "$hpid"
+			case $v in
+			f) what="its hot set"; rs_f="$rs_f $rsn" ;;
+			g) what="no hot set"; rs_g="$rs_g $rsn" ;;
+			h) what="every chunk hot"; rs_h="$rs_h $rsn" ;;
+			esac
+			echo "  host $v$k ($what): ready ${boot}s, read set $rs"
+		done
+	done
+	s3curl -X PUT -T "$sw/scan-f.json" "$mkey" >/dev/null
+	med_f=$(echo "$rs_f" | median)
+	med_g=$(echo "$rs_g" | median)
+	med_h=$(echo "$rs_h" | median)
+	echo "second new host after a read-everything session, read set (median of $TRIALS): with its hot set ${med_f}s, without ${med_g}s ($(ratio "$med_f" "$med_g")x); every chunk hot ${med_h}s ($(ratio "$med_h" "$med_g")x)"
+
+	if [ "$SCAN_ONLY" = 1 ]; then
+		summary="$summary
+$size - - - - - - - - - - - - - ${hot_e%% *} $med_f $med_g $med_h"
+	else
+		echo "ratios: ready $short / download-then-mount $(ratio "$boot_b" "$boot_d")x;" \
+			"first read set + ready vs download-then-mount $(ratio "$(echo "$boot_b + $rsn_b" | bc)" "$(echo "$boot_d + $rsn_d" | bc)")x;" \
+			"fill complete / plain GET $(ratio "$fill_b" "$get")x; download-then-mount ready / plain GET $(ratio "$boot_d" "$get")x"
+		summary="$summary
+$size $(mib "$size_b") $boot_b $rsn_b $fill_b $readall_t $rss_b $boot_c $rsn_c $readall_ct $gets_r $boot_d $rsn_d $get ${hot_e%% *} $med_f $med_g $med_h"
+	fi
 	for f in "$sw"/*.log "$sw"/*.out; do cp "$f" "$BENCH_DIR/lazy-logs/$size-$(basename "$f")" || true; done
 	rm -rf "$sw"
 done
 
 echo "== summary (seconds; MiB)"
-echo "size archive ready readset fill readall rss ready2 readset2 readall2 rebootGETs old_ready old_readset plainGET$summary" | column -t
+echo "size archive ready readset fill readall rss ready2 readset2 readall2 rebootGETs old_ready old_readset plainGET scanHot scanReadset scanNoHot scanAllHot$summary" | column -t

@@ -20,8 +20,36 @@ import (
 // DefaultChunkSize is the chunk size Publish records digests for.
 const DefaultChunkSize = 256 << 10
 
-// MaxHot bounds Manifest.Hot.
+// MaxHot bounds Manifest.Hot in a manifest read: a manifest may name this
+// many hot chunks (as an older hermesfs wrote them). Publish and a lazy
+// reader keep at most HotLimit.
 const MaxHot = 4096
+
+// The hot set's byte bound (README "Lazy boot"): an eighth of the archive,
+// at most MaxHotBytes and at least minHotBytes. See HotLimit.
+const (
+	MaxHotBytes = 64 << 20
+	minHotBytes = 4 << 20
+	hotShare    = 8
+)
+
+// HotLimit is the most chunks of chunkSize a hot set of an archive of size
+// bytes holds: min(MaxHotBytes, max(minHotBytes, size/8)) in whole chunks,
+// at least one, at most MaxHot.
+//
+// The hot set is fetched before the rest of the fill, so it pays off only
+// while it is a small part of the archive: a hot set of most of the
+// archive says nothing more than "fetch it all", and while it is fetched
+// the fill does not follow sequential reads. What a startup reads first is
+// small (README "Lazy boot", BENCHMARKS.md); a session that read more
+// keeps what it read first.
+func HotLimit(size, chunkSize int64) int {
+	if chunkSize <= 0 || size <= 0 {
+		return 0
+	}
+	b := min(MaxHotBytes, max(minHotBytes, size/hotShare))
+	return max(1, min(int(b/chunkSize), MaxHot, NumChunks(size, chunkSize)))
+}
 
 // ValidChunkSize reports whether cs may be a manifest's chunk size: a power
 // of two of at least 64 KiB (and at most 64 MiB).
@@ -73,13 +101,17 @@ func (m Manifest) checkChunks() error {
 }
 
 // cleanHot keeps the hot chunk indexes that name a chunk of an object of
-// size bytes, once each, in their order, at most MaxHot.
+// size bytes, once each, in their order, at most HotLimit: the first ones.
 func cleanHot(hot []int64, size, chunkSize int64) []int64 {
 	n := int64(NumChunks(size, chunkSize))
+	limit := HotLimit(size, chunkSize)
 	seen := make(map[int64]bool, len(hot))
 	var out []int64
 	for _, h := range hot {
-		if h < 0 || h >= n || seen[h] || len(out) >= MaxHot {
+		if len(out) >= limit {
+			break
+		}
+		if h < 0 || h >= n || seen[h] {
 			continue
 		}
 		seen[h] = true

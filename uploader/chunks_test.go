@@ -43,6 +43,50 @@ func TestPublishRecordsChunkDigests(t *testing.T) {
 	}
 }
 
+// The hot set a manifest records is bounded by bytes: an eighth of the
+// archive, at least 4 MiB, at most MaxHotBytes; the first chunks given
+// are the ones kept.
+func TestHotLimit(t *testing.T) {
+	const cs = uploader.DefaultChunkSize
+	for _, c := range []struct {
+		size int64
+		want int
+	}{
+		{1000, 1},                         // smaller than a chunk
+		{3 << 20, 12},                     // smaller than 4 MiB: all of it
+		{10 << 20, 16},                    // 4 MiB
+		{277 << 20, (277 << 20) / 8 / cs}, // an eighth
+		{2 << 30, uploader.MaxHotBytes / cs},
+		{1 << 40, uploader.MaxHotBytes / cs},
+	} {
+		if got := uploader.HotLimit(c.size, cs); got != c.want {
+			t.Errorf("HotLimit(%d) = %d, want %d", c.size, got, c.want)
+		}
+	}
+	if got := uploader.HotLimit(1<<30, 64<<20); got != 1 {
+		t.Errorf("HotLimit with 64 MiB chunks = %d, want 1", got)
+	}
+
+	s := newLocal(t)
+	c := catalog(s, "a", newClock())
+	p, _ := archiveFile(t, 40*cs)
+	var hot []int64
+	for i := int64(39); i >= 0; i-- {
+		hot = append(hot, i)
+	}
+	m, err := c.Publish(t.Context(), uploader.PublishInput{Path: p, Hot: hot})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := c.Manifest(t.Context(), m.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Hot) != 16 || got.Hot[0] != 39 || got.Hot[15] != 24 {
+		t.Fatalf("hot %v; want the first 16 given (4 MiB), 39 down to 24", got.Hot)
+	}
+}
+
 func TestFormat1ManifestStillLoads(t *testing.T) {
 	s := newLocal(t)
 	c := catalog(s, "a", newClock())

@@ -319,6 +319,78 @@ func TestE2ELazyHotAndStop(t *testing.T) {
 	da.stopOK(t)
 }
 
+// TestE2ELazyHotScan: a session that reads its startup files, then every
+// file of the home in order (what a backup, tar or grep -r does), publishes
+// a hot set within the byte bound that holds the startup's files and not
+// the scan: the next host fetches first what a startup reads, not the
+// whole archive.
+func TestE2ELazyHotScan(t *testing.T) {
+	need(t, "/dev/fuse")
+	t.Parallel()
+	storeDir := e2eDir(t, "store")
+	a := newHost(t, "file://"+storeDir)
+	mpA := e2eDir(t, "homeA")
+	seedHome(t, mpA)
+	for i := range 64 {
+		b := make([]byte, 256<<10)
+		rand.Read(b)
+		writeFile(t, filepath.Join(mpA, "blobs", fmt.Sprintf("b%02d.bin", i)), string(b), 0o644)
+	}
+	a.mount(mpA, "--interval", "0").stopOK(t)
+	h := newHost(t, "file://"+storeDir)
+	mp := e2eDir(t, "homeB")
+	d := h.mount(mp, "--interval", "0")
+	mustRead(t, filepath.Join(mp, "config.yaml"))
+	mustRead(t, filepath.Join(mp, "memories", "MEMORY.md"))
+	read := 0
+	err := filepath.WalkDir(mp, func(p string, de os.DirEntry, err error) error {
+		if err != nil || !de.Type().IsRegular() {
+			return err
+		}
+		read++
+		_, err = os.ReadFile(p)
+		return err
+	})
+	if err != nil || read < 64 {
+		t.Fatalf("read %d files: %v", read, err)
+	}
+	writeFile(t, filepath.Join(mp, "new.txt"), "after the scan", 0o644)
+	d.stopOK(t)
+	m := readManifest(t, storeDir, localLatest(t, storeDir))
+	bound := min(64<<20, max(4<<20, m.Size/8)) // README "Lazy boot"
+	if n := int64(len(m.Hot)) * m.ChunkSize; len(m.Hot) == 0 || n > bound/2 {
+		t.Fatalf("hot set of %d chunks (%d KiB) of a %d KiB archive; want the startup's few, within half the bound (%d KiB):\n%s",
+			len(m.Hot), n>>10, m.Size>>10, bound>>10, d.stderr)
+	}
+	na, err := os.Open(filepath.Join(storeDir, uploader.ArchiveKey(m.ID)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer na.Close()
+	nr, err := archive.Open(na, m.Size, archive.ReaderOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"config.yaml", "memories/MEMORY.md"} {
+		fi, err := nr.Lstat(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ext, err := nr.Extents(archive.Inode(fi.Sys().(*syscall.Stat_t).Ino))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range ext {
+			if c := e.At / m.ChunkSize; !slices.Contains(m.Hot, c) {
+				t.Fatalf("hot set %v lacks chunk %d, holding %s", m.Hot, c, name)
+			}
+		}
+	}
+	if !strings.Contains(d.stderr.String(), "the session read in bulk") {
+		t.Fatalf("the stop did not log the scan:\n%s", d.stderr)
+	}
+}
+
 func readManifest(t *testing.T, storeDir, id string) uploader.Manifest {
 	t.Helper()
 	var m uploader.Manifest

@@ -39,16 +39,18 @@
 // a buffer the fill reuses, and each chunk is checked against its digest,
 // written and marked present as it arrives, so a fill holds no more than a
 // chunk per request in memory and a damaged chunk costs only itself (it is
-// fetched again later). The fill fetches the hot set first (see below),
-// held back by nothing. After it, for a while after a sequential read (see
-// below), the fill follows it: its next requests start at the first absent
-// chunk after that read, so a file read from start to end gets the fill's
-// requests as its read-ahead, and the fill does not hold back for that
-// read's misses. The rest of the fill issues no new request while
-// on-demand misses wait, and its requests in flight stop reading their
-// bodies between chunks while an on-demand fetch is in the store, so that
-// the link's flow control gives the bandwidth to the miss; they go on when
-// it is done. A miss on a chunk that a fill request is about to deliver
+// fetched again later). The fill fetches the hot set first (see below,
+// at most uploader.HotLimit chunks of Options.Hot). After it, for a while
+// after a sequential read (see below), the fill follows it: its next
+// requests start at the first absent chunk after that read, so a file read
+// from start to end gets the fill's requests as its read-ahead, and the
+// fill does not hold back for that read's misses. Otherwise on-demand
+// misses go first, over the hot set too (it is a guess at what reads will
+// want, a waiting read is a fact): the fill issues no new request while
+// misses wait, and its requests in flight stop reading their bodies
+// between chunks while an on-demand fetch is in the store, so that the
+// link's flow control gives the bandwidth to the miss; they go on when it
+// is done. A miss on a chunk that a fill request is about to deliver
 // waits for it, briefly (then fetches it itself too, and takes whichever
 // comes first); a miss on a chunk further on in a fill request, or in a
 // paused one, fetches it at once: a miss never queues behind fill
@@ -64,10 +66,12 @@
 //
 // # Hot set
 //
-// The reader records the chunk indexes first read during the first minutes
-// after it opened (HotRecorder), in first-read order and at most
-// uploader.MaxHot of them; Fill fetches Options.Hot first. HotFiles turns
-// the chunks recorded into the file bytes they hold in the archive read,
-// and those into the chunks of each new archive holding them, for its
-// manifest.
+// The reader records the chunk indexes first read after it opened
+// (HotRecorder), in first-read order: what a startup reads. The recording
+// ends at uploader.HotLimit chunks (a byte bound), at a scan (reads in the
+// archive's order that cover scanBytes: tar, grep -r, a backup; the scan's
+// own chunks are taken out again), or when the window passes; Fill
+// fetches Options.Hot first. HotFiles turns the chunks recorded into the
+// file bytes they hold in the archive read, and those into the chunks of
+// each new archive holding them, for its manifest.
 package lazy

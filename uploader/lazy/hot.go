@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -13,34 +14,87 @@ import (
 )
 
 // DefaultHotWindow is how long after opening reads are recorded in the hot
-// set.
+// set, at most.
 const DefaultHotWindow = 2 * time.Minute
 
-// HotRecorder is an io.ReaderAt that records which chunks are read during a
-// window after it was made: the chunk indexes, once each, in first-read
-// order, at most uploader.MaxHot. Nothing else is recorded.
+// A scan (a backup, tar, grep -r, an indexer) reads the archive in order:
+// reads near each other (within scanSlack) that ask for at least half of
+// the bytes they span and record scanBytes of chunks not read before (or
+// half the byte bound, if that is less: the scan is told before the bound
+// is reached).
+// What a startup reads is small pieces of a few files here and there, and
+// its reads of a file in order are short (or served well without the hot
+// set: the fill follows a sequential read).
+const (
+	scanBytes = 8 << 20
+	scanSlack = 1 << 20
+	// scanRuns is how many runs of reads are told apart: the reads of a
+	// scan come with reads of the archive's metadata elsewhere.
+	scanRuns = 4
+)
+
+// HotRecorder is an io.ReaderAt that records which chunks are read first
+// after it was made: the chunk indexes, once each, in first-read order.
+// Nothing else is recorded. Recording ends at the first of: the byte bound
+// (uploader.HotLimit chunks), the window, Stop, and a scan. A scan's own
+// chunks are dropped from the set: a session that reads everything keeps
+// what it read before it.
 type HotRecorder struct {
 	ra        io.ReaderAt
 	chunkSize int64
+	limit     int // chunks
 
-	closed atomic.Bool // the window passed, the list is full or Stop was called
+	closed atomic.Bool // the window passed, the list is full, a scan, or Stop
 
-	mu    sync.Mutex
-	until time.Time
-	seen  map[int64]bool
-	order []int64
+	mu     sync.Mutex
+	window time.Duration
+	until  time.Time
+	seen   map[int64]bool
+	order  []int64
+	runs   [scanRuns]hotRun
+	tick   int64 // orders the runs' use
+	scan   bool  // recording ended at a scan
+}
+
+// hotRun is a run of reads near each other: the bytes [lo, hi) they span,
+// how many they asked for, and the chunks they recorded first while it was
+// dense (fresh: what a scan takes back).
+type hotRun struct {
+	lo, hi, read int64
+	fresh        []int64
+	used         int64 // HotRecorder.tick when last extended; 0: unused
 }
 
 // NewHotRecorder wraps ra (nil: only Note records) and records for window
-// (<= 0: DefaultHotWindow) from now.
+// (<= 0: DefaultHotWindow) from now, at most uploader.MaxHotBytes.
 func NewHotRecorder(ra io.ReaderAt, chunkSize int64, window time.Duration) *HotRecorder {
-	if window <= 0 {
-		window = DefaultHotWindow
-	}
 	if chunkSize <= 0 {
 		chunkSize = uploader.DefaultChunkSize
 	}
-	return &HotRecorder{ra: ra, chunkSize: chunkSize, until: time.Now().Add(window), seen: map[int64]bool{}}
+	return newHotRecorder(ra, chunkSize, min(int(uploader.MaxHotBytes/chunkSize), uploader.MaxHot), window)
+}
+
+func newHotRecorder(ra io.ReaderAt, chunkSize int64, limit int, window time.Duration) *HotRecorder {
+	if window <= 0 {
+		window = DefaultHotWindow
+	}
+	return &HotRecorder{ra: ra, chunkSize: chunkSize, limit: max(limit, 1), window: window, until: time.Now().Add(window), seen: map[int64]bool{}}
+}
+
+// Begin forgets what was recorded and records from now, for the window:
+// what opening the archive read (its superblock and tables, which a boot
+// fetches anyway) is not what a session reads. No-op once the recording
+// ended.
+func (h *HotRecorder) Begin() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed.Load() {
+		return
+	}
+	h.until = time.Now().Add(h.window)
+	h.seen = map[int64]bool{}
+	h.order = nil
+	h.runs = [scanRuns]hotRun{}
 }
 
 // ReadAt implements io.ReaderAt.
@@ -59,15 +113,70 @@ func (h *HotRecorder) Note(off, n int64) {
 	if h.closed.Load() {
 		return // Stop came in meanwhile
 	}
-	if len(h.order) >= uploader.MaxHot || time.Now().After(h.until) {
+	if len(h.order) >= h.limit || time.Now().After(h.until) {
 		h.closed.Store(true)
 		return
 	}
-	for i := off / h.chunkSize; i <= (off+n-1)/h.chunkSize && len(h.order) < uploader.MaxHot; i++ {
+	run, dense := h.runOf(off, off+n)
+	for i := off / h.chunkSize; i <= (off+n-1)/h.chunkSize && len(h.order) < h.limit; i++ {
 		if !h.seen[i] {
 			h.seen[i] = true
 			h.order = append(h.order, i)
+			if dense {
+				run.fresh = append(run.fresh, i)
+			}
 		}
+	}
+	if int64(len(run.fresh))*h.chunkSize >= min(scanBytes, int64(h.limit)*h.chunkSize/2) && run.dense() {
+		h.dropScan(run)
+	}
+}
+
+// runOf returns the run the read of [off, end) continues, extended by it,
+// or a new one in the place of the least recently extended; dense reports
+// whether the read continues a run that was dense before it (a read that
+// starts a run, or continues a sparse one, records chunks no scan takes
+// back: a startup's reads near where a scan passes later stay). h.mu is
+// held.
+func (h *HotRecorder) runOf(off, end int64) (run *hotRun, dense bool) {
+	h.tick++
+	for k := range h.runs {
+		r := &h.runs[k]
+		if r.used > 0 && off <= r.hi+scanSlack && end >= r.lo-scanSlack {
+			run, dense = r, r.dense()
+			break
+		}
+	}
+	if run == nil {
+		for k := range h.runs {
+			if r := &h.runs[k]; run == nil || r.used < run.used {
+				run = r
+			}
+		}
+		*run = hotRun{lo: off, hi: end, fresh: run.fresh[:0]}
+	}
+	run.lo, run.hi = min(run.lo, off), max(run.hi, end)
+	run.read += end - off
+	run.used = h.tick
+	return run, dense
+}
+
+// dense reports whether the run's reads asked for at least half of the
+// bytes it spans.
+func (r *hotRun) dense() bool { return 2*r.read >= r.hi-r.lo }
+
+// dropScan ends the recording at a scan and takes the chunks the scan
+// recorded out of the set. h.mu is held.
+func (h *HotRecorder) dropScan(run *hotRun) {
+	drop := make(map[int64]bool, len(run.fresh))
+	for _, i := range run.fresh {
+		drop[i] = true
+	}
+	h.order = slices.DeleteFunc(h.order, func(i int64) bool { return drop[i] })
+	h.scan = true
+	h.closed.Store(true)
+	for k := range h.runs {
+		h.runs[k] = hotRun{}
 	}
 }
 
@@ -85,6 +194,13 @@ func (h *HotRecorder) Hot() []int64 {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return append([]int64(nil), h.order...)
+}
+
+// Scanned reports whether the recording ended at a scan.
+func (h *HotRecorder) Scanned() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.scan
 }
 
 // ChunkSize is the chunk size the indexes are in.
@@ -109,9 +225,13 @@ type HotFiles struct {
 }
 
 // NewHotFiles records reads of the archive ra (size bytes) in chunks of
-// chunkSize for window (see NewHotRecorder).
+// chunkSize for window, at most uploader.HotLimit chunks (see
+// NewHotRecorder).
 func NewHotFiles(ra io.ReaderAt, size, chunkSize int64, window time.Duration) *HotFiles {
-	return &HotFiles{HotRecorder: NewHotRecorder(ra, chunkSize, window), size: size}
+	if chunkSize <= 0 {
+		chunkSize = uploader.DefaultChunkSize
+	}
+	return &HotFiles{HotRecorder: newHotRecorder(ra, chunkSize, uploader.HotLimit(size, chunkSize), window), size: size}
 }
 
 // Resolve stops the recording and turns the chunks recorded into the file
@@ -145,7 +265,8 @@ func (s *HotFiles) Resolve() (int, error) {
 
 // Chunks returns the chunks (of chunkSize; 0: uploader.DefaultChunkSize)
 // of the archive file at path that hold the file bytes Resolve found, in
-// their order, at most uploader.MaxHot; nil before Resolve.
+// their order, at most uploader.HotLimit of that archive; nil before
+// Resolve.
 func (s *HotFiles) Chunks(path string, chunkSize int64) ([]int64, error) {
 	s.mu.Lock()
 	files := s.files
@@ -169,5 +290,5 @@ func (s *HotFiles) Chunks(path string, chunkSize int64) ([]int64, error) {
 	if err != nil {
 		return nil, fmt.Errorf("hot set: %w", err)
 	}
-	return archive.FileChunks(r, chunkSize, files, uploader.MaxHot), nil
+	return archive.FileChunks(r, chunkSize, files, uploader.HotLimit(fi.Size(), chunkSize)), nil
 }

@@ -3,7 +3,10 @@ package lazy
 import (
 	"bytes"
 	"crypto/sha256"
+	"errors"
+	"fmt"
 	"io"
+	iofs "io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -179,5 +182,182 @@ func TestHotFilesFollowFiles(t *testing.T) {
 	}
 	if slices.Equal(got, recorded) {
 		t.Fatalf("hot chunks %v unchanged though the file moved", got)
+	}
+}
+
+// hotBound is the hot set's byte bound README "Lazy boot" gives for an
+// archive of size bytes: an eighth of it, at least 4 MiB, at most 64 MiB.
+func hotBound(size int64) int64 { return min(64<<20, max(4<<20, size/8)) }
+
+// A session that reads every chunk, after a few reads here and there (a
+// startup), records a hot set within the byte bound that keeps those
+// first reads, first: whether it reads everything in order (a scan: tar,
+// grep -r) or in no order at all.
+func TestHotRecorderBoundedByBytes(t *testing.T) {
+	t.Parallel()
+	const chunks = 8192 // 512 MiB of 64 KiB chunks
+	early := []int64{5000, 17, 3000, 900, 901}
+	startup := func(h *HotRecorder) {
+		for _, c := range early {
+			h.Note(c*testChunk+100, 4096)
+		}
+	}
+	check := func(t *testing.T, got []int64) {
+		t.Helper()
+		if n := int64(len(got)) * testChunk; n > hotBound(chunks*testChunk) {
+			t.Fatalf("hot set of %d chunks (%d MiB): more than the bound, %d MiB", len(got), n>>20, hotBound(chunks*testChunk)>>20)
+		}
+		if len(got) < len(early) || !slices.Equal(got[:len(early)], early) {
+			t.Fatalf("hot set starts %v; want the early reads %v first", got[:min(len(got), 8)], early)
+		}
+	}
+	t.Run("scan", func(t *testing.T) {
+		h := NewHotRecorder(nil, testChunk, time.Hour)
+		startup(h)
+		for off := int64(0); off < chunks*testChunk; off += 128 << 10 {
+			h.Note(off, 128<<10)
+		}
+		got := h.Hot()
+		check(t, got)
+		// The scan's own chunks are no startup's.
+		if int64(len(got))*testChunk >= hotBound(chunks*testChunk)/2 {
+			t.Fatalf("hot set of %d chunks after a scan; want the %d early ones and little of the scan", len(got), len(early))
+		}
+	})
+	t.Run("everything out of order", func(t *testing.T) {
+		h := NewHotRecorder(nil, testChunk, time.Hour)
+		startup(h)
+		for k := range int64(chunks) {
+			h.Note((k*4099)%chunks*testChunk, 4096) // every chunk, far apart
+		}
+		got := h.Hot()
+		check(t, got)
+		if int64(len(got))*testChunk < hotBound(chunks*testChunk)/2 {
+			t.Fatalf("hot set of %d chunks; scattered reads are no scan, the bound should fill it", len(got))
+		}
+	})
+}
+
+// The same through an archive: a startup reads a few files, then the
+// session reads every file in the tree's order (a tar); the next
+// archive's hot set is within the bound and holds the startup's files.
+func TestHotFilesScanKeepsStartup(t *testing.T) {
+	t.Parallel()
+	src := t.TempDir()
+	write := func(name string, b []byte) {
+		p := filepath.Join(src, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("config.yaml", hotNoise(3000, 1))
+	write("memories/MEMORY.md", hotNoise(5000, 2))
+	for i := range 48 {
+		write(fmt.Sprintf("sessions/s%03d.json", i), hotNoise(512<<10+i*100, byte(10+i)))
+	}
+	write("state.db", hotNoise(2<<20, 3))
+	lowerPath := hotPack(t, src)
+	lf, err := os.Open(lowerPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lf.Close()
+	st, _ := lf.Stat()
+	hf := NewHotFiles(lf, st.Size(), testChunk, time.Hour)
+	lower, err := archive.Open(hf, st.Size(), archive.ReaderOptions{Name: "lower", CacheBytes: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := func(name string, off, n int64) {
+		t.Helper()
+		f, err := lower.Open(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		b := make([]byte, n)
+		if _, err := f.(io.ReaderAt).ReadAt(b, off); err != nil && err != io.EOF {
+			t.Fatal(err)
+		}
+	}
+	read("config.yaml", 0, 3000)
+	read("memories/MEMORY.md", 0, 5000)
+	read("state.db", 1<<20, 4096)
+	read("sessions/s047.json", 0, 4096)
+	// The scan: every file, start to finish, in the tree's order.
+	err = iofs.WalkDir(lower.FS(), ".", func(p string, d iofs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		b, err := iofs.ReadFile(lower.FS(), p)
+		if err == nil && len(b) == 0 {
+			err = errors.New("empty")
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := hf.Resolve(); err != nil {
+		t.Fatal(err)
+	}
+	// The next archive: one more session file, the rest unchanged.
+	write("sessions/s100.json", hotNoise(300<<10, 99))
+	newPath := hotPack(t, src)
+	got, err := hf.Chunks(newPath, testChunk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nf, err := os.Open(newPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nf.Close()
+	nst, _ := nf.Stat()
+	if n := int64(len(got)) * testChunk; n > hotBound(nst.Size()) {
+		t.Fatalf("hot set of %d chunks (%d KiB) for a %d KiB archive: more than the bound, %d KiB", len(got), n>>10, nst.Size()>>10, hotBound(nst.Size())>>10)
+	}
+	next, err := archive.Open(nf, nst.Size(), archive.ReaderOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"config.yaml", "memories/MEMORY.md"} {
+		a, err := next.Lstat(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ext, err := next.Extents(archive.Inode(a.Sys().(*syscall.Stat_t).Ino))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range ext {
+			if c := e.At / testChunk; !slices.Contains(got, c) {
+				t.Fatalf("hot set %v lacks chunk %d of %s, read first", got, c, name)
+			}
+		}
+	}
+}
+
+// Begin forgets what opening the archive read; after the recording ended
+// it changes nothing.
+func TestHotRecorderBegin(t *testing.T) {
+	t.Parallel()
+	h := NewHotRecorder(nil, testChunk, time.Hour)
+	h.Note(0, 96)               // the superblock
+	h.Note(90*testChunk, 3<<20) // the tables
+	h.Begin()
+	h.Note(7*testChunk, 10)
+	h.Note(2*testChunk, 10)
+	if got := h.Hot(); !slices.Equal(got, []int64{7, 2}) {
+		t.Fatalf("hot %v; want [7 2], what was read after Begin", got)
+	}
+	h.Stop()
+	h.Begin()
+	h.Note(5*testChunk, 10)
+	if got := h.Hot(); !slices.Equal(got, []int64{7, 2}) {
+		t.Fatalf("hot %v after Stop and Begin; want [7 2]", got)
 	}
 }

@@ -87,8 +87,9 @@ type Options struct {
 	// followFor replaces the constant followFor in tests.
 	followFor time.Duration
 	// yielded, if set, is called when a fill request pauses for an
-	// on-demand fetch (tests).
-	yielded func()
+	// on-demand fetch, heldBack when the fill holds a request back for a
+	// waiting read (tests).
+	yielded, heldBack func()
 }
 
 // maxDigestFails is how many times in a row a chunk may arrive damaged
@@ -152,7 +153,7 @@ type call struct {
 // and received in order.
 type stream struct {
 	at atomic.Int64 // the chunk being received
-	// yields: a request of the rest of the fill (neither the hot set nor
+	// yields: a request of the hot set or the rest of the fill (not one
 	// following a reader), which stops reading its body between chunks
 	// while on-demand fetches are in the store.
 	yields bool
@@ -273,7 +274,7 @@ func Open(o Options) (*Reader, error) {
 	}
 	r := &Reader{
 		o: o, log: o.Logger, n: len(o.Chunks),
-		hot:      NewHotRecorder(nil, o.ChunkSize, o.HotWindow),
+		hot:      newHotRecorder(nil, o.ChunkSize, uploader.HotLimit(o.Size, o.ChunkSize), o.HotWindow),
 		demand:   make(chan struct{}, o.Parallel),
 		ahead:    make(chan struct{}, max(1, o.Parallel/2)),
 		filling:  make(chan struct{}, o.FillParallel),
@@ -1004,8 +1005,9 @@ func (r *Reader) Prefetch(ctx context.Context, off, end int64) error {
 	return first
 }
 
-// Fill fetches every absent chunk in the background, Options.Hot first,
-// then in order; failed chunks are tried again on later passes after a
+// Fill fetches every absent chunk in the background, Options.Hot first (at
+// most uploader.HotLimit of them), then in order, yielding to on-demand
+// misses throughout; failed chunks are tried again on later passes after a
 // pause. When all are present it verifies the whole file and completes the
 // cache (see the package doc). It returns at once; Close stops it.
 func (r *Reader) Fill() {
@@ -1017,9 +1019,18 @@ func (r *Reader) Fill() {
 }
 
 func (r *Reader) fill() {
-	order := make([]int, 0, r.n+len(r.o.Hot))
+	// The hot set, at most uploader.HotLimit chunks of it: a manifest
+	// of an older hermesfs may name up to uploader.MaxHot, the whole
+	// archive of a session that read everything.
+	limit := uploader.HotLimit(r.o.Size, r.o.ChunkSize)
+	order := make([]int, 0, r.n+min(len(r.o.Hot), limit))
+	seen := make(map[int64]bool, min(len(r.o.Hot), limit))
 	for _, h := range r.o.Hot {
-		if h >= 0 && h < int64(r.n) {
+		if len(order) == limit {
+			break
+		}
+		if h >= 0 && h < int64(r.n) && !seen[h] {
+			seen[h] = true
 			order = append(order, int(h))
 		}
 	}
@@ -1035,12 +1046,15 @@ func (r *Reader) fill() {
 			if r.ctx.Err() != nil || r.stopped() || r.fillOff.Load() {
 				return
 			}
-			// The hot set first, held back by nothing: it is what the
-			// reads to come want. Then on-demand misses go first: the
-			// rest of the fill issues no request while any wait (unless
-			// it follows a sequential read).
+			// On-demand misses go first: the fill, the hot set included,
+			// issues no request while any wait (after the hot set, unless
+			// it follows a sequential read). The hot set is a guess at
+			// what the reads to come want; a read waiting is a fact.
 			inHot := k < hot
-			for !inHot && r.waiting.Load() > 0 && r.ctx.Err() == nil && r.follow(span) < 0 {
+			for r.waiting.Load() > 0 && r.ctx.Err() == nil && (inHot || r.follow(span) < 0) {
+				if r.o.heldBack != nil {
+					r.o.heldBack()
+				}
 				time.Sleep(2 * time.Millisecond)
 			}
 			select {
@@ -1076,7 +1090,7 @@ func (r *Reader) fill() {
 				j++
 				k++
 			}
-			r.runLocked(i, j, !inHot)
+			r.runLocked(i, j, true)
 			r.mu.Unlock()
 		}
 		// Every fill call holds a slot until it is done: holding them all
@@ -1284,8 +1298,8 @@ func (r *Reader) demandFetch(d int) {
 	}
 }
 
-// yieldToDemand holds a fill request of the rest of the fill (s.yields)
-// while on-demand fetches are in the store: its body left unread, the
+// yieldToDemand holds a fill request that yields (s.yields: the hot set's
+// and the rest of the fill's) while on-demand fetches are in the store: its body left unread, the
 // link's flow control gives the bandwidth to the misses. hold and resume
 // bracket a pause. It fails only when ctx ends.
 func (r *Reader) yieldToDemand(ctx context.Context, s *stream, hold, resume func()) error {

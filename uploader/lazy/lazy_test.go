@@ -528,11 +528,12 @@ func TestFillRepairsDamagedCache(t *testing.T) {
 func TestHotRecorderBounds(t *testing.T) {
 	t.Parallel()
 	h := NewHotRecorder(nil, testChunk, time.Hour)
-	for i := range uploader.MaxHot + 10 {
+	limit := int(uploader.MaxHotBytes / testChunk)
+	for i := range limit + 10 {
 		h.Note(int64(i)*testChunk, 1)
 	}
-	if got := h.Hot(); len(got) != uploader.MaxHot || got[0] != 0 || got[len(got)-1] != uploader.MaxHot-1 {
-		t.Fatalf("%d hot chunks recorded, want the first %d", len(got), uploader.MaxHot)
+	if got := h.Hot(); len(got) != limit || got[0] != 0 || got[len(got)-1] != int64(limit)-1 {
+		t.Fatalf("%d hot chunks recorded, want the first %d (%d MiB)", len(got), limit, uploader.MaxHotBytes>>20)
 	}
 	h = NewHotRecorder(nil, testChunk, time.Nanosecond)
 	time.Sleep(time.Millisecond)

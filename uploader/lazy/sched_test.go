@@ -190,10 +190,10 @@ func TestFillFollowsOnlyAfterHotChunks(t *testing.T) {
 	}
 }
 
-// TestHotChunksNotHeldBack: the fill fetches the hot set while an
-// on-demand read waits (its fetch stuck in the store); the rest of the
-// fill waits for the read.
-func TestHotChunksNotHeldBack(t *testing.T) {
+// TestHotChunksWaitForMisses: while an on-demand read waits (its fetch
+// stuck in the store), the fill starts no request, the hot set's neither;
+// once the read is served, the fill fetches the hot chunks first.
+func TestHotChunksWaitForMisses(t *testing.T) {
 	t.Parallel()
 	o := putObject(t, localStore(t), 16*testChunk)
 	opts := o.options(t.TempDir())
@@ -202,6 +202,8 @@ func TestHotChunksNotHeldBack(t *testing.T) {
 	opts.Hot = []int64{3, 9}
 	h := newHold(o.store, 12*testChunk)
 	opts.Store = h
+	var heldBack atomic.Int64
+	opts.heldBack = func() { heldBack.Add(1) }
 	r := open(t, opts)
 	done := make(chan error, 1)
 	go func() {
@@ -215,19 +217,18 @@ func TestHotChunksNotHeldBack(t *testing.T) {
 	<-h.started
 	waitFor(t, "the read to wait", func() bool { return r.waiting.Load() > 0 })
 	r.Fill()
-	waitFor(t, "the hot chunks while a read waits", func() bool {
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		return r.present[3] && r.present[9]
-	})
-	if got := h.gets(); !slices.Equal(got, []int64{12 * testChunk, 3 * testChunk, 9 * testChunk}) {
-		t.Fatalf("gets at %v while the read waits; want chunk 12 (the read), 3 and 9 (hot) only", got)
+	waitFor(t, "the fill to hold back for the read", func() bool { return heldBack.Load() > 2 })
+	if got := h.gets(); !slices.Equal(got, []int64{12 * testChunk}) {
+		t.Fatalf("gets at %v while a read waits; want chunk 12 (the read) only", got)
 	}
 	close(h.release)
 	if err := <-done; err != nil {
 		t.Fatalf("the held read: %v", err)
 	}
 	waitComplete(t, r)
+	if got := h.gets(); len(got) < 3 || !slices.Equal(got[:3], []int64{12 * testChunk, 3 * testChunk, 9 * testChunk}) {
+		t.Fatalf("gets at %v; want chunk 12 (the read), then 3 and 9 (hot)", got)
+	}
 }
 
 // watchedBody is a fill request's body: reads at or past gate wait until
@@ -337,5 +338,140 @@ func TestFillYieldsToOnDemandFetch(t *testing.T) {
 	waitComplete(t, r)
 	if st := r.Stats(); st.OnDemandChunks != 2 || st.FillChunks != 14 {
 		t.Fatalf("stats %+v; want chunks 3 and 12 on demand, the other 14 by the fill", st)
+	}
+}
+
+// meteredBody is a fill request's body on a link the test meters: each
+// chunk of it takes a token from link before it passes (or passes freely
+// once free is closed), and counts in passed.
+type meteredBody struct {
+	ctx    context.Context
+	rc     io.ReadCloser
+	pos    int64
+	link   chan struct{}
+	free   chan struct{}
+	passed *atomic.Int64
+}
+
+func (b *meteredBody) Read(p []byte) (int, error) {
+	if b.pos%testChunk == 0 {
+		select {
+		case <-b.link:
+		case <-b.free:
+		case <-b.ctx.Done():
+			return 0, b.ctx.Err()
+		}
+		b.passed.Add(1)
+	}
+	if n := testChunk - b.pos%testChunk; int64(len(p)) > n {
+		p = p[:n]
+	}
+	n, err := b.rc.Read(p)
+	b.pos += int64(n)
+	return n, err
+}
+
+func (b *meteredBody) Close() error { return b.rc.Close() }
+
+// TestHotPrefetchYieldsToMiss: with a hot set of the whole archive but one
+// chunk (what a session that read everything left), an on-demand read of
+// that chunk is served while the hot prefetch has most of it left: while
+// the miss is in the store, each hot request in flight delivers at most
+// the chunk it is in, then leaves the link to the miss.
+func TestHotPrefetchYieldsToMiss(t *testing.T) {
+	t.Parallel()
+	const n, miss = 64, 40
+	o := putObject(t, localStore(t), n*testChunk)
+	opts := o.options(t.TempDir())
+	opts.FillSpan, opts.FillParallel, opts.ReadAhead = 8*testChunk, 3, -1
+	opts.ReadTimeout = time.Minute
+	for i := range int64(n) {
+		if i != miss {
+			opts.Hot = append(opts.Hot, i)
+		}
+	}
+	h := newHold(o.store, miss*testChunk)
+	link, free := make(chan struct{}, 4*n), make(chan struct{})
+	var passed atomic.Int64
+	h.body = func(ctx context.Context, off int64, rc io.ReadCloser) io.ReadCloser {
+		return &meteredBody{ctx: ctx, rc: rc, pos: off, link: link, free: free, passed: &passed}
+	}
+	opts.Store = h
+	var yields atomic.Int64
+	opts.yielded = func() { yields.Add(1) }
+	r := open(t, opts)
+	t.Cleanup(func() {
+		select {
+		case <-free:
+		default:
+			close(free)
+		}
+	})
+	r.Fill()
+	link <- struct{}{}
+	link <- struct{}{}
+	waitFor(t, "the hot prefetch's first chunks, its requests in flight", func() bool {
+		return r.Stats().FillChunks == 2 && len(h.gets()) == opts.FillParallel
+	})
+	done := make(chan error, 1)
+	go func() {
+		buf := make([]byte, 100)
+		_, err := r.ReadAt(buf, miss*testChunk)
+		if err == nil && !bytes.Equal(buf, o.data[miss*testChunk:miss*testChunk+100]) {
+			err = io.ErrUnexpectedEOF
+		}
+		done <- err
+	}()
+	<-h.started // the miss is in the store
+	before := passed.Load()
+	for range 3 * n {
+		link <- struct{}{} // plenty of link for the hot prefetch to take
+	}
+	waitFor(t, "the hot prefetch to yield to the miss, or to run on", func() bool {
+		return yields.Load() >= int64(opts.FillParallel) || passed.Load()-before > int64(opts.FillParallel)
+	})
+	took, filled := passed.Load()-before, r.Stats().FillChunks
+	close(h.release)
+	if err := <-done; err != nil {
+		t.Fatalf("the miss: %v", err)
+	}
+	if took > int64(opts.FillParallel) {
+		t.Fatalf("the hot prefetch took %d chunks of the link while the miss was in the store (%d of %d hot chunks fetched); want at most %d (one per request in flight)",
+			took, filled, n-1, opts.FillParallel)
+	}
+	close(free)
+	waitComplete(t, r)
+	if st := r.Stats(); st.OnDemandChunks != 1 || st.FillChunks != n-1 {
+		t.Fatalf("stats %+v; want the miss on demand, the other %d chunks by the fill", st, n-1)
+	}
+}
+
+// TestFillBoundsHotSet: a manifest of an older hermesfs may name the whole
+// archive hot; the fill takes the first uploader.HotLimit chunks of it as
+// the hot set (here 4 MiB of an 8 MiB object), then fetches the rest in
+// order, in runs.
+func TestFillBoundsHotSet(t *testing.T) {
+	t.Parallel()
+	const n = 128
+	o := putObject(t, localStore(t), n*testChunk)
+	opts := o.options(t.TempDir())
+	opts.FillSpan, opts.FillParallel, opts.ReadAhead = 8*testChunk, 1, -1
+	for i := int64(n - 1); i >= 0; i-- {
+		opts.Hot = append(opts.Hot, i)
+	}
+	h := newHold(o.store, -1)
+	opts.Store = h
+	r := open(t, opts)
+	r.Fill()
+	waitComplete(t, r)
+	var want []int64
+	for i := int64(n - 1); i >= n/2; i-- {
+		want = append(want, i*testChunk)
+	}
+	for i := int64(0); i < n/2; i += 8 {
+		want = append(want, i*testChunk)
+	}
+	if got := h.gets(); !slices.Equal(got, want) {
+		t.Fatalf("gets at %v;\nwant %v: the first 64 hot chunks one by one, then the rest in runs of 8", got, want)
 	}
 }

@@ -344,15 +344,28 @@ func (d *daemon) lazyIncomplete() bool {
 	return d.lazy != nil && !d.lazy.r.Complete()
 }
 
+// beginHot starts the hot set's recording once the lower archive is open:
+// its superblock and tables, read by the open, are no part of it.
+func (d *daemon) beginHot() {
+	if d.hot != nil {
+		d.hot.Begin()
+	}
+}
+
 // resolveHot ends the hot set's recording, at the first snapshot (before
 // its pack reads the lower), and keeps the files' bytes it read.
 func (d *daemon) resolveHot() {
 	if d.hot == nil {
 		return
 	}
-	if n, err := d.hot.Resolve(); err != nil {
+	n, err := d.hot.Resolve()
+	switch {
+	case err != nil:
 		d.log.Warn("the hot set is lost", "err", err)
-	} else if n > 0 {
+	case d.hot.Scanned():
+		d.log.Info("the session read in bulk (a scan of the archive in order); the hot set keeps what it read before",
+			"chunks", len(d.hot.Hot()), "file_ranges", n)
+	case n > 0:
 		d.log.Debug("hot set resolved", "chunks", len(d.hot.Hot()), "file_ranges", n)
 	}
 }

@@ -188,6 +188,7 @@ func (realParts) mount(ctx context.Context, d *daemon, lowerPath string) (overla
 			c.Close()
 			return nil, ArchiveError(err)
 		}
+		d.beginHot()
 		lowerFile = c
 	}
 	closeLower := func() {
