@@ -20,6 +20,13 @@ import (
 // calling goroutine writes the results in the producer's order. The order
 // channel's capacity bounds the blocks in flight, so memory does not grow
 // with the tree.
+//
+// Buffers: a job's in buffer belongs to the producer until the job is
+// submitted, then to the job until the writer releases it; so does a
+// compressed buffer (comp) from the worker that fills it. What a worker
+// needs only while it works on a block (a block decompressed to be summed)
+// lives in its own scratch buffer, which never leaves it: a buffer
+// returned to a pool is another goroutine's the moment it is returned.
 
 type jobKind uint8
 
@@ -157,9 +164,9 @@ func (p *packer) writeData(ctx context.Context, out *output) ([]fragEntry, error
 	}
 	for range workers {
 		wg.Go(func() {
-			bc := p.codec.newWorker()
+			w := &worker{bc: p.codec.newWorker(), scratch: make([]byte, p.bs)}
 			for j := range d.jobs {
-				d.process(bc, j)
+				d.process(w, j)
 				close(j.ready)
 			}
 		})
@@ -255,18 +262,25 @@ func (d *dataWriter) release(j *job) {
 	j.in, j.out, j.comp, j.tails = nil, nil, nil, nil
 }
 
-func (d *dataWriter) process(bc blockCompressor, j *job) {
+// worker is the state of one of the goroutines that process blocks.
+type worker struct {
+	bc      blockCompressor
+	scratch []byte // a block's content, decoded; never leaves the worker
+}
+
+func (d *dataWriter) process(w *worker, j *job) {
 	switch j.kind {
 	case jobRaw:
 		// A copied block comes here only when its source archive
 		// records no sum for it (submit): learn the sum from its
-		// content, so the new archive records one.
-		buf := d.comp.get()
-		b, err := j.src.blockContent(buf[:0], j.out, j.word)
+		// content, so the new archive records one. The content is
+		// decoded into the worker's own buffer: from a shared pool it
+		// could be taken, and written, by another worker before the
+		// sum is done.
+		b, err := j.src.blockContent(w.scratch[:0], j.out, j.word)
 		if err == nil && len(b) != j.wantLen {
 			err = fmt.Errorf("block holds %d bytes, want %d", len(b), j.wantLen)
 		}
-		d.comp.put(buf)
 		if err != nil {
 			j.err = fmt.Errorf("reuse block of %s: %w", j.src.name, err)
 			return
@@ -297,7 +311,7 @@ func (d *dataWriter) process(bc blockCompressor, j *job) {
 		}
 	}
 	buf := d.comp.get()
-	c, ok, err := bc.compress(buf, j.in)
+	c, ok, err := w.bc.compress(buf, j.in)
 	if err != nil {
 		d.comp.put(buf)
 		j.err = fmt.Errorf("compress: %w", err)
