@@ -32,3 +32,8 @@ func (e *CorruptError) Is(target error) bool { return target == ErrCorrupt }
 func (e *CorruptError) Unwrap() error        { return e.Err }
 
 var errChecksum = errors.New("checksum mismatch")
+
+// errSelfCheck is what Pack reports when a block it is about to write does
+// not hold the content it computed the block's sum from (worker.check): a
+// bug of the packer, not damage of its input. The archive must not be used.
+var errSelfCheck = errors.New("content does not match the sum the packer computed for it (a packer bug, please report it: the archive must not be used)")
