@@ -36,6 +36,21 @@
 // is still in use (below that, its live tails are repacked, so stale bytes
 // do not accumulate over snapshots).
 //
+// Pack checks its own work before it hands an archive back. Every content
+// sum it computes (of a new block, of a block copied from an archive that
+// records no sums, of a file tail in a fragment block) is checked, by the
+// worker that finished the block, against what the bytes to be written
+// decode to, and the writer checks that the bytes it writes are the ones
+// checked (their CRC). A mismatch is a packer bug, not damage of an
+// input: Pack fails with a *CorruptError naming the archive being written
+// and the block, rather than return an archive its own verifier would
+// reject. The sums an earlier archive records for blocks copied from it
+// are taken as they are (the copied bytes are checked against that
+// archive's checksums). The check decodes and
+// hashes each new block once more: a fifth to a quarter more CPU for a
+// pack where every block is new (BenchmarkPackCheck), in proportion to
+// the new data otherwise.
+//
 // # Snapshots that cost what changed
 //
 // PackOptions.Base names the previous archive B of the same tree. Pack then

@@ -56,3 +56,8 @@ func recovered(err *error) {
 		*err = &PanicError{Value: v, Stack: debug.Stack()}
 	}
 }
+
+// errSelfCheck is what Pack reports when a block it is about to write does
+// not hold the content it computed the block's sum from (worker.check): a
+// bug of the packer, not damage of its input. The archive must not be used.
+var errSelfCheck = errors.New("content does not match the sum the packer computed for it (a packer bug, please report it: the archive must not be used)")

@@ -68,7 +68,9 @@ type PackOptions struct {
 	// from where Base came from.
 	PrefixHole int64
 
-	noSums bool // tests: record no content sums, as archives did before them
+	noSums  bool       // tests: record no content sums, as archives did before them
+	noCheck bool       // benchmarks: skip Pack's check of its own blocks (worker.check, store)
+	tamper  func(*job) // tests: alter a processed block before it is checked
 }
 
 // PackResult describes a packed archive.
@@ -156,6 +158,11 @@ func PackDir(ctx context.Context, w io.Writer, dir string, opts PackOptions) (Pa
 // superblock, then reads the result back once to compute the SHA-256. Any
 // other io.Writer receives the archive from a temporary file under
 // os.TempDir(), streamed through once it is complete.
+//
+// Every content sum Pack computes is checked against what the bytes it
+// writes decode to (see "Packing" in the package documentation); a
+// mismatch, a packer bug, fails Pack with a *CorruptError naming the
+// destination, whose content must then not be used.
 //
 // Memory stays bounded by the block pipeline (up to 16 blocks per worker) plus
 // the metadata of the tree (roughly 200 bytes per entry).
@@ -490,6 +497,14 @@ func (o *output) holeExtent(n uint32, kind extentKind, crc uint32, s sum) {
 	if kind == kindData {
 		o.sums = append(o.sums, s)
 	}
+}
+
+// name names the archive being written in errors.
+func (o *output) name() string {
+	if f, ok := o.f.(interface{ Name() string }); ok {
+		return f.Name()
+	}
+	return "(being packed)"
 }
 
 // seekHole flushes what is buffered and moves the destination's write

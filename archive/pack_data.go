@@ -16,12 +16,20 @@ import (
 
 // The data phase is a pipeline: one producer goroutine reads files in
 // order and cuts them into blocks (packing small files into fragment
-// blocks), Workers goroutines sum and compress blocks in parallel, and the
-// calling goroutine writes the results in the producer's order. The order
-// channel's capacity bounds the blocks in flight, so memory does not grow
-// with the tree. A panic on the producer, a worker or the goroutine that
-// sums duplicates ahead (in the source FS's code too) is that goroutine's
-// error (PanicError): the pack fails, the process goes on.
+// blocks), Workers goroutines sum, compress and check blocks in parallel,
+// and the calling goroutine writes the results in the producer's order.
+// The order channel's capacity bounds the blocks in flight, so memory does
+// not grow with the tree. A panic on the producer, a worker or the
+// goroutine that sums duplicates ahead (in the source FS's code too) is
+// that goroutine's error (PanicError): the pack fails, the process goes on.
+//
+// Buffers: a job's in buffer belongs to the producer until the job is
+// submitted, then to the job until the writer releases it; so does a
+// compressed buffer (comp) from the worker that fills it. What a worker
+// needs only while it works on a block (a block decompressed to be summed
+// or checked) lives in its own scratch buffer, which never leaves it: a
+// buffer returned to a pool is another goroutine's the moment it is
+// returned.
 
 type jobKind uint8
 
@@ -157,11 +165,21 @@ func (p *packer) writeData(ctx context.Context, out *output) ([]fragEntry, error
 	if later := d.laterCandidates(); len(later) > 0 {
 		wg.Go(func() { d.hashAhead(later) })
 	}
+	dec, err := newDecompressor(p.codec.id())
+	if err != nil {
+		return nil, err
+	}
 	for range workers {
 		wg.Go(func() {
-			bc := p.codec.newWorker()
+			w := &worker{bc: p.codec.newWorker(), dec: dec, scratch: make([]byte, p.bs)}
 			for j := range d.jobs {
-				d.processContained(bc, j)
+				d.processContained(w, j)
+				if p.opts.tamper != nil {
+					p.opts.tamper(j)
+				}
+				if j.err == nil && !p.opts.noCheck {
+					j.err = w.check(j)
+				}
 				close(j.ready)
 			}
 		})
@@ -180,7 +198,7 @@ func (p *packer) writeData(ctx context.Context, out *output) ([]fragEntry, error
 		<-j.ready
 		if werr == nil {
 			if j.err != nil {
-				werr = j.err
+				werr = d.blockError(out, j, j.err)
 			} else {
 				werr = d.store(out, j, &frags)
 			}
@@ -216,6 +234,11 @@ func (p *packer) writeData(ctx context.Context, out *output) ([]fragEntry, error
 // store writes one finished block and records where it went.
 func (d *dataWriter) store(out *output, j *job, frags *[]fragEntry) error {
 	at := out.pos
+	if j.word != 0 && !d.p.opts.noCheck && crc32c(j.out) != j.crc {
+		// The bytes changed since they were checked: whoever else
+		// wrote into the buffer, they are not what was checked.
+		return d.blockError(out, j, fmt.Errorf("%w (its bytes changed after they were checked)", errSelfCheck))
+	}
 	switch j.kind {
 	case jobData, jobRaw:
 		fd := j.file
@@ -259,23 +282,106 @@ func (d *dataWriter) release(j *job) {
 }
 
 // processContained is process with a panic made the job's error.
-func (d *dataWriter) processContained(bc blockCompressor, j *job) {
+func (d *dataWriter) processContained(w *worker, j *job) {
 	defer recovered(&j.err)
-	d.process(bc, j)
+	d.process(w, j)
 }
 
-func (d *dataWriter) process(bc blockCompressor, j *job) {
+// blockError is the error of job j, about to be stored at out.pos: a
+// failed check of Pack's own work names the block in the new archive.
+func (d *dataWriter) blockError(out *output, j *job, err error) error {
+	if !errors.Is(err, errSelfCheck) {
+		return err
+	}
+	what := kindData.String()
+	if j.kind == jobFragment || j.kind == jobRawFragment {
+		what = kindFragment.String()
+	}
+	return &CorruptError{Name: out.name(), Offset: int64(out.pos), What: what, Err: err}
+}
+
+// worker is the state of one of the goroutines that process blocks.
+type worker struct {
+	bc      blockCompressor
+	dec     decompressor // of the archive being written
+	scratch []byte       // a block's content, decoded; never leaves the worker
+}
+
+// content decodes b, a block stored with size word w, into the worker's
+// scratch buffer; the result is valid until the worker's next call.
+func (w *worker) content(b []byte, word uint32) ([]byte, error) {
+	if word&dataUncompBit != 0 {
+		return b, nil
+	}
+	return w.dec.decompress(w.scratch[:0], b, len(w.scratch))
+}
+
+// check is Pack's check of its own work, made on each block once it is
+// final and before the writer takes it: every content sum this pack
+// computed for the block (a new block's or a changed block's, one copied
+// from an archive that records none, the tails of a fragment block) must
+// be the sum of what the bytes to be stored decode to. Sums that come
+// with the bytes they cover from an earlier archive's trailer (the copy
+// checked against its checksum) are that archive's, and are not
+// recomputed. The writer then checks that the bytes are still the ones
+// checked (store). A failure is a packer bug, never damage of an input:
+// the pack fails instead of producing an archive whose blocks do not
+// match their sums.
+func (w *worker) check(j *job) error {
+	switch j.kind {
+	case jobData, jobRaw:
+		n := len(j.in)
+		if j.hole > 0 {
+			n = j.hole
+		} else if j.kind == jobRaw {
+			n = j.wantLen
+		}
+		if j.word == 0 {
+			if j.sum != zeroChunkSum(n) {
+				return fmt.Errorf("%w (a hole of %d bytes)", errSelfCheck, n)
+			}
+			return nil
+		}
+		c, err := w.content(j.out, j.word)
+		if err != nil {
+			return fmt.Errorf("%w (it does not decompress: %v)", errSelfCheck, err)
+		}
+		if len(c) != n {
+			return fmt.Errorf("%w (it holds %d bytes, not %d)", errSelfCheck, len(c), n)
+		}
+		if chunkSum(c) != j.sum {
+			return errSelfCheck
+		}
+	case jobFragment:
+		c, err := w.content(j.out, j.word)
+		if err != nil {
+			return fmt.Errorf("%w (it does not decompress: %v)", errSelfCheck, err)
+		}
+		if len(c) != len(j.in) {
+			return fmt.Errorf("%w (it holds %d bytes, not %d)", errSelfCheck, len(c), len(j.in))
+		}
+		for _, t := range j.tails {
+			if chunkSum(c[t.off:t.off+t.n]) != t.file.tailSum {
+				return fmt.Errorf("%w (the file tail of %d bytes at %d)", errSelfCheck, t.n, t.off)
+			}
+		}
+	}
+	return nil
+}
+
+func (d *dataWriter) process(w *worker, j *job) {
 	switch j.kind {
 	case jobRaw:
 		// A copied block comes here only when its source archive
 		// records no sum for it (submit): learn the sum from its
-		// content, so the new archive records one.
-		buf := d.comp.get()
-		b, err := j.src.blockContent(buf[:0], j.out, j.word)
+		// content, so the new archive records one. The content is
+		// decoded into the worker's own buffer: from a shared pool it
+		// could be taken, and written, by another worker before the
+		// sum is done.
+		b, err := j.src.blockContent(w.scratch[:0], j.out, j.word)
 		if err == nil && len(b) != j.wantLen {
 			err = fmt.Errorf("block holds %d bytes, want %d", len(b), j.wantLen)
 		}
-		d.comp.put(buf)
 		if err != nil {
 			j.err = fmt.Errorf("reuse block of %s: %w", j.src.name, err)
 			return
@@ -306,7 +412,7 @@ func (d *dataWriter) process(bc blockCompressor, j *job) {
 		}
 	}
 	buf := d.comp.get()
-	c, ok, err := bc.compress(buf, j.in)
+	c, ok, err := w.bc.compress(buf, j.in)
 	if err != nil {
 		d.comp.put(buf)
 		j.err = fmt.Errorf("compress: %w", err)
