@@ -111,6 +111,13 @@ func (r *running) stop(t *testing.T) error {
 // it and detaches the mount if it is still there.
 func startDaemon(t *testing.T, store, mp, state, runDir string) *running {
 	t.Helper()
+	return startDaemonWith(t, store, mp, state, runDir, nil)
+}
+
+// startDaemonWith is startDaemon with edit, if not nil, changing the
+// config and options first.
+func startDaemonWith(t *testing.T, store, mp, state, runDir string, edit func(*Config, *Options)) *running {
+	t.Helper()
 	cfg := Config{
 		Mountpoint:  mp,
 		StateDir:    state,
@@ -137,6 +144,9 @@ func startDaemon(t *testing.T, store, mp, state, runDir string) *running {
 		Store: func(*slog.Logger) (string, storeurl.Options, error) {
 			return "file://" + store, storeurl.Options{Getenv: getenv, UID: os.Getuid()}, nil
 		},
+	}
+	if edit != nil {
+		edit(&cfg, &opts)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &running{cancel: cancel, done: make(chan struct{}), logs: logs}
