@@ -30,8 +30,9 @@ last D plus one upload of changes, instead of up to --interval. While the
 store is down the changes stay local, writes never wait for it, and
 write-back retries with backoff (D, doubling, at most 30s). 'hermesfs status'
 shows the age of the oldest change not in the store (the recovery point), and
-warns once it passes D (or --interval, when shorter or without write-back)
-plus 5 minutes. Off by default (0).
+warns once it passes D (--interval without write-back) plus 5 minutes.
+--interval still runs, but no snapshot starts within D of another. Off by
+default (0).
 
 The first time, on an empty store, a non-empty MOUNTPOINT (your existing
 ~/.hermes) becomes the first snapshot before anything is mounted over it; the

@@ -201,21 +201,20 @@ func pollEvery(writeBack time.Duration) time.Duration {
 }
 
 // recoveryBound is the age of the oldest change not in the store above
-// which status and the log warn: the schedule's own delay (write-back or
-// the interval, whichever is on and shorter) plus defaultRecoveryGrace
+// which status and the log warn: the schedule's own delay (write-back's,
+// else the interval: with write-back on, no snapshot starts within D of
+// another, so D is what a change may wait) plus defaultRecoveryGrace
 // (Config.recoveryGrace in tests). 0: no bound (read-only, or no
 // automatic snapshots).
 func (d *daemon) recoveryBound() time.Duration {
 	if d.cfg.ReadOnly {
 		return 0
 	}
-	var sched time.Duration
-	for _, v := range []time.Duration{d.cfg.WriteBack, d.cfg.Interval} {
-		if v > 0 && (sched == 0 || v < sched) {
-			sched = v
-		}
+	sched := d.cfg.Interval
+	if d.cfg.WriteBack > 0 {
+		sched = d.cfg.WriteBack
 	}
-	if sched == 0 {
+	if sched <= 0 {
 		return 0
 	}
 	grace := d.cfg.recoveryGrace

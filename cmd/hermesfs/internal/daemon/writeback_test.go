@@ -256,7 +256,8 @@ func TestRecoveryBound(t *testing.T) {
 	}{
 		{Config{Interval: 15 * time.Minute}, 20 * time.Minute},
 		{Config{Interval: 15 * time.Minute, WriteBack: 2 * time.Second}, 5*time.Minute + 2*time.Second},
-		{Config{Interval: time.Minute, WriteBack: 10 * time.Minute}, 6 * time.Minute},
+		{Config{Interval: time.Minute, WriteBack: 10 * time.Minute}, 15 * time.Minute},
+		{Config{WriteBack: 10 * time.Second}, 5*time.Minute + 10*time.Second},
 		{Config{}, 0},
 		{Config{Interval: time.Minute, WriteBack: time.Second, ReadOnly: true}, 0},
 	} {
@@ -264,5 +265,49 @@ func TestRecoveryBound(t *testing.T) {
 		if got := d.recoveryBound(); got != c.want {
 			t.Errorf("interval %s write-back %s read-only %v: bound %s, want %s", c.cfg.Interval, c.cfg.WriteBack, c.cfg.ReadOnly, got, c.want)
 		}
+	}
+}
+
+// The interval tick starts no snapshot within D of another, and none while
+// one runs; without write-back it only waits for the running one.
+func TestWriteBackIntervalTick(t *testing.T) {
+	t0 := time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)
+	s := newScheduler(2 * time.Second)
+	if !s.mayStart(t0) {
+		t.Error("first tick refused")
+	}
+	s.start(t0)
+	if s.mayStart(t0.Add(3 * time.Second)) {
+		t.Error("tick allowed while a snapshot runs")
+	}
+	s.finish(t0.Add(500*time.Millisecond), nil, 0.5)
+	if s.mayStart(t0.Add(1900 * time.Millisecond)) {
+		t.Error("tick allowed within D of the last start")
+	}
+	if !s.mayStart(t0.Add(2 * time.Second)) {
+		t.Error("tick refused D after the last start")
+	}
+	// A start that did not run (snapMu held by a requested snapshot)
+	// does not count.
+	s.start(t0.Add(3 * time.Second))
+	s.skipped()
+	if !s.mayStart(t0.Add(3 * time.Second)) {
+		t.Error("a skipped start holds the next tick back")
+	}
+	// A change noticed by a poll before a tick's snapshot started (its
+	// time is that poll's) is not due within D of that start either.
+	s.start(t0.Add(10 * time.Second))
+	s.finish(t0.Add(10*time.Second+100*time.Millisecond), nil, 0.5)
+	if due := s.due(t0.Add(9900 * time.Millisecond)); due.Before(t0.Add(12 * time.Second)) {
+		t.Errorf("write-back due at %s, within D of the last start (10s)", due.Sub(t0))
+	}
+	off := newScheduler(0)
+	off.start(t0)
+	off.finish(t0, nil, 0.5)
+	if !off.mayStart(t0.Add(time.Millisecond)) {
+		t.Error("without write-back, a tick right after a snapshot is refused")
+	}
+	if !off.due(t0).IsZero() {
+		t.Error("write-back off, yet a snapshot is due")
 	}
 }
