@@ -1,7 +1,8 @@
 #!/bin/sh
 # Runs every benchmark part (scripts/bench-*.sh) in turn. BENCH_SIZE sets the
 # generated home's size (default 1G); BENCH_DIR where scratch data goes.
-# bench-lazy.sh takes its sizes from SIZES (default "1G 8G").
+# bench-lazy.sh takes its sizes from SIZES (default "1G 8G"); bench-rpo.sh
+# its trials and rounds from TRIALS (20) and ROUNDS (12, one a minute).
 set -eu
 cd "$(dirname "$0")/.."
 export BENCH_SIZE=${BENCH_SIZE:-1G}

@@ -8,6 +8,7 @@
 #   HERMESFS_MOUNTPOINT  the home to mount (default $HOME/.hermes)
 #   HERMESFS_BIN         the hermesfs binary (default: hermesfs in PATH)
 #   HERMESFS_MOUNT_ARGS  extra flags for 'hermesfs mount' (word-split)
+#   HERMESFS_WRITE_BACK  write-back delay (default below: off)
 #   HERMESFS_STORE, HERMESFS_STATE_DIR, HERMESFS_INTERVAL, AWS_* ... as for
 #                        'hermesfs mount'
 #
@@ -16,6 +17,13 @@
 # hermesfs' own status, so that whoever restarts the container can tell that
 # the last changes are not in the store yet.
 set -u
+
+# Write-back (README "Write-back"): each change is published this long after
+# it is made, so a container killed without SIGTERM (OOM, its node lost) loses
+# about this much instead of everything since the last interval snapshot.
+# 0: off. The container's environment wins over this default.
+HERMESFS_WRITE_BACK=${HERMESFS_WRITE_BACK:-0}
+export HERMESFS_WRITE_BACK
 
 mp=${HERMESFS_MOUNTPOINT:-${HOME:-/root}/.hermes}
 bin=${HERMESFS_BIN:-hermesfs}

@@ -79,6 +79,7 @@ func newMountConfig() *mountConfig {
 var envFlags = map[string]string{
 	"HERMESFS_STATE_DIR":    "state-dir",
 	"HERMESFS_INTERVAL":     "interval",
+	"HERMESFS_WRITE_BACK":   "write-back",
 	"HERMESFS_KEEP":         "keep",
 	"HERMESFS_STOP_TIMEOUT": "stop-timeout",
 	"HERMESFS_LOG_FORMAT":   "log-format",
@@ -99,6 +100,7 @@ func (c *mountConfig) addFlags(fs *flag.FlagSet) {
 	addEncryptFlags(fs)
 	fs.StringVar(&c.StateDir, "state-dir", c.StateDir, "state directory for this mountpoint (env HERMESFS_STATE_DIR; default /var/lib/hermesfs/mounts/<mountpoint> for root, ~/.local/state/hermesfs/<mountpoint> otherwise)")
 	fs.DurationVar(&c.Interval, "interval", c.Interval, "time between periodic snapshots; 0 disables them (env HERMESFS_INTERVAL)")
+	fs.DurationVar(&c.WriteBack, "write-back", c.WriteBack, "publish a snapshot this long after the first change the store does not have yet (a burst of writes: one snapshot; steady writes: at most one per D), so a host that dies without a clean stop (kill -9, OOM, a reclaimed VM) loses about D plus one upload, not up to --interval; failed ones retry with backoff. At least 1s; 0: off, snapshots only every --interval, on 'hermesfs snapshot' and at stop (env HERMESFS_WRITE_BACK)")
 	addRetentionFlags(fs, &c.Keep)
 	fs.BoolVar(&c.ReadOnly, "read-only", c.ReadOnly, "mount the newest snapshot read-only and never publish (allowed while another host holds the store)")
 	fs.StringVar(&c.OnConflict, "on-conflict", c.OnConflict, "when local unpublished changes meet a snapshot published by another host: keep-local or discard-local (default: refuse)")
@@ -150,6 +152,12 @@ func (c *mountConfig) validate() error {
 	}
 	if c.Interval > 0 && c.Interval < 500*time.Millisecond {
 		return usageError("--interval %s: too short (minimum 500ms)", c.Interval)
+	}
+	if c.WriteBack < 0 {
+		return usageError("--write-back %s: must not be negative (0 turns write-back off)", c.WriteBack)
+	}
+	if c.WriteBack > 0 && c.WriteBack < time.Second {
+		return usageError("--write-back %s: too short (minimum 1s; 0 turns write-back off)", c.WriteBack)
 	}
 	if c.Keep < 1 {
 		return usageError("--keep %d: must keep at least 1 snapshot", c.Keep)

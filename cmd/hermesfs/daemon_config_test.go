@@ -127,3 +127,29 @@ func TestAbsolutePathFlags(t *testing.T) {
 		t.Errorf("a malformed store URL: %v, want a usage error", err)
 	}
 }
+
+func TestWriteBackFlag(t *testing.T) {
+	cfg := newMountConfig()
+	if cfg.WriteBack != 0 {
+		t.Errorf("write-back on by default: %s", cfg.WriteBack)
+	}
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	cfg.addFlags(fs)
+	if err := applyEnv(fs, func(k string) string { return map[string]string{"HERMESFS_WRITE_BACK": "10s"}[k] }); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Mountpoint = "/m"
+	if err := cfg.validate(); err != nil || cfg.WriteBack != 10*time.Second {
+		t.Errorf("HERMESFS_WRITE_BACK=10s: %s, %v", cfg.WriteBack, err)
+	}
+	for in, ok := range map[time.Duration]bool{0: true, time.Second: true, 2 * time.Minute: true, 500 * time.Millisecond: false, -time.Second: false} {
+		c := newMountConfig()
+		c.Mountpoint = "/m"
+		c.WriteBack = in
+		err := c.validate()
+		var xe *daemon.ExitError
+		if ok && err != nil || !ok && (!errors.As(err, &xe) || xe.Code != exitUsage || !strings.Contains(err.Error(), "--write-back")) {
+			t.Errorf("--write-back %s: %v", in, err)
+		}
+	}
+}

@@ -412,7 +412,8 @@ var killModes = []string{
 }
 
 // TestTortureKillAnywhere kills the daemon at random instants and at chosen
-// points of the snapshot path, with a snapshot every second and a workload
+// points of the snapshot path, with write-back publishing a second after
+// each change (and an interval tick every 5s) and a workload
 // of fsynced files, in-place rewrites and SQLite transactions running, and
 // restarts it on the same state dir each time: every acknowledged op must
 // be in the mount, every published snapshot must be the tree at one
@@ -421,7 +422,7 @@ func TestTortureKillAnywhere(t *testing.T) {
 	need(t, "/dev/fuse", "sqlite3", "unsquashfs", "strace", "chattr")
 	seed := tortureSeed(t)
 	storeDir := e2eDir(t, "store")
-	r := newTortureRig(t, seed, "file://"+storeDir, "--interval", "1s", "--keep", "1000", "--stop-timeout", "30s")
+	r := newTortureRig(t, seed, "file://"+storeDir, "--interval", "5s", "--write-back", "1s", "--keep", "1000", "--stop-timeout", "30s")
 	rounds := tortureRounds(len(killModes) + 3)
 	modes := slices.Clone(killModes)
 	r.rng.Shuffle(len(modes), func(i, j int) { modes[i], modes[j] = modes[j], modes[i] })
@@ -844,14 +845,15 @@ func (r *tortureRig) waitPublished(d *daemonProc, line int, within time.Duration
 // and a black hole: local I/O goes on (the workload keeps acknowledging
 // ops while nothing reaches the store), status shows the error, LATEST
 // never moves to anything partial, and once the store is back everything
-// is published. Finally SIGTERM during an outage exits 5 with the upper
+// is published. Snapshots come from write-back (the interval is long):
+// its retries with backoff are what publish once the store is back. Finally SIGTERM during an outage exits 5 with the upper
 // layer kept, and the next start publishes it.
 func TestTortureStoreOutage(t *testing.T) {
 	need(t, "/dev/fuse", "sqlite3", "unsquashfs", "chattr")
 	seed := tortureSeed(t)
 	s3 := startS3Rig(t)
 	stall := startStallProxy(t, s3.faults.URL)
-	r := newTortureRig(t, seed, s3.url(stall.URL, "home"), "--interval", "2s", "--keep", "1000", "--stop-timeout", "20s")
+	r := newTortureRig(t, seed, s3.url(stall.URL, "home"), "--interval", "10m", "--write-back", "1s", "--keep", "1000", "--stop-timeout", "20s")
 	r.cat = storeCatalog(t, s3.direct("home"))
 	// Minutes of outages: a paced workload keeps the history, and so each
 	// snapshot's check, small.

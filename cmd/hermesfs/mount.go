@@ -21,6 +21,19 @@ snapshot' and at shutdown, the merged tree is frozen for an instant, packed
 into one squashfs/zstd archive and uploaded; LATEST then names it. Nothing
 changed: nothing is uploaded.
 
+Write-back: with --write-back D, a snapshot also goes out D after the first
+change the store does not have yet. A burst of writes makes one snapshot, a
+steady stream at most one per D, and each uploads what changed since the last
+one; nothing changed, nothing happens. A host that dies without a clean stop
+(kill -9, an OOM kill, a reclaimed spot VM, a lost disk) then loses about the
+last D plus one upload of changes, instead of up to --interval. While the
+store is down the changes stay local, writes never wait for it, and
+write-back retries with backoff (D, doubling, at most 30s). 'hermesfs status'
+shows the age of the oldest change not in the store (the recovery point), and
+warns once it passes D (--interval without write-back) plus 5 minutes.
+--interval still runs, but no snapshot starts within D of another. Off by
+default (0).
+
 The first time, on an empty store, a non-empty MOUNTPOINT (your existing
 ~/.hermes) becomes the first snapshot before anything is mounted over it; the
 original directory stays untouched underneath the mount.
@@ -51,7 +64,7 @@ interval 15m; retention (after every publish, as 'hermesfs prune': see its
 help) keeps the newest 10 snapshots, then one an hour for 24 hours, one a day
 for 14 days, one a week for 8 weeks.
 
-Environment: HERMESFS_STORE, HERMESFS_STATE_DIR, HERMESFS_INTERVAL,
+Environment: HERMESFS_STORE, HERMESFS_STATE_DIR, HERMESFS_INTERVAL, HERMESFS_WRITE_BACK,
 HERMESFS_KEEP, HERMESFS_KEEP_LAST/HOURLY/DAILY/WEEKLY/MONTHLY/YEARLY/WITHIN, HERMESFS_STOP_TIMEOUT, HERMESFS_LOG_FORMAT, HERMESFS_LOG_LEVEL,
 HERMESFS_WRITE_PASSTHROUGH_MAX (a flag on the command line wins), plus the AWS variables for S3
 (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL_S3).
@@ -62,6 +75,7 @@ Examples:
   hermesfs mount --store s3://my-bucket/agents/alice ~/.hermes
   AWS_ENDPOINT_URL_S3=https://<account>.r2.cloudflarestorage.com AWS_REGION=auto \
     hermesfs mount --store s3://my-bucket/alice --interval 5m ~/.hermes
+  hermesfs mount --write-back 10s ~/.hermes          # a change is in the store 10s after it is made
   hermesfs mount --background ~/.hermes && hermes   # boot scripts
   hermesfs mount --encrypt-to age1... --identity ~/.config/hermesfs/key.txt ~/.hermes
                                                     # encrypted snapshots (see hermesfs keygen)

@@ -29,9 +29,11 @@ func init() {
 		help: `
 Asks the running daemon of MOUNTPOINT (through the control socket in its state
 dir) for: the store, the base snapshot, what changed since the last published
-snapshot (files, bytes), the last snapshot (id, time, size, duration, bytes
-uploaded), when the next one is due, the last error, the lease and recent
-memory-hook rejections. Without MOUNTPOINT, every running mount is shown.
+snapshot (files, bytes), how old the oldest change not in the store is (what
+a host lost now would lose: the recovery point, with a WARNING once it is past
+its bound), the write-back delay, the last snapshot (id, time, size,
+duration, bytes uploaded), when the next one is due, the last error, the
+lease and recent memory-hook rejections. Without MOUNTPOINT, every running mount is shown.
 
 When no daemon runs for MOUNTPOINT, status says so and shows what its state
 dir records (for instance local changes that were never published): the
@@ -187,7 +189,10 @@ func printStatus(w io.Writer, rs []daemon.StatusReport, asJSON bool) error {
 			row("changed", "%s", changedLine(r))
 		}
 		if r.Unpublished {
-			row("unpublished", "yes: local changes not yet in any snapshot")
+			row("unpublished", "%s", unpublishedLine(r))
+		}
+		if r.Running && !r.ReadOnly {
+			row("write-back", "%s", writeBackLine(r))
 		}
 		if r.Last != nil {
 			row("last snapshot", "%s", lastSnapshotLine(r.Last))

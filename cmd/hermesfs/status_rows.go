@@ -47,3 +47,28 @@ func lastSnapshotLine(l *daemon.SnapshotRecord) string {
 	}
 	return s
 }
+
+// writeBackLine is status' "write-back" row.
+func writeBackLine(r daemon.StatusReport) string {
+	if r.WriteBack <= 0 {
+		return "off: changes reach the store at the next snapshot (--interval, 'hermesfs snapshot', stop)"
+	}
+	return fmt.Sprintf("%s: a change reaches the store %s after it is made", r.WriteBack, r.WriteBack)
+}
+
+// unpublishedLine is status' "unpublished" row: since when changes are not
+// in the store (the recovery point: a host lost now loses them), when the
+// daemon knows.
+func unpublishedLine(r daemon.StatusReport) string {
+	if r.UnpublishedSince.IsZero() {
+		return "yes: local changes not yet in any snapshot"
+	}
+	if r.RecoveryPointWarning != "" {
+		return "WARNING: " + r.RecoveryPointWarning
+	}
+	age := r.UnpublishedAge.Round(time.Second)
+	if r.UnpublishedAge < 10*time.Second {
+		age = r.UnpublishedAge.Round(100 * time.Millisecond)
+	}
+	return fmt.Sprintf("yes, for %s: the changes since %s are not in the store yet", age, r.UnpublishedSince.Local().Format(time.TimeOnly))
+}

@@ -42,3 +42,39 @@ func TestStatusTextRows(t *testing.T) {
 		}
 	}
 }
+
+// TestStatusRecoveryPointRows: the write-back delay, and how old the
+// oldest change not in the store is, with the warning once that is past
+// its bound.
+func TestStatusRecoveryPointRows(t *testing.T) {
+	r := daemon.StatusReport{Mountpoint: "/h", Running: true, PID: 1, Lease: "held", WriteBack: 2 * time.Second}
+	show := func() string {
+		var b bytes.Buffer
+		printStatus(&b, []daemon.StatusReport{r}, false)
+		return b.String()
+	}
+	out := show()
+	if want := "write-back:     2s: a change reaches the store 2s after it is made"; !strings.Contains(out, want) {
+		t.Errorf("status lacks %q:\n%s", want, out)
+	}
+	if strings.Contains(out, "unpublished") {
+		t.Errorf("nothing unpublished, yet a row says so:\n%s", out)
+	}
+	r.WriteBack, r.Unpublished = 0, true
+	r.UnpublishedSince, r.UnpublishedAge = time.Now().Add(-1500*time.Millisecond), 1500*time.Millisecond
+	out = show()
+	for _, want := range []string{"write-back:     off: changes reach the store at the next snapshot", "unpublished:    yes, for 1.5s: the changes since "} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status lacks %q:\n%s", want, out)
+		}
+	}
+	r.UnpublishedAge, r.RecoveryPointWarning = 7*time.Minute, "changes made 7m0s ago are not in the store (bound 5m2s): ..."
+	if out, want := show(), "unpublished:    WARNING: changes made 7m0s ago are not in the store"; !strings.Contains(out, want) {
+		t.Errorf("status lacks %q:\n%s", want, out)
+	}
+	// What a state dir says of a mount that is not running.
+	r = daemon.StatusReport{Mountpoint: "/h", Unpublished: true, Lease: "none"}
+	if out, want := show(), "unpublished:    yes: local changes not yet in any snapshot"; !strings.Contains(out, want) || strings.Contains(out, "write-back") {
+		t.Errorf("status of a stopped mount: want %q and no write-back row:\n%s", want, out)
+	}
+}

@@ -28,6 +28,12 @@ type Config struct {
 	// then taken only on demand and at shutdown). Env HERMESFS_INTERVAL.
 	Interval time.Duration
 
+	// WriteBack, if not 0, publishes a snapshot WriteBack after the first
+	// change the store does not have (a burst of writes: one snapshot; a
+	// steady stream: at most one per WriteBack), and retries a failed one
+	// with the store's backoff. Interval still runs. Env HERMESFS_WRITE_BACK.
+	WriteBack time.Duration
+
 	// Retention is the policy the --keep-* flags make, applied after
 	// every publish.
 	Retention uploader.RetentionPolicy
@@ -85,6 +91,9 @@ type Config struct {
 	// permission checks (allow_other, default_permissions). Nil: the
 	// mount is the mounting user's alone.
 	Owner *Owner
+
+	// recoveryGrace replaces defaultRecoveryGrace (writeback.go) in tests.
+	recoveryGrace time.Duration
 }
 
 // ParseLevel reads a log level: debug, info, warn or error.

@@ -87,6 +87,10 @@ type daemon struct {
 	// since; it is never taken again (reacquireLease).
 	leaseGone bool
 	started   time.Time
+	// changes and sched: when the changes not in the store were made,
+	// and the snapshots the serve loop starts (writeback.go).
+	changes changeLog
+	sched   scheduler
 
 	// publishedSHA is the sha256 of the archive of LastPublished.
 	publishedSHA string
@@ -622,6 +626,7 @@ func (d *daemon) serve(ctx context.Context) error {
 	d.bgCtx, d.bgCancel = context.WithCancel(context.Background())
 	defer d.bgCancel()
 	base, store, pending, lastPub := d.st.Base, d.st.Store, d.pending, d.st.LastPublished
+	d.initSchedule()
 	ctl, err := listenControl(d.sd.socket(), d, d.log)
 	if err != nil {
 		d.cleanupBoot(false)
@@ -655,9 +660,15 @@ func (d *daemon) serve(ctx context.Context) error {
 	if err := sdNotify(d.e.Getenv, fmt.Sprintf("READY=1\nSTATUS=mounted %s from snapshot %s\nMAINPID=%d", cfg.Mountpoint, OrNone(base), os.Getpid())); err != nil {
 		d.log.Warn("sd_notify", "err", err)
 	}
-	d.log.Info("ready", "snapshot", OrNone(base), "store", store, "state_dir", d.sd.path, "interval", cfg.Interval.String(), "read_only", cfg.ReadOnly)
+	d.log.Info("ready", "snapshot", OrNone(base), "store", store, "state_dir", d.sd.path, "interval", cfg.Interval.String(), "write_back", cfg.WriteBack.String(), "read_only", cfg.ReadOnly)
 
-	var tick <-chan time.Time
+	var tick, poll <-chan time.Time
+	if !cfg.ReadOnly {
+		// Changes are looked for between snapshots (writeback.go).
+		t := time.NewTicker(pollEvery(cfg.WriteBack))
+		defer t.Stop()
+		poll = t.C
+	}
 	if cfg.Interval > 0 && !cfg.ReadOnly {
 		t := time.NewTicker(cfg.Interval)
 		defer t.Stop()
@@ -708,14 +719,19 @@ func (d *daemon) serve(ctx context.Context) error {
 	// arriving mid-pack is seen at once; the final snapshot waits for it.
 	var bg sync.WaitGroup
 	runSnap := func(reason string) {
+		if !d.startScheduled(reason) {
+			return // one is running; the next tick catches up
+		}
 		bg.Add(1)
 		go func() {
 			defer bg.Done()
 			if !d.snapMu.TryLock() {
-				return // one is running; the next tick catches up
+				d.scheduledSkipped() // a requested one is running
+				return
 			}
 			defer d.snapMu.Unlock()
-			d.snapshotLocked(d.bgCtx, reason)
+			_, err := d.snapshotLocked(d.bgCtx, reason)
+			d.snapshotEnded(err)
 		}()
 	}
 
@@ -746,8 +762,15 @@ loop:
 		case <-tick:
 			d.mu.Lock()
 			d.nextDue = time.Now().Add(cfg.Interval)
+			may := d.sched.mayStart(time.Now())
 			d.mu.Unlock()
-			runSnap("interval")
+			if may {
+				runSnap("interval")
+			}
+		case now := <-poll:
+			if d.pollChanges(now) {
+				runSnap("write-back")
+			}
 		case <-kick:
 			runSnap("unpublished local changes")
 		case <-wd:

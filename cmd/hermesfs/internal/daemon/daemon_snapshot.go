@@ -313,6 +313,7 @@ func (d *daemon) status() statusReport {
 	} else {
 		r.DirtyFiles, r.DirtyBytes = d.ov.Dirty(d.publishedGen)
 		r.Unpublished = d.pending || r.Generation != d.publishedGen
+		d.recoveryStatusLocked(&r, time.Now())
 	}
 	r.Rejections = d.parts.rejections(d.sd.auditLog(), 5)
 	r.Lazy = d.lazyStats()

@@ -42,6 +42,8 @@ type daemonMetrics struct {
 	snapshots        prometheus.Counter
 	failures         *prometheus.CounterVec
 	duration         prometheus.Histogram
+	freezes          prometheus.Counter
+	freezeStall      prometheus.Histogram
 	packed, uploaded prometheus.Counter
 	copied           prometheus.Counter
 	verdicts         *prometheus.CounterVec
@@ -54,12 +56,6 @@ type daemonMetrics struct {
 	provMu         sync.Mutex
 	lazyFill       func() (lazyFillStats, bool)
 	partialCopyUps func() (partialCopyUpStats, bool)
-
-	// The age of unpublished changes (see unpublishedSince): heldSince is
-	// the oldest change of views that failed to publish, inFlight that of
-	// the view being published.
-	mu                  sync.Mutex
-	heldSince, inFlight time.Time
 }
 
 // lazyFillStats is the fill of a lower archive read lazily (lazyFillOf).
@@ -93,6 +89,10 @@ func newDaemonMetrics(d *daemon, addr string) (*daemonMetrics, error) {
 	m.duration = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: metricsNS, Name: "snapshot_duration_seconds",
 		Help:    "Time from freeze to published, of each published snapshot.",
 		Buckets: []float64{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}})
+	m.freezes = prometheus.NewCounter(prometheus.CounterOpts(f("snapshot_freezes_total", "Freezes taken by snapshots (each holds the tree's writers for an instant).")))
+	m.freezeStall = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: metricsNS, Name: "snapshot_freeze_stall_seconds",
+		Help:    "How long the freeze of each published snapshot held writers.",
+		Buckets: []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}})
 	m.packed = prometheus.NewCounter(prometheus.CounterOpts(f("snapshot_bytes_packed_total", "File data bytes packed into snapshot archives (before compression).")))
 	m.uploaded = prometheus.NewCounter(prometheus.CounterOpts(f("snapshot_bytes_uploaded_total", "Archive bytes sent to the store.")))
 	m.copied = prometheus.NewCounter(prometheus.CounterOpts(f("snapshot_bytes_copied_total", "Archive bytes the store copied from the previous snapshot instead of receiving them.")))
@@ -105,7 +105,7 @@ func newDaemonMetrics(d *daemon, addr string) (*daemonMetrics, error) {
 		Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}}, []string{"op"})
 	m.storeRetries = prometheus.NewCounterVec(prometheus.CounterOpts(f("store_retries_total", "Store requests retried after a transient failure, by operation.")), []string{"op"})
 	m.storeRead = prometheus.NewCounter(prometheus.CounterOpts(f("store_bytes_downloaded_total", "Bytes read from the store.")))
-	m.reg.MustRegister(m.snapshots, m.failures, m.duration, m.packed, m.uploaded, m.copied,
+	m.reg.MustRegister(m.snapshots, m.failures, m.duration, m.freezes, m.freezeStall, m.packed, m.uploaded, m.copied,
 		m.verdicts, m.storeRequests, m.storeDuration, m.storeRetries, m.storeRead,
 		stateCollector{m},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -221,16 +221,12 @@ func (m *daemonMetrics) setPartialCopyUps(fn func() (partialCopyUpStats, bool)) 
 	m.provMu.Unlock()
 }
 
-// snapshotFrozen is called after a snapshot's freeze: its view holds the
-// changes made since the last freeze.
+// snapshotFrozen is called after a snapshot's freeze.
 func (m *daemonMetrics) snapshotFrozen() {
 	if m == nil {
 		return
 	}
-	t := m.stats.TakeFrozenFirstChange()
-	m.mu.Lock()
-	m.inFlight = t
-	m.mu.Unlock()
+	m.freezes.Inc()
 }
 
 // snapshotPublished counts a published snapshot.
@@ -238,9 +234,7 @@ func (m *daemonMetrics) snapshotPublished(r snapshotDone) {
 	if m == nil {
 		return
 	}
-	m.mu.Lock()
-	m.heldSince, m.inFlight = time.Time{}, time.Time{}
-	m.mu.Unlock()
+	m.freezeStall.Observe(r.FreezeStall.Seconds())
 	m.count(r.Duration, r.BytesPacked, r.BytesUploaded, r.copied)
 }
 
@@ -268,12 +262,6 @@ func (m *daemonMetrics) snapshotFailed(err error) {
 	if m == nil {
 		return
 	}
-	m.mu.Lock()
-	if !m.inFlight.IsZero() && (m.heldSince.IsZero() || m.inFlight.Before(m.heldSince)) {
-		m.heldSince = m.inFlight
-	}
-	m.inFlight = time.Time{}
-	m.mu.Unlock()
 	m.failures.WithLabelValues(failureCause(err)).Inc()
 }
 
@@ -303,30 +291,6 @@ func failureCause(err error) string {
 // lease could not be taken again.
 var errLeaseReacquire = errors.New("the writer lease could not be taken again")
 
-// unpublishedSince is when the oldest change not in a published snapshot
-// was made, as far as known: zero when everything is published. Changes
-// left by an earlier run (a crash) count from this daemon's start.
-func (m *daemonMetrics) unpublishedSince(unpublished, pending bool, started time.Time) time.Time {
-	if !unpublished {
-		return time.Time{}
-	}
-	m.mu.Lock()
-	// FirstChange before FrozenFirstChange: a freeze moves one into the
-	// other; mu keeps snapshotFrozen from taking it in between.
-	ts := []time.Time{m.stats.FirstChange(), m.stats.FrozenFirstChange(), m.inFlight, m.heldSince}
-	m.mu.Unlock()
-	if pending {
-		ts = append(ts, started)
-	}
-	var oldest time.Time
-	for _, t := range ts {
-		if !t.IsZero() && (oldest.IsZero() || t.Before(oldest)) {
-			oldest = t
-		}
-	}
-	return oldest
-}
-
 // stateCollector reads the daemon's state at scrape time.
 type stateCollector struct{ m *daemonMetrics }
 
@@ -340,7 +304,10 @@ var (
 	descLastTime      = desc("last_snapshot_timestamp_seconds", "Unix time of the last snapshot published from this state dir (absent when none).")
 	descSinceLast     = desc("seconds_since_last_snapshot", "Seconds since the last snapshot published from this state dir (absent when none).")
 	descUnpublished   = desc("unpublished_changes", "1 while the tree holds changes no published snapshot has.")
-	descUnpubAge      = desc("unpublished_change_age_seconds", "Age of the oldest change not in a published snapshot; 0 when everything is published.")
+	descUnpubAge      = desc("unpublished_change_age_seconds", "Age of the oldest change not in a published snapshot (what a host lost now would lose); 0 when everything is published.")
+	descWriteBack     = desc("write_back_seconds", "The configured write-back delay: a change is published this long after it is made (0: off).")
+	descRPBound       = desc("recovery_point_bound_seconds", "The age of the oldest unpublished change above which the daemon warns (absent when there is no bound).")
+	descRPWarning     = desc("recovery_point_warning", "1 while the oldest unpublished change is older than the bound: the store is down, or snapshots fail or take long.")
 	descDirtyFiles    = desc("dirty_files", "Files changed since the last published snapshot (upper layer).")
 	descDirtyBytes    = desc("dirty_bytes", "Bytes written to files changed since the last published snapshot (upper layer).")
 	descInProgress    = desc("snapshot_in_progress", "1 while a snapshot is being taken.")
@@ -369,7 +336,7 @@ var opBounds = func() []float64 {
 }()
 
 func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descInfo, descInterval, descLastTime, descSinceLast, descUnpublished, descUnpubAge,
+	for _, d := range []*prometheus.Desc{descInfo, descInterval, descLastTime, descSinceLast, descUnpublished, descUnpubAge, descWriteBack, descRPBound, descRPWarning,
 		descDirtyFiles, descDirtyBytes, descInProgress, descLeaseHeld, descLeaseLost, descLeaseExpiry,
 		descCopyUps, descCopyUpsDone, descFUSECalls, descFUSELatency,
 		descLazyTotal, descLazyPresent, descLazyOnDemand, descLazyFill, descLazyErrors, descPartialCopies, descPartialBytes} {
@@ -398,6 +365,7 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	d := m.d
 	gauge(descInterval, d.cfg.Interval.Seconds())
+	gauge(descWriteBack, d.cfg.WriteBack.Seconds())
 
 	for _, o := range m.stats.Ops() {
 		counter(descFUSECalls, float64(o.Calls), o.Op)
@@ -434,17 +402,17 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	now := time.Now()
+	oldest := d.recoveryPoint(now)
 	d.mu.Lock()
 	publishedAt, inProgress, leaseState, l := d.st.PublishedAt, d.inProgress, d.leaseState, d.lease
 	store := d.st.Store
-	pending := d.pending
 	var (
 		unpublished bool
 		files       int
 		bytes       int64
 	)
 	if !d.cfg.ReadOnly {
-		unpublished = pending || d.ov.Generation() != d.publishedGen
+		unpublished = d.pending || d.ov.Generation() != d.publishedGen
 		files, bytes = d.ov.Dirty(d.publishedGen)
 	}
 	d.mu.Unlock()
@@ -456,10 +424,14 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	gauge(descUnpublished, b2f(unpublished))
 	age := 0.0
-	if t := m.unpublishedSince(unpublished, pending, d.started); !t.IsZero() {
-		age = max(0, now.Sub(t).Seconds())
+	if !oldest.IsZero() {
+		age = max(0, now.Sub(oldest).Seconds())
 	}
 	gauge(descUnpubAge, age)
+	if bound := d.recoveryBound(); bound > 0 {
+		gauge(descRPBound, bound.Seconds())
+		gauge(descRPWarning, b2f(age > bound.Seconds()))
+	}
 	gauge(descDirtyFiles, float64(files))
 	gauge(descDirtyBytes, float64(bytes))
 	gauge(descInProgress, b2f(inProgress))

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"testing"
-	"time"
 
 	"github.com/hermesfs/hermesfs/archive"
 )
@@ -85,44 +84,5 @@ func TestMetricsWatchParts(t *testing.T) {
 		if got[name] != want {
 			t.Errorf("%s = %v, want %v", name, got[name], want)
 		}
-	}
-}
-
-// The oldest unpublished change survives a failed publish and goes with a
-// successful one.
-func TestMetricsUnpublishedSince(t *testing.T) {
-	d := &daemon{cfg: &Config{}, e: &env{}, log: slog.New(slog.DiscardHandler)}
-	m, err := newDaemonMetrics(d, "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.close()
-	started := time.Now().Add(-time.Hour)
-	if got := m.unpublishedSince(false, true, started); !got.IsZero() {
-		t.Errorf("nothing unpublished: %v", got)
-	}
-	if got := m.unpublishedSince(true, true, started); !got.Equal(started) {
-		t.Errorf("changes a crash left: %v, want the start %v", got, started)
-	}
-	t1 := time.Now().Add(-10 * time.Minute)
-	m.mu.Lock()
-	m.inFlight = t1 // as snapshotFrozen sets it
-	m.mu.Unlock()
-	if got := m.unpublishedSince(true, false, started); !got.Equal(t1) {
-		t.Errorf("while publishing: %v, want %v", got, t1)
-	}
-	m.snapshotFailed(fmt.Errorf("publish: %w", errors.New("store down")))
-	if got := m.unpublishedSince(true, false, started); !got.Equal(t1) {
-		t.Errorf("after a failed publish: %v, want %v", got, t1)
-	}
-	m.mu.Lock()
-	m.inFlight = time.Now() // the next attempt's view: newer changes too
-	m.mu.Unlock()
-	if got := m.unpublishedSince(true, false, started); !got.Equal(t1) {
-		t.Errorf("retrying: %v, want the oldest %v", got, t1)
-	}
-	m.snapshotPublished(snapshotDone{})
-	if got := m.unpublishedSince(true, false, started); !got.IsZero() {
-		t.Errorf("after a publish, with no change since: %v", got)
 	}
 }

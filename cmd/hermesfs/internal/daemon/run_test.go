@@ -111,7 +111,14 @@ func (r *running) stop(t *testing.T) error {
 // it and detaches the mount if it is still there.
 func startDaemon(t *testing.T, store, mp, state, runDir string) *running {
 	t.Helper()
-	r, ready := launchDaemon(t, store, mp, state, runDir)
+	return startDaemonWith(t, store, mp, state, runDir, nil)
+}
+
+// startDaemonWith is startDaemon with edit, if not nil, changing the
+// config and options first.
+func startDaemonWith(t *testing.T, store, mp, state, runDir string, edit func(*Config, *Options)) *running {
+	t.Helper()
+	r, ready := launchDaemonWith(t, store, mp, state, runDir, edit)
 	select {
 	case <-ready:
 	case <-r.done:
@@ -125,6 +132,12 @@ func startDaemon(t *testing.T, store, mp, state, runDir string) *running {
 // launchDaemon is startDaemon without the wait: ready is closed at the
 // ready line.
 func launchDaemon(t *testing.T, store, mp, state, runDir string) (r *running, ready <-chan struct{}) {
+	t.Helper()
+	return launchDaemonWith(t, store, mp, state, runDir, nil)
+}
+
+// launchDaemonWith is launchDaemon with edit, as startDaemonWith.
+func launchDaemonWith(t *testing.T, store, mp, state, runDir string, edit func(*Config, *Options)) (r *running, ready <-chan struct{}) {
 	t.Helper()
 	cfg := Config{
 		Mountpoint:  mp,
@@ -152,6 +165,9 @@ func launchDaemon(t *testing.T, store, mp, state, runDir string) (r *running, re
 		Store: func(*slog.Logger) (string, storeurl.Options, error) {
 			return "file://" + store, storeurl.Options{Getenv: getenv, UID: os.Getuid()}, nil
 		},
+	}
+	if edit != nil {
+		edit(&cfg, &opts)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r = &running{cancel: cancel, done: make(chan struct{}), logs: logs}

@@ -36,6 +36,18 @@ type statusReport struct {
 	InProgress  bool            `json:"snapshot_in_progress,omitempty"`
 	LastError   string          `json:"last_error,omitempty"`
 	LastErrorAt time.Time       `json:"last_error_at,omitzero"`
+
+	// WriteBack is --write-back (0: off).
+	WriteBack time.Duration `json:"write_back_ns,omitempty"`
+	// UnpublishedSince is when the oldest change not in the store was made
+	// (zero: the store has everything), UnpublishedAge how long ago: what a
+	// host lost now would lose. RecoveryPointBound is the age past which
+	// RecoveryPointWarning says that something holds the changes back.
+	UnpublishedSince     time.Time     `json:"unpublished_since,omitzero"`
+	UnpublishedAge       time.Duration `json:"unpublished_age_ns,omitempty"`
+	RecoveryPointBound   time.Duration `json:"recovery_point_bound_ns,omitempty"`
+	RecoveryPointWarning string        `json:"recovery_point_warning,omitempty"`
+
 	// Lease: "held", "lost" (another host took it over: publishing
 	// stopped), "none" (read-only) or "released".
 	Lease string `json:"lease"`
