@@ -218,6 +218,7 @@ func newOverlay(opts Options) (*overlay, error) {
 		return fail("partial copy-ups", err)
 	}
 	ov.partials.pause = opts.CopyUpPause
+	ov.partials.setHold(opts.holdCopyUps)
 	if err := fsyncDir(rootFd); err != nil {
 		return fail("sync", err)
 	}

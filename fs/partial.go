@@ -140,6 +140,46 @@ type partialSet struct {
 	wg     sync.WaitGroup
 	// pause is the background copy's pause between batches.
 	pause time.Duration
+	// held, while not nil, stops background copies before their next
+	// batch until it is closed (setHold; tests reach the partial states
+	// this way instead of racing the copy).
+	holdMu sync.Mutex
+	held   chan struct{}
+}
+
+// setHold stops (on) or lets go on (off) the background copies: a held
+// copy waits before its next batch.
+func (s *partialSet) setHold(on bool) {
+	if s == nil {
+		return
+	}
+	s.holdMu.Lock()
+	defer s.holdMu.Unlock()
+	switch {
+	case on && s.held == nil:
+		s.held = make(chan struct{})
+	case !on && s.held != nil:
+		close(s.held)
+		s.held = nil
+	}
+}
+
+// waitHold waits while background copies are held; false if the mount
+// stops meanwhile.
+func (s *partialSet) waitHold() bool {
+	for {
+		s.holdMu.Lock()
+		ch := s.held
+		s.holdMu.Unlock()
+		if ch == nil {
+			return true
+		}
+		select {
+		case <-s.stop:
+			return false
+		case <-ch:
+		}
+	}
 }
 
 func (p *partial) lowerEnd() int64 { return min(p.lowerSize, p.limit) }
@@ -606,7 +646,14 @@ func (p *partial) readAt(fd int, buf []byte, off int64) (int, error) {
 			if !p.needs(i) {
 				continue
 			}
+			// A block cut by a truncation holds lower bytes only up
+			// to the cut; past it (up to a later growth) the upper
+			// file's zeros. A read starting past the cut takes
+			// nothing of it from the lower layer.
 			lo, hi := max(i*p.bs, off), min((i+1)*p.bs, end, le)
+			if lo >= hi {
+				continue
+			}
 			if n := len(segs); n > 0 && segs[n-1].hi == lo {
 				segs[n-1].hi = hi
 			} else {
@@ -764,6 +811,17 @@ func (s *partialSet) foreground() {
 
 func (s *partialSet) complete(p *partial, n *node) error {
 	fd, errno := n.openUpper(true)
+	for t0 := time.Now(); errno == syscall.ESTALE && time.Since(t0) < completionStartMax; {
+		// A lookup resumes the copy before go-fuse has linked the
+		// node to its parent (that happens once Lookup returns): the
+		// node has no name for a moment.
+		select {
+		case <-s.stop:
+			return nil
+		case <-time.After(10 * time.Millisecond):
+		}
+		fd, errno = n.openUpper(true)
+	}
 	if errno == syscall.ENOENT || errno == syscall.ESTALE {
 		// Gone from its name before its copy started (deleted, or a
 		// rename under way): the next lookup of it resumes the copy,
@@ -800,6 +858,9 @@ func (s *partialSet) complete(p *partial, n *node) error {
 		case <-s.stop:
 			return nil
 		default:
+		}
+		if !s.waitHold() {
+			return nil
 		}
 		st, err := statFd(fd)
 		if err != nil {
@@ -908,6 +969,10 @@ type PartialCopyUp struct {
 	Running   bool   `json:"running"`
 	LowerGone bool   `json:"lower_mismatch,omitempty"`
 }
+
+// holdCopyUps holds (on) or lets go on (off) the mount's background
+// copies of partial files; for tests.
+func (m *Mounted) holdCopyUps(on bool) { m.ov.partials.setHold(on) }
 
 // PartialCopyUps lists the files copied up by range that are not complete.
 func (m *Mounted) PartialCopyUps() []PartialCopyUp {
