@@ -99,9 +99,14 @@
 // visible, so after a remount, a crash included, the upper file reports the
 // lower number again. A guarded file replaced by its staged content keeps its
 // number the same way. Records whose birth time no longer matches belong to
-// deleted files and are ignored. A merged directory reports its lower
-// number. Numbers hold for the life of the lower layer: a new archive numbers
-// its inodes anew.
+// deleted files and are ignored. A number a record keeps for another inode
+// (a guarded file's, whose old upper inode is gone) is claimed: the upper
+// file system reuses the old inode's number, and the inode that gets it
+// reports a number allocated to it (from 2^62 on, recorded the same way)
+// instead of its own plus 2^32, so no two live objects share a number.
+// Directory listings stat the entries the map knows, for the same d_ino. A
+// merged directory reports its lower number. Numbers hold for the life of
+// the lower layer: a new archive numbers its inodes anew.
 //
 // # Kernel I/O modes
 //
