@@ -1003,7 +1003,11 @@ func TestPartialCopyUpTruncateGrow(t *testing.T) {
 			want := tc.want()
 			fd, err := unix.Open(e.path("big.db"), unix.O_RDWR, 0)
 			must(t, err)
-			defer unix.Close(fd)
+			defer func() {
+				if fd >= 0 {
+					unix.Close(fd)
+				}
+			}()
 			must(t, unix.Ftruncate(fd, tc.cut))
 			must(t, tc.grow(fd))
 			if ps := e.m.PartialCopyUps(); len(ps) != 1 || ps[0].Present >= ps[0].Size {
