@@ -304,6 +304,7 @@ func (m *Mounted) Unmount(ctx context.Context) error {
 	}
 	m.ov.unmounted.Store(true)
 	m.ov.partials.stopAll()
+	m.ov.partials.syncAll()
 	m.ov.prefetching.Wait() // no READ can start one any more: the server is done
 	m.ov.maybeClose()
 	m.ov.log.Info("unmounted", "mountpoint", m.mountpoint)

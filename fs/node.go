@@ -542,7 +542,7 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fu
 	ch := ov.newChild(ctx, n, name, id, &e, out)
 	if e.upper {
 		if cn, ok := ch.Operations().(*node); ok {
-			ov.partials.resume(&e.ust, cn)
+			ov.partials.resume(&e.ust, cn, dfd, name)
 		}
 	}
 	return ch, 0

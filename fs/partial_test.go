@@ -1106,3 +1106,134 @@ func TestViewReadPanicIsError(t *testing.T) {
 		t.Errorf("pack with a panicking reader: %v, want an internal error", err)
 	}
 }
+
+// mountUpper mounts lower over upper dir upper (made elsewhere) at a fresh
+// mountpoint and unmounts it at cleanup.
+func mountUpper(t *testing.T, lower Lower, opts Options, upper string) *env {
+	t.Helper()
+	needFuse(t)
+	e := &env{t: t, mnt: filepath.Join(tempDir(t), "mnt"), upper: upper}
+	must(t, os.Mkdir(e.mnt, 0o755))
+	opts.Upper, opts.Lower, opts.Logger = upper, lower, testLogger(t)
+	e.opts = opts
+	e.mount()
+	return e
+}
+
+// TestPartialCopyUpCopiedStateDir copies the upper layer (cp -a, rsync -a)
+// while a file copied up by range is unfinished, after renames of the file
+// and of a directory above it, and mounts the copy: every byte reads as
+// before (the copy gave the file a new inode, which the map was named
+// after: the blocks not yet copied in read as zeros), and the copy
+// completes. A copy whose map cannot say where its file is refuses to
+// mount, naming the file and what to do.
+func TestPartialCopyUpCopiedStateDir(t *testing.T) {
+	t.Parallel()
+	lower, content := rangeLower(t, 2<<20+999, 21)
+	opts := rangeOpts(time.Millisecond)
+	opts.holdCopyUps = true
+	e := mountEnv(t, lower, opts)
+	f, err := os.OpenFile(e.path("big.db"), os.O_RDWR, 0)
+	must(t, err)
+	for _, off := range []int{7, 300_000, len(content) - 10} {
+		if _, err := f.WriteAt([]byte("before"), int64(off)); err != nil {
+			t.Fatal(err)
+		}
+		copy(content[off:], "before")
+	}
+	must(t, f.Truncate(int64(len(content)-5000)))
+	content = content[:len(content)-5000]
+	must(t, f.Close())
+	// Renamed, its directory renamed, exchanged with another file, and
+	// renamed over that one.
+	must(t, os.Mkdir(e.path("data"), 0o755))
+	must(t, os.Rename(e.path("big.db"), e.path("data/state.db")))
+	must(t, os.Rename(e.path("data"), e.path("var")))
+	must(t, os.WriteFile(e.path("var/other.txt"), []byte("other"), 0o644))
+	must(t, unix.Renameat2(unix.AT_FDCWD, e.path("var/state.db"), unix.AT_FDCWD, e.path("var/other.txt"), unix.RENAME_EXCHANGE))
+	must(t, os.Rename(e.path("var/other.txt"), e.path("var/state.db")))
+	f, err = os.OpenFile(e.path("var/state.db"), os.O_RDWR, 0)
+	must(t, err)
+	if _, err := f.WriteAt([]byte("after"), 1_000_000); err != nil {
+		t.Fatal(err)
+	}
+	copy(content[1_000_000:], "after")
+	must(t, f.Close())
+	if ps := e.m.PartialCopyUps(); len(ps) != 1 || ps[0].Present >= ps[0].Size {
+		t.Fatalf("not partial: %+v", ps)
+	}
+	checkFile(t, e.path("var/state.db"), content, "before the copy")
+	e.unmount()
+	var orig unix.Stat_t
+	must(t, unix.Stat(filepath.Join(e.upper, "var/state.db"), &orig))
+
+	copies := map[string]func(from, to string) *exec.Cmd{
+		"cp": func(from, to string) *exec.Cmd { return exec.Command(needTool(t, "cp"), "-a", from, to) },
+		"rsync": func(from, to string) *exec.Cmd {
+			return exec.Command(needTool(t, "rsync"), "-a", from+"/", to)
+		},
+	}
+	for _, tool := range []string{"cp", "rsync"} {
+		t.Run(tool, func(t *testing.T) {
+			upper := filepath.Join(tempDir(t), "upper")
+			if out, err := copies[tool](e.upper, upper).CombinedOutput(); err != nil {
+				t.Fatalf("%s: %v\n%s", tool, err, out)
+			}
+			var st unix.Stat_t
+			must(t, unix.Stat(filepath.Join(upper, "var/state.db"), &st))
+			if st.Ino == orig.Ino {
+				t.Fatal("the copy kept the inode number: nothing tested")
+			}
+			c := mountUpper(t, lower, opts, upper)
+			if ps := c.m.PartialCopyUps(); len(ps) != 1 || ps[0].Present >= ps[0].Size {
+				t.Fatalf("the copy's partial copy-ups: %+v", ps)
+			}
+			checkFile(t, c.path("var/state.db"), content, "the copy")
+			c.m.holdCopyUps(false)
+			waitComplete(t, c.m)
+			checkFile(t, c.path("var/state.db"), content, "the copy, completed")
+			c.remount()
+			checkFile(t, c.path("var/state.db"), content, "the copy, completed and remounted")
+		})
+	}
+
+	t.Run("unknown-name", func(t *testing.T) {
+		// The name the map records goes while another stays: the map
+		// no longer says where the file is, and a copy made now
+		// cannot be matched.
+		e.mount()
+		must(t, os.Link(e.path("var/state.db"), e.path("other.db")))
+		must(t, os.Remove(e.path("var/state.db")))
+		e.unmount()
+		upper := filepath.Join(tempDir(t), "upper")
+		if out, err := exec.Command(needTool(t, "cp"), "-a", e.upper, upper).CombinedOutput(); err != nil {
+			t.Fatalf("cp: %v\n%s", err, out)
+		}
+		mnt := filepath.Join(tempDir(t), "mnt")
+		must(t, os.Mkdir(mnt, 0o755))
+		o := opts
+		o.Upper, o.Lower, o.Logger = upper, lower, testLogger(t)
+		m, err := Mount(t.Context(), mnt, o)
+		if err == nil {
+			m.Unmount(t.Context())
+			t.Fatal("a copy whose map cannot be matched to its file mounted")
+		}
+		t.Logf("refused: %v", err)
+		for _, want := range []string{"state dir was copied", `"var/state.db"`, "hermesfs status", partialDirName} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("the refusal does not say %q: %v", want, err)
+			}
+		}
+		// The original still mounts; the lookup of the other name
+		// records it, and a copy made then mounts.
+		e.mount()
+		checkFile(t, e.path("other.db"), content, "the original, by its other name")
+		e.unmount()
+		upper2 := filepath.Join(tempDir(t), "upper")
+		if out, err := exec.Command(needTool(t, "cp"), "-a", e.upper, upper2).CombinedOutput(); err != nil {
+			t.Fatalf("cp: %v\n%s", err, out)
+		}
+		c := mountUpper(t, lower, opts, upper2)
+		checkFile(t, c.path("other.db"), content, "a copy made after the name was recorded again")
+	})
+}
