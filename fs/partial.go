@@ -266,6 +266,12 @@ func openPartialSet(ov *overlay, rootFd int, readOnly bool) (*partialSet, error)
 	}
 	var loaded []*partial
 	for _, name := range names {
+		if strings.HasPrefix(name, rebindPrefix) {
+			if !readOnly {
+				unix.Unlinkat(fd, name, 0)
+			}
+			continue
+		}
 		p, err := s.load(name, readOnly)
 		if err != nil {
 			ov.log.Error("partial copy-up: unreadable present-map; the file reads as the lower layer where unknown", "map", name, "err", err)
@@ -1079,7 +1085,7 @@ func (s *partialSet) stopAll() {
 
 // PartialCopyUp is the progress of one file copied up by range.
 type PartialCopyUp struct {
-	Path      string `json:"path,omitempty"` // at copy-up (empty if copied up by an earlier mount)
+	Path      string `json:"path,omitempty"` // as its map records it (at copy-up if unknown since; empty if neither)
 	UpperIno  uint64 `json:"upper_ino"`
 	Size      int64  `json:"size"`   // bytes of lower content it may still need
 	Present   int64  `json:"copied"` // of those, bytes in the upper file
@@ -1109,7 +1115,11 @@ func (m *Mounted) PartialCopyUps() []PartialCopyUp {
 		le := p.lowerEnd()
 		need := (le + p.bs - 1) / p.bs
 		present := max(need-p.missing, 0) * p.bs
-		out = append(out, PartialCopyUp{Path: p.path, UpperIno: p.uino, Size: le, Present: min(present, le), Running: p.running, LowerGone: p.broken != nil})
+		path := p.path
+		if p.nameKnown {
+			path = p.recName
+		}
+		out = append(out, PartialCopyUp{Path: path, UpperIno: p.uino, Size: le, Present: min(present, le), Running: p.running, LowerGone: p.broken != nil})
 		p.mu.Unlock()
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].UpperIno < out[j].UpperIno })

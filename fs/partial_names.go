@@ -152,6 +152,10 @@ func (s *partialSet) rebind(p *partial, readOnly bool) error {
 			s.removeLoaded(p, readOnly, "made again for its file already")
 			return nil
 		}
+		// An earlier inode of that number: its file is gone (verify
+		// would drop it too).
+		delete(s.m, q.uino)
+		s.removeLoaded(q, readOnly, "its inode number is another file's now")
 	}
 	old := p.name
 	p.uino, p.btime, p.name = st.ino, st.btime, mapName(st.ino, st.btime)
@@ -187,7 +191,7 @@ func (s *partialSet) writeRebound(p *partial, old string) error {
 	if err != nil {
 		return err
 	}
-	tmp := "rebind." + strconv.FormatUint(p.uino, 10)
+	tmp := rebindPrefix + strconv.FormatUint(p.uino, 10)
 	unix.Unlinkat(s.dir, tmp, 0)
 	fd, err := unix.Openat(s.dir, tmp, unix.O_CREAT|unix.O_EXCL|unix.O_RDWR|unix.O_APPEND|unix.O_CLOEXEC, 0o600)
 	if err != nil {
@@ -233,6 +237,10 @@ func (s *partialSet) writeRebound(p *partial, old string) error {
 	unix.Unlinkat(s.dir, old, 0)
 	return fsyncDir(s.dir)
 }
+
+// rebindPrefix starts the name of a map being made again (writeRebound);
+// one a crash left is removed at mount.
+const rebindPrefix = "rebind."
 
 // lockNames is held around every rename and unlink in the upper layer:
 // exclusively while partial files exist (excl), so the changes that move
@@ -361,7 +369,7 @@ func (s *partialSet) unlinkMoves(path string, st *ustat) []nameMove {
 func (p *partial) setName(name string, known bool) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.nameKnown == known && (!known || p.recName == name) {
+	if p.done || p.nameKnown == known && (!known || p.recName == name) {
 		return nil
 	}
 	if err := p.appendRecs(encodeName(name, known)); err != nil {

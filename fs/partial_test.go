@@ -1185,7 +1185,7 @@ func TestPartialCopyUpCopiedStateDir(t *testing.T) {
 				t.Fatal("the copy kept the inode number: nothing tested")
 			}
 			c := mountUpper(t, lower, opts, upper)
-			if ps := c.m.PartialCopyUps(); len(ps) != 1 || ps[0].Present >= ps[0].Size {
+			if ps := c.m.PartialCopyUps(); len(ps) != 1 || ps[0].Present >= ps[0].Size || ps[0].Path != "var/state.db" {
 				t.Fatalf("the copy's partial copy-ups: %+v", ps)
 			}
 			checkFile(t, c.path("var/state.db"), content, "the copy")
