@@ -290,7 +290,7 @@ func fsxRound(t *testing.T, lower Lower, content []byte, rng *rand.Rand, pool []
 			held = !held
 			e.m.holdCopyUps(held)
 		}
-		if view == nil && rng.IntN(200) == 0 {
+		if view == nil && rng.IntN(400) == 0 {
 			if view, err = e.m.Freeze(t.Context()); err != nil {
 				fail(i, "freeze: %v", err)
 			}
