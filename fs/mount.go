@@ -214,6 +214,7 @@ func newOverlay(opts Options) (*overlay, error) {
 	if ov.inos, err = openInoMap(rootFd); err != nil {
 		return fail("inode map", err)
 	}
+	ov.inos.log = ov.log.Warn
 	if ov.partials, err = openPartialSet(ov, rootFd, false); err != nil {
 		return fail("partial copy-ups", err)
 	}
