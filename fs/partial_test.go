@@ -1120,10 +1120,10 @@ func mountUpper(t *testing.T, lower Lower, opts Options, upper string) *env {
 	return e
 }
 
-// TestPartialCopyUpCopiedStateDir copies the upper layer (cp -a, rsync -a)
-// while a file copied up by range is unfinished, after renames of the file
-// and of a directory above it, and mounts the copy: every byte reads as
-// before (the copy gave the file a new inode, which the map was named
+// TestPartialCopyUpCopiedStateDir copies the upper layer (cp -a, rsync -a,
+// tar) while a file copied up by range is unfinished, after renames of the
+// file and of a directory above it, and mounts the copy: every byte reads
+// as before (the copy gave the file a new inode, which the map was named
 // after: the blocks not yet copied in read as zeros), and the copy
 // completes. A copy whose map cannot say where its file is refuses to
 // mount, naming the file and what to do.
@@ -1172,8 +1172,12 @@ func TestPartialCopyUpCopiedStateDir(t *testing.T) {
 		"rsync": func(from, to string) *exec.Cmd {
 			return exec.Command(needTool(t, "rsync"), "-a", from+"/", to)
 		},
+		"tar": func(from, to string) *exec.Cmd {
+			tar := needTool(t, "tar")
+			return exec.Command("sh", "-c", `mkdir "$3" && "$1" -C "$2" -cf - . | "$1" -C "$3" -xpf -`, "sh", tar, from, to)
+		},
 	}
-	for _, tool := range []string{"cp", "rsync"} {
+	for _, tool := range []string{"cp", "rsync", "tar"} {
 		t.Run(tool, func(t *testing.T) {
 			upper := filepath.Join(tempDir(t), "upper")
 			if out, err := copies[tool](e.upper, upper).CombinedOutput(); err != nil {
