@@ -283,6 +283,12 @@ func openPartialSet(ov *overlay, rootFd int, readOnly bool) (*partialSet, error)
 		loaded = append(loaded, p)
 	}
 	if err := s.settle(loaded, readOnly); err != nil {
+		for _, p := range loaded {
+			if p.mapFd >= 0 {
+				unix.Close(p.mapFd)
+				p.mapFd = -1
+			}
+		}
 		s.close()
 		return nil, err
 	}
