@@ -153,6 +153,11 @@ func (ov *overlay) copyUp(ctx context.Context, n *node, content bool) error {
 		return fmt.Errorf("fs: copy up %s: %w", rel, err)
 	}
 	ov.gate.enter()
+	if part != nil {
+		// Renames wait, so the name the map gets is the file's
+		// (partial_names.go).
+		ov.partials.nameMu.Lock()
+	}
 	err = ov.keepDir(pfd)
 	if err == nil {
 		err = unix.Renameat2(ov.u.work, tmp, pfd, name, unix.RENAME_NOREPLACE)
@@ -163,10 +168,19 @@ func (ov *overlay) copyUp(ctx context.Context, n *node, content bool) error {
 	if err == nil {
 		if part != nil {
 			ov.partials.add(part)
+			if r, ok := ov.u.relOf(pfd); ok && joinRel(r, name) != rel {
+				// A directory above moved since the map was made.
+				if err := part.setName(joinRel(r, name), true); err != nil {
+					ov.log.Error("partial copy-up: recording the file's name failed; it is looked up again when next used", "path", rel, "err", err)
+				}
+			}
 		}
 		n.upper.Store(true)
 		ov.born(st.ino)
 		ov.changed(n.ino, st.size)
+	}
+	if part != nil {
+		ov.partials.nameMu.Unlock()
 	}
 	ov.gate.leave()
 	if err != nil {

@@ -44,7 +44,9 @@
 //	.wh..wh..work/         (root) temporaries, guarded staging, freeze sidecars;
 //	                       emptied at every mount
 //	.wh..wh..part/         (root) present-maps of files copied up by range
-//	                       (partial.go), named UPPERINO-BIRTHTIME
+//	                       (partial.go), named UPPERINO-BIRTHTIME; each also
+//	                       records its file's path, which a copy of the
+//	                       state dir keeps (partial_names.go)
 //
 // An upper entry and a whiteout of the same name may coexist: the upper entry
 // wins. That ordering is what makes each operation crash-safe with no journal:
@@ -99,9 +101,14 @@
 // visible, so after a remount, a crash included, the upper file reports the
 // lower number again. A guarded file replaced by its staged content keeps its
 // number the same way. Records whose birth time no longer matches belong to
-// deleted files and are ignored. A merged directory reports its lower
-// number. Numbers hold for the life of the lower layer: a new archive numbers
-// its inodes anew.
+// deleted files and are ignored. A number a record keeps for another inode
+// (a guarded file's, whose old upper inode is gone) is claimed: the upper
+// file system reuses the old inode's number, and the inode that gets it
+// reports a number allocated to it (from 2^62 on, recorded the same way)
+// instead of its own plus 2^32, so no two live objects share a number.
+// Directory listings stat the entries the map knows, for the same d_ino. A
+// merged directory reports its lower number. Numbers hold for the life of
+// the lower layer: a new archive numbers its inodes anew.
 //
 // # Kernel I/O modes
 //
@@ -205,7 +212,10 @@
 // a directory's listing slot or a captured inode's attrMu without holding
 // the rename lock (viewSet.renameMu); a view takes a slot or attrMu, then
 // the rename lock to find what it reads, never the other way round.
-// View.capMu guards only the view's maps and is never held across a
+// While files copied up by range exist, renames and unlinks hold
+// partialSet.nameMu exclusively (inside the gate, outside the rename
+// lock), so their maps record names in the order they change; otherwise
+// shared. View.capMu guards only the view's maps and is never held across a
 // listing. View.mu guards the rename log and pins; capInode.mu serialises
 // the saving of one file's blocks against View reads. FUSE methods return
 // only syscall.Errno; the FUSE request context is cancelled by any signal to the

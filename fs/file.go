@@ -199,6 +199,7 @@ func (ov *overlay) newUpperHandle(ctx context.Context, n *node, fd int, writable
 			// The kernel would read its holes: daemon-served until
 			// complete.
 			noPassthrough = true
+			ov.partials.noteNameFd(p, fd)
 			ov.partials.startCompletion(p, n)
 		}
 	}

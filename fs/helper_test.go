@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -34,6 +35,8 @@ func runHelper(h string) int {
 	}
 	mnt, upper, img := os.Getenv("HELPER_MNT"), os.Getenv("HELPER_UPPER"), os.Getenv("HELPER_LOWER")
 	opts := Options{Upper: upper, ReadOnly: os.Getenv("HELPER_RO") == "1"}
+	// Warnings and errors go to stderr, which the test logs.
+	opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	helperRangeOpts(&opts)
 	if img != "" {
 		f, err := os.Open(img)

@@ -1,8 +1,10 @@
 package fs
 
 import (
+	"fmt"
 	"io"
 	"runtime"
+	"runtime/debug"
 	"sync"
 
 	"github.com/hermesfs/hermesfs/archive"
@@ -73,7 +75,7 @@ func (ov *overlay) readLower(ino archive.Inode, p []byte, off int64) (int, error
 			c := &chunks[i]
 			i++
 			next.Unlock()
-			c.n, c.err = ov.lower.ReadAt(ino, p[c.lo:c.hi], off+int64(c.lo))
+			c.n, c.err = ov.lowerReadAt(ino, p[c.lo:c.hi], off+int64(c.lo))
 		}
 	}
 	var wg sync.WaitGroup
@@ -93,6 +95,21 @@ func (ov *overlay) readLower(ino archive.Inode, p []byte, off int64) (int, error
 		}
 	}
 	return n, nil
+}
+
+// lowerReadAt is Lower.ReadAt as the goroutines of readLower and prefetch
+// call it: a panic in it (a bug in the lower layer's reader) fails this
+// read with an error, as go-fuse does for the request's own goroutine,
+// instead of ending the process (a snapshot's packer reads through here
+// too).
+func (ov *overlay) lowerReadAt(ino archive.Inode, p []byte, off int64) (n int, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			ov.log.Error("lower layer: internal error in a read", "ino", ino, "off", off, "panic", r, "stack", string(debug.Stack()))
+			n, err = 0, fmt.Errorf("read lower inode %d at %d: internal error: %v", ino, off, r)
+		}
+	}()
+	return ov.lower.ReadAt(ino, p, off)
 }
 
 // readAhead is called after a read of lower file h ended at end: if the
@@ -142,7 +159,7 @@ func (h *lowerFile) prefetch(off, end int64) {
 				if int64(len(*bp)) < k {
 					*bp = make([]byte, k)
 				}
-				ov.lower.ReadAt(ino, (*bp)[:k], off)
+				ov.lowerReadAt(ino, (*bp)[:k], off)
 				prefetchBufs.Put(bp)
 			}(off, k)
 			off += k

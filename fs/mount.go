@@ -214,10 +214,12 @@ func newOverlay(opts Options) (*overlay, error) {
 	if ov.inos, err = openInoMap(rootFd); err != nil {
 		return fail("inode map", err)
 	}
+	ov.inos.log = ov.log.Warn
 	if ov.partials, err = openPartialSet(ov, rootFd, false); err != nil {
 		return fail("partial copy-ups", err)
 	}
 	ov.partials.pause = opts.CopyUpPause
+	ov.partials.setHold(opts.holdCopyUps)
 	if err := fsyncDir(rootFd); err != nil {
 		return fail("sync", err)
 	}
@@ -303,6 +305,7 @@ func (m *Mounted) Unmount(ctx context.Context) error {
 	}
 	m.ov.unmounted.Store(true)
 	m.ov.partials.stopAll()
+	m.ov.partials.syncAll()
 	m.ov.prefetching.Wait() // no READ can start one any more: the server is done
 	m.ov.maybeClose()
 	m.ov.log.Info("unmounted", "mountpoint", m.mountpoint)

@@ -402,17 +402,15 @@ func (ov *overlay) identify(d *node, dfd int, name string, e *entry) (identity, 
 	if id.lower != 0 {
 		id.ino, id.gen, id.merged = uint64(id.lower), 1, true
 	} else {
-		id.ino, id.gen = e.ust.ino+upperInoBase, genOf(&e.ust)
+		id.ino, id.gen = ov.upperIno(&e.ust)
 	}
 	return id, nil
 }
 
-// upperIno is the st_ino and generation an upper non-directory reports.
+// upperIno is the st_ino and generation an upper object reports (a
+// directory that merges a lower one reports that one's instead).
 func (ov *overlay) upperIno(st *ustat) (uint64, uint64) {
-	if r, ok := ov.inos.get(st.ino, st.btime); ok {
-		return r.ino, r.gen
-	}
-	return st.ino + upperInoBase, genOf(st)
+	return ov.inos.number(st)
 }
 
 func genOf(st *ustat) uint64 {
@@ -544,7 +542,7 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fu
 	ch := ov.newChild(ctx, n, name, id, &e, out)
 	if e.upper {
 		if cn, ok := ch.Operations().(*node); ok {
-			ov.partials.resume(&e.ust, cn)
+			ov.partials.resume(&e.ust, cn, dfd, name)
 		}
 	}
 	return ch, 0
@@ -752,8 +750,13 @@ func (ov *overlay) listFd(d *node, fd int) ([]mergedEntry, error) {
 						me.ino, me.lower = id.ino, id.lower
 					}
 				}
-			} else if r, ok := ov.inos.guess(de.ino); ok {
-				me.ino = r.ino
+			} else if ov.inos.known(de.ino) {
+				// Copied up, guarded, or its own number kept by
+				// another file: its birth time says which.
+				me.ino = de.ino + upperInoBase
+				if st, err := statxAt(fd, de.name); err == nil {
+					me.ino, _ = ov.upperIno(&st)
+				}
 			} else {
 				me.ino = de.ino + upperInoBase
 			}

@@ -385,7 +385,7 @@ func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno 
 			}
 		}
 	}
-	dfd, _, errno := n.prepDir(ctx)
+	dfd, drel, errno := n.prepDir(ctx)
 	if errno != 0 {
 		return errno
 	}
@@ -432,7 +432,20 @@ func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno 
 					}
 				}
 			}
-			if err := unix.Unlinkat(dfd, name, 0); err != nil {
+			unlockNames, excl := ov.partials.lockNames()
+			var moves []nameMove
+			if excl {
+				moves = ov.partials.unlinkMoves(ov.freshRel(dfd, drel, name), &e.ust)
+				if err := ov.partials.prepare(moves); err != nil {
+					unlockNames()
+					ov.log.Error("unlink", "err", err)
+					return syscall.EIO
+				}
+			}
+			err := unix.Unlinkat(dfd, name, 0)
+			ov.partials.finish(moves, err == nil)
+			unlockNames()
+			if err != nil {
 				return errnoOf(err)
 			}
 		}

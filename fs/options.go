@@ -179,6 +179,10 @@ type Options struct {
 	// between batches of blocks (longer while the file is in use).
 	// Default 1ms.
 	CopyUpPause time.Duration
+
+	// holdCopyUps starts the mount with its background copies held
+	// (partialSet.setHold), for tests.
+	holdCopyUps bool
 }
 
 const (

@@ -55,6 +55,19 @@ import (
 // file writes a sync record first). The file's size at load also bounds
 // the limit: a shrink that reached the disk without its record still
 // hides the lower bytes past it.
+//
+// A map also says which file it belongs to in a way a copy of the state
+// dir keeps (cp -a, rsync -a and tar give every file a new inode number;
+// they keep names): see partial_names.go.
+//
+//   - self: the map file's own inode number and birth time, written at its
+//     creation: a map whose own differ was copied;
+//   - name: the file's path in the upper layer (in the name-data records
+//     after it), or unknown while a rename or unlink that may change it
+//     runs; the last one counts;
+//   - gone: the file lost its last name; the map is garbage.
+//
+// Daemons from before these records ignore them.
 const (
 	partialDirName = ".wh..wh..part" // in the upper root: present-maps of partial files
 
@@ -64,6 +77,11 @@ const (
 	recPresent     = 1
 	recSync        = 2
 	recLimit       = 3
+	recSelf        = 4
+	recName        = 5
+	recNameData    = 6
+	recGone        = 7
+	recPayload     = partialRecLen - 8 // bytes of a self or name-data record
 	defaultRangeBS = 256 << 10
 	defaultRangeMn = 4 << 20
 )
@@ -102,6 +120,8 @@ type partial struct {
 	lowerSize int64
 	bs        int64
 	path      string // at copy-up, for status
+	// lowerMtime is the lower file's mtime (ns) the map was made for.
+	lowerMtime int64
 
 	verified atomic.Bool  // the upper inode's birth time was checked
 	lastFg   atomic.Int64 // UnixNano of the last foreground copy or read
@@ -124,6 +144,21 @@ type partial struct {
 	running  bool     // a background copy runs
 	broken   error    // the lower file is not the one copied from
 	orphan   bool     // its last name went: copies are no longer recorded
+	// recName is the file's path in the upper layer as the map says it
+	// (partial_names.go), if nameKnown.
+	recName   string
+	nameKnown bool
+
+	// What load found, for openPartialSet (partial_names.go).
+	loaded loadInfo
+}
+
+// loadInfo is what a map read at mount says about its file's identity.
+type loadInfo struct {
+	self     [2]uint64 // the map file's inode number and birth time at its creation
+	hasSelf  bool
+	gone     bool   // the file lost its last name
+	lastName string // the last name it was known by, for messages
 }
 
 // partialSet is the mount's partial files by upper inode number.
@@ -140,6 +175,49 @@ type partialSet struct {
 	wg     sync.WaitGroup
 	// pause is the background copy's pause between batches.
 	pause time.Duration
+	// nameMu orders the changes of partial files' names
+	// (partial_names.go).
+	nameMu sync.RWMutex
+	// held, while not nil, stops background copies before their next
+	// batch until it is closed (setHold; tests reach the partial states
+	// this way instead of racing the copy).
+	holdMu sync.Mutex
+	held   chan struct{}
+}
+
+// setHold stops (on) or lets go on (off) the background copies: a held
+// copy waits before its next batch.
+func (s *partialSet) setHold(on bool) {
+	if s == nil {
+		return
+	}
+	s.holdMu.Lock()
+	defer s.holdMu.Unlock()
+	switch {
+	case on && s.held == nil:
+		s.held = make(chan struct{})
+	case !on && s.held != nil:
+		close(s.held)
+		s.held = nil
+	}
+}
+
+// waitHold waits while background copies are held; false if the mount
+// stops meanwhile.
+func (s *partialSet) waitHold() bool {
+	for {
+		s.holdMu.Lock()
+		ch := s.held
+		s.holdMu.Unlock()
+		if ch == nil {
+			return true
+		}
+		select {
+		case <-s.stop:
+			return false
+		case <-ch:
+		}
+	}
 }
 
 func (p *partial) lowerEnd() int64 { return min(p.lowerSize, p.limit) }
@@ -186,7 +264,14 @@ func openPartialSet(ov *overlay, rootFd int, readOnly bool) (*partialSet, error)
 	if err != nil {
 		return nil, fmt.Errorf("list %s: %w", partialDirName, err)
 	}
+	var loaded []*partial
 	for _, name := range names {
+		if strings.HasPrefix(name, rebindPrefix) {
+			if !readOnly {
+				unix.Unlinkat(fd, name, 0)
+			}
+			continue
+		}
 		p, err := s.load(name, readOnly)
 		if err != nil {
 			ov.log.Error("partial copy-up: unreadable present-map; the file reads as the lower layer where unknown", "map", name, "err", err)
@@ -195,7 +280,17 @@ func openPartialSet(ov *overlay, rootFd int, readOnly bool) (*partialSet, error)
 		if p == nil {
 			continue
 		}
-		s.m[p.uino] = p
+		loaded = append(loaded, p)
+	}
+	if err := s.settle(loaded, readOnly); err != nil {
+		for _, p := range loaded {
+			if p.mapFd >= 0 {
+				unix.Close(p.mapFd)
+				p.mapFd = -1
+			}
+		}
+		s.close()
+		return nil, err
 	}
 	s.count.Store(int64(len(s.m)))
 	return s, nil
@@ -243,6 +338,35 @@ func encodeRec(kind byte, v int64) []byte {
 	return r
 }
 
+// encodePayload is a record whose 24 bytes after the CRC are payload.
+func encodePayload(kind byte, payload []byte) []byte {
+	r := make([]byte, partialRecLen)
+	r[0] = kind
+	copy(r[8:], payload)
+	binary.LittleEndian.PutUint32(r[4:], crc32.ChecksumIEEE(r[8:]))
+	return r
+}
+
+// encodeSelf is the self record of a map file with status st.
+func encodeSelf(st *ustat) []byte {
+	var b [16]byte
+	binary.LittleEndian.PutUint64(b[:], st.ino)
+	binary.LittleEndian.PutUint64(b[8:], st.btime)
+	return encodePayload(recSelf, b[:])
+}
+
+// encodeName is the name records of path name, or of an unknown name.
+func encodeName(name string, known bool) []byte {
+	if !known {
+		return encodeRec(recName, 0)
+	}
+	b := encodeRec(recName, int64(len(name)))
+	for i := 0; i < len(name); i += recPayload {
+		b = append(b, encodePayload(recNameData, []byte(name[i:min(i+recPayload, len(name))]))...)
+	}
+	return b
+}
+
 // load reads one map. A name that is not a map is ignored (nil).
 func (s *partialSet) load(name string, readOnly bool) (*partial, error) {
 	ino, bt, ok := strings.Cut(name, "-")
@@ -287,15 +411,43 @@ func (s *partialSet) load(name string, readOnly bool) (*partial, error) {
 	mtime := int64(le.Uint64(b[48:]))
 	p.limit = p.lowerSize
 	p.present = make([]uint64, (p.nblocks()+63)/64)
+	p.lowerMtime = mtime
 	var pending []int64 // present records of earlier boots not yet covered by a sync
+	valid := func(r []byte) bool { return le.Uint32(r[4:]) == crc32.ChecksumIEEE(r[8:]) }
+records:
 	for off := partialHdrLen; off+partialRecLen <= len(b); off += partialRecLen {
 		r := b[off : off+partialRecLen]
-		if le.Uint32(r[4:]) != crc32.ChecksumIEEE(r[8:]) {
+		if !valid(r) {
 			break // a torn tail
 		}
 		v := int64(le.Uint64(r[8:]))
 		thisBoot := [16]byte(r[16:32]) == bootID
 		switch r[0] {
+		case recSelf:
+			p.loaded.self = [2]uint64{le.Uint64(r[8:]), le.Uint64(r[16:])}
+			p.loaded.hasSelf = true
+		case recName:
+			if v <= 0 {
+				p.recName, p.nameKnown = "", false
+				break
+			}
+			k := (int(v) + recPayload - 1) / recPayload
+			if v > 1<<20 || off+(k+1)*partialRecLen > len(b) {
+				break records // torn
+			}
+			name := make([]byte, 0, k*recPayload)
+			for j := 1; j <= k; j++ {
+				d := b[off+j*partialRecLen : off+(j+1)*partialRecLen]
+				if !valid(d) || d[0] != recNameData {
+					break records
+				}
+				name = append(name, d[8:]...)
+			}
+			p.recName, p.nameKnown = string(name[:v]), true
+			p.loaded.lastName = p.recName
+			off += k * partialRecLen
+		case recGone:
+			p.loaded.gone = true
 		case recPresent:
 			if v < 0 || v >= p.nblocks() {
 				continue
@@ -342,7 +494,7 @@ func (s *partialSet) create(st *ustat, ino archive.Inode, la *archive.Attr, bs i
 	if s.dir < 0 {
 		return nil, syscall.EROFS
 	}
-	p := &partial{set: s, uino: st.ino, btime: st.btime, lower: ino, lowerSize: la.Size, bs: bs, path: path, mapFd: -1}
+	p := &partial{set: s, uino: st.ino, btime: st.btime, lower: ino, lowerSize: la.Size, bs: bs, path: path, mapFd: -1, lowerMtime: la.Mtime.UnixNano()}
 	p.name = mapName(p.uino, p.btime)
 	p.limit = p.lowerSize
 	p.present = make([]uint64, (p.nblocks()+63)/64)
@@ -355,7 +507,18 @@ func (s *partialSet) create(st *ustat, ino archive.Inode, la *archive.Attr, bs i
 	if err != nil {
 		return nil, err
 	}
-	if err := pwriteAll(fd, encodeHeader(p, la.Mtime.UnixNano()), 0); err != nil {
+	// The header, the map's own identity and the file's name (where
+	// the copy-up puts it; copyUp records another if a rename moved it
+	// meanwhile).
+	self, err := statFd(fd)
+	if err != nil {
+		unix.Close(fd)
+		unix.Unlinkat(s.dir, p.name, 0)
+		return nil, err
+	}
+	p.recName, p.nameKnown = path, true
+	head := append(encodeHeader(p, p.lowerMtime), encodeSelf(&self)...)
+	if err := pwriteAll(fd, append(head, encodeName(path, true)...), 0); err != nil {
 		unix.Close(fd)
 		unix.Unlinkat(s.dir, p.name, 0)
 		return nil, err
@@ -468,9 +631,10 @@ func (s *partialSet) verify(p *partial, st *ustat) bool {
 }
 
 // resume starts the background copy of a file loaded partial at mount
-// when the kernel first looks it up (status st, node n), so that it
-// completes without waiting for an open.
-func (s *partialSet) resume(st *ustat, n *node) {
+// when the kernel first looks it up (status st, node n, named name in
+// upper directory dfd), so that it completes without waiting for an open,
+// and records the name if its map does not know it.
+func (s *partialSet) resume(st *ustat, n *node, dfd int, name string) {
 	if s == nil || s.count.Load() == 0 || st.mode&syscall.S_IFMT != syscall.S_IFREG {
 		return
 	}
@@ -480,6 +644,7 @@ func (s *partialSet) resume(st *ustat, n *node) {
 	if p == nil || !s.verify(p, st) {
 		return
 	}
+	s.noteName(p, dfd, name)
 	s.startCompletion(p, n)
 }
 
@@ -506,13 +671,17 @@ func (s *partialSet) drop(p *partial, removeMap bool) {
 
 // appendRec appends one record. p.mu is held.
 func (p *partial) appendRec(kind byte, v int64) error {
+	return p.appendRecs(encodeRec(kind, v))
+}
+
+// appendRecs appends records, in one write. p.mu is held.
+func (p *partial) appendRecs(r []byte) error {
 	if p.mapFd < 0 {
 		if p.orphan {
 			return nil // no name: nothing to recover after a crash
 		}
 		return syscall.EROFS
 	}
-	r := encodeRec(kind, v)
 	for {
 		k, err := unix.Write(p.mapFd, r)
 		if err == unix.EINTR {
@@ -606,7 +775,14 @@ func (p *partial) readAt(fd int, buf []byte, off int64) (int, error) {
 			if !p.needs(i) {
 				continue
 			}
+			// A block cut by a truncation holds lower bytes only up
+			// to the cut; past it (up to a later growth) the upper
+			// file's zeros. A read starting past the cut takes
+			// nothing of it from the lower layer.
 			lo, hi := max(i*p.bs, off), min((i+1)*p.bs, end, le)
+			if lo >= hi {
+				continue
+			}
 			if n := len(segs); n > 0 && segs[n-1].hi == lo {
 				segs[n-1].hi = hi
 			} else {
@@ -764,6 +940,17 @@ func (s *partialSet) foreground() {
 
 func (s *partialSet) complete(p *partial, n *node) error {
 	fd, errno := n.openUpper(true)
+	for t0 := time.Now(); errno == syscall.ESTALE && time.Since(t0) < completionStartMax; {
+		// A lookup resumes the copy before go-fuse has linked the
+		// node to its parent (that happens once Lookup returns): the
+		// node has no name for a moment.
+		select {
+		case <-s.stop:
+			return nil
+		case <-time.After(10 * time.Millisecond):
+		}
+		fd, errno = n.openUpper(true)
+	}
 	if errno == syscall.ENOENT || errno == syscall.ESTALE {
 		// Gone from its name before its copy started (deleted, or a
 		// rename under way): the next lookup of it resumes the copy,
@@ -800,6 +987,9 @@ func (s *partialSet) complete(p *partial, n *node) error {
 		case <-s.stop:
 			return nil
 		default:
+		}
+		if !s.waitHold() {
+			return nil
 		}
 		st, err := statFd(fd)
 		if err != nil {
@@ -901,13 +1091,17 @@ func (s *partialSet) stopAll() {
 
 // PartialCopyUp is the progress of one file copied up by range.
 type PartialCopyUp struct {
-	Path      string `json:"path,omitempty"` // at copy-up (empty if copied up by an earlier mount)
+	Path      string `json:"path,omitempty"` // as its map records it (at copy-up if unknown since; empty if neither)
 	UpperIno  uint64 `json:"upper_ino"`
 	Size      int64  `json:"size"`   // bytes of lower content it may still need
 	Present   int64  `json:"copied"` // of those, bytes in the upper file
 	Running   bool   `json:"running"`
 	LowerGone bool   `json:"lower_mismatch,omitempty"`
 }
+
+// holdCopyUps holds (on) or lets go on (off) the mount's background
+// copies of partial files; for tests.
+func (m *Mounted) holdCopyUps(on bool) { m.ov.partials.setHold(on) }
 
 // PartialCopyUps lists the files copied up by range that are not complete.
 func (m *Mounted) PartialCopyUps() []PartialCopyUp {
@@ -927,7 +1121,11 @@ func (m *Mounted) PartialCopyUps() []PartialCopyUp {
 		le := p.lowerEnd()
 		need := (le + p.bs - 1) / p.bs
 		present := max(need-p.missing, 0) * p.bs
-		out = append(out, PartialCopyUp{Path: p.path, UpperIno: p.uino, Size: le, Present: min(present, le), Running: p.running, LowerGone: p.broken != nil})
+		path := p.path
+		if p.nameKnown {
+			path = p.recName
+		}
+		out = append(out, PartialCopyUp{Path: path, UpperIno: p.uino, Size: le, Present: min(present, le), Running: p.running, LowerGone: p.broken != nil})
 		p.mu.Unlock()
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].UpperIno < out[j].UpperIno })

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -168,9 +169,16 @@ func TestPartialCopyUpRemountPartial(t *testing.T) {
 	checkFile(t, e.path("big.db"), content, "completed after remount")
 }
 
-// TestPartialCopyUpFsx runs random writes, reads, truncations, hole
-// punches and extensions on a big lower file against an in-memory shadow
-// while the background copy races them. HERMESFS_FSX_OPS sets the count.
+// TestPartialCopyUpFsx runs random writes, reads, truncations (also cuts
+// below the lower size grown again at once, read around the cut), hole
+// punches and extensions on a big lower file against an in-memory shadow.
+// It runs in rounds, each on a fresh upper layer: the background copy
+// starts held, so the ops meet the partial states (blocks not copied in,
+// a block cut by a truncation), and is let go and held again at random.
+// Snapshots are frozen between ops, kept open across later ops and checked
+// against the shadow at their freeze. Each round ends with the background
+// copy let go, completion and a remount. HERMESFS_FSX_OPS sets the count,
+// HERMESFS_FSX_SEED replays a run.
 func TestPartialCopyUpFsx(t *testing.T) {
 	t.Parallel()
 	ops := 16000
@@ -181,89 +189,217 @@ func TestPartialCopyUpFsx(t *testing.T) {
 	if s := os.Getenv("HERMESFS_FSX_SEED"); s != "" {
 		seed, _ = strconv.ParseUint(s, 10, 64)
 	}
-	t.Logf("seed %d (HERMESFS_FSX_SEED), %d ops", seed, ops)
-	lower, shadow := rangeLower(t, 2<<20+999, seed)
-	opts := rangeOpts(3 * time.Millisecond)
-	opts.CopyUpBlock = 4 << 10 // many blocks: the background copy races the ops longer
-	e := mountEnv(t, lower, opts)
+	const rounds = 8
+	t.Logf("seed %d (HERMESFS_FSX_SEED), %d ops in %d rounds", seed, ops, rounds)
+	lower, content := rangeLower(t, 2<<20+999, seed)
 	rng := rand.New(rand.NewPCG(seed, 99))
+	pool := randBytes(1<<20, seed+1) // write data: random slices of it
+	for r := range rounds {
+		fsxRound(t, lower, content, rng, pool, r, ops/rounds)
+	}
+}
+
+// fsxRound is one round of TestPartialCopyUpFsx: n ops on a fresh upper
+// layer over lower, whose big.db holds content.
+func fsxRound(t *testing.T, lower Lower, content []byte, rng *rand.Rand, pool []byte, round, n int) {
+	opts := rangeOpts(3 * time.Millisecond)
+	// Blocks of several pages: the kernel reads whole pages, and a page
+	// can lie past a cut inside the block that holds the cut.
+	const bs = 16 << 10
+	opts.CopyUpBlock = bs
+	opts.holdCopyUps = true
+	e := mountEnv(t, lower, opts)
+	defer e.unmount()
+	shadow := append([]byte(nil), content...)
 	f, err := os.OpenFile(e.path("big.db"), os.O_RDWR, 0)
 	must(t, err)
 	defer func() { f.Close() }()
 	fd := int(f.Fd())
 	maxSize := len(shadow) + 200_000
 	buf := make([]byte, 70_000)
-	pool := randBytes(1<<20, seed+1) // write data: random slices of it
-	for i := range ops {
-		switch k := rng.IntN(100); {
-		case k < 45: // write
-			off := rng.IntN(maxSize)
-			n := 1 + rng.IntN(min(len(buf), maxSize-off))
-			p := rng.IntN(len(pool) - n)
-			data := pool[p : p+n]
-			if _, err := unix.Pwrite(fd, data, int64(off)); err != nil {
-				t.Fatalf("op %d: write %d@%d: %v", i, n, off, err)
-			}
-			if off+n > len(shadow) {
-				shadow = append(shadow, make([]byte, off+n-len(shadow))...)
-			}
-			copy(shadow[off:], data)
-		case k < 85: // read
-			off := rng.IntN(maxSize)
-			n := 1 + rng.IntN(len(buf))
-			got := buf[:n]
-			r, err := unix.Pread(fd, got, int64(off))
-			if err != nil {
-				t.Fatalf("op %d: read: %v", i, err)
+	// limit is the smallest size the file had: no lower byte at or past
+	// it shows again, and the block it cuts is half lower bytes, half
+	// the upper file's.
+	limit := len(shadow)
+	held := true
+	var view *View
+	var frozen []byte // the shadow at view's freeze
+	fail := func(i int, format string, args ...any) {
+		t.Helper()
+		t.Fatalf("round %d op %d: %s", round, i, fmt.Sprintf(format, args...))
+	}
+	checkRead := func(i, off, n int) {
+		t.Helper()
+		got := buf[:min(n, len(buf))]
+		r, err := unix.Pread(fd, got, int64(off))
+		if err != nil {
+			fail(i, "read %d@%d (the lower's end at %d): %v", len(got), off, limit, err)
+		}
+		want := []byte{}
+		if off < len(shadow) {
+			want = shadow[off:min(off+len(got), len(shadow))]
+		}
+		if !bytes.Equal(got[:r], want) {
+			fail(i, "read %d@%d: got %d bytes differing from the shadow (%d)", len(got), off, r, len(want))
+		}
+	}
+	nearLimit := func() int { return max(limit-bs+rng.IntN(2*bs), 0) }
+	resize := func(size int) {
+		limit = min(limit, size)
+		if size < len(shadow) {
+			shadow = shadow[:size]
+		} else {
+			shadow = append(shadow, make([]byte, size-len(shadow))...)
+		}
+	}
+	closeView := func(i int) {
+		t.Helper()
+		vf, err := view.Open("big.db")
+		if err != nil {
+			fail(i, "open in the view: %v", err)
+		}
+		defer vf.Close()
+		for range 4 {
+			off, n := nearLimit(), 1+rng.IntN(3*bs)
+			got := make([]byte, n)
+			k, err := vf.(io.ReaderAt).ReadAt(got, int64(off))
+			if err != nil && err != io.EOF {
+				fail(i, "view read %d@%d: %v", n, off, err)
 			}
 			want := []byte{}
-			if off < len(shadow) {
-				want = shadow[off:min(off+n, len(shadow))]
+			if off < len(frozen) {
+				want = frozen[off:min(off+n, len(frozen))]
 			}
-			if !bytes.Equal(got[:r], want) {
-				t.Fatalf("op %d: read %d@%d: got %d bytes differing from the shadow (%d)", i, n, off, r, len(want))
+			if !bytes.Equal(got[:k], want) {
+				fail(i, "view read %d@%d: %d bytes differing from the shadow at the freeze", n, off, k)
 			}
-		case k < 91: // truncate, mostly down a little
+		}
+		got, err := io.ReadAll(vf)
+		if err != nil {
+			fail(i, "view read: %v", err)
+		}
+		if !bytes.Equal(got, frozen) {
+			fail(i, "the view's content (%d bytes) differs from the shadow at the freeze (%d)", len(got), len(frozen))
+		}
+		must(t, view.Close())
+		view, frozen = nil, nil
+	}
+	partialSeen := false
+	for i := range n {
+		if rng.IntN(300) == 0 {
+			held = !held
+			e.m.holdCopyUps(held)
+		}
+		if view == nil && rng.IntN(400) == 0 {
+			if view, err = e.m.Freeze(t.Context()); err != nil {
+				fail(i, "freeze: %v", err)
+			}
+			frozen = append([]byte(nil), shadow...)
+		} else if view != nil && rng.IntN(80) == 0 {
+			closeView(i)
+		}
+		if !partialSeen && len(e.m.PartialCopyUps()) > 0 {
+			partialSeen = true
+		}
+		switch k := rng.IntN(100); {
+		case k < 30: // write, mostly small: the file stays partial longer
+			wn := 1 + rng.IntN(4096)
+			if rng.IntN(5) == 0 {
+				wn = 1 + rng.IntN(len(buf))
+			}
+			off := rng.IntN(maxSize - wn)
+			p := rng.IntN(len(pool) - wn)
+			data := pool[p : p+wn]
+			if _, err := unix.Pwrite(fd, data, int64(off)); err != nil {
+				fail(i, "write %d@%d: %v", wn, off, err)
+			}
+			if off+wn > len(shadow) {
+				resize(off + wn)
+			}
+			copy(shadow[off:], data)
+		case k < 65: // read, a third of them around the lower's end
+			off := rng.IntN(maxSize)
+			if rng.IntN(3) == 0 {
+				off = nearLimit()
+			}
+			checkRead(i, off, 1+rng.IntN(len(buf)))
+		case k < 69: // truncate, mostly down a little
 			size := rng.IntN(maxSize)
 			if rng.IntN(2) == 0 {
 				size = max(len(shadow)-rng.IntN(100_000), 0)
 			}
 			if err := unix.Ftruncate(fd, int64(size)); err != nil {
-				t.Fatalf("op %d: truncate: %v", i, err)
+				fail(i, "truncate: %v", err)
 			}
-			if size < len(shadow) {
-				shadow = shadow[:size]
+			resize(size)
+		case k < 77: // cut into the lower content, grow at once, read around the cut
+			cut := max(limit-rng.IntN(3*bs), 0)
+			switch rng.IntN(4) {
+			case 0:
+				cut &^= 4095 // at a page, as SQLite does
+			case 1:
+				cut = rng.IntN(len(shadow) + 1)
+			}
+			if err := unix.Ftruncate(fd, int64(cut)); err != nil {
+				fail(i, "cut to %d: %v", cut, err)
+			}
+			resize(cut)
+			if rng.IntN(2) == 0 {
+				size := cut + rng.IntN(maxSize-cut)
+				if err := unix.Ftruncate(fd, int64(size)); err != nil {
+					fail(i, "grow to %d: %v", size, err)
+				}
+				resize(size)
 			} else {
-				shadow = append(shadow, make([]byte, size-len(shadow))...)
+				// A page past the end, as SQLite appends one.
+				off := cut + rng.IntN(maxSize-cut)
+				if _, err := unix.Pwrite(fd, pool[:4096], int64(off)); err != nil {
+					fail(i, "write past the end at %d: %v", off, err)
+				}
+				resize(off + 4096)
+				copy(shadow[off:], pool[:4096])
 			}
-		case k < 96: // punch a hole
+			for range 3 {
+				checkRead(i, max(cut-bs+rng.IntN(2*bs), 0), 1+rng.IntN(3*bs))
+			}
+		case k < 85: // punch a hole
 			off := rng.IntN(maxSize)
-			n := 1 + rng.IntN(100_000)
-			if err := unix.Fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, int64(off), int64(n)); err != nil {
-				t.Fatalf("op %d: punch: %v", i, err)
+			pn := 1 + rng.IntN(100_000)
+			if err := unix.Fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, int64(off), int64(pn)); err != nil {
+				fail(i, "punch: %v", err)
 			}
 			if off < len(shadow) {
-				clear(shadow[off:min(off+n, len(shadow))])
+				clear(shadow[off:min(off+pn, len(shadow))])
 			}
-		case k < 99: // extend with fallocate
-			n := 1 + rng.IntN(50_000)
-			if err := unix.Fallocate(fd, 0, int64(len(shadow)), int64(n)); err != nil {
-				t.Fatalf("op %d: fallocate: %v", i, err)
+		case k < 90: // extend with fallocate
+			xn := 1 + rng.IntN(50_000)
+			if err := unix.Fallocate(fd, 0, int64(len(shadow)), int64(xn)); err != nil {
+				fail(i, "fallocate: %v", err)
 			}
-			shadow = append(shadow, make([]byte, n)...)
-		default:
+			resize(len(shadow) + xn)
+		case k < 92:
 			if err := unix.Fdatasync(fd); err != nil {
-				t.Fatalf("op %d: fdatasync: %v", i, err)
+				fail(i, "fdatasync: %v", err)
 			}
+		default: // read across the lower's end
+			checkRead(i, max(limit-rng.IntN(len(buf)), 0), len(buf))
 		}
+	}
+	if !partialSeen {
+		t.Errorf("round %d: the file was never partial", round)
+	}
+	if view != nil {
+		closeView(n)
 	}
 	var st unix.Stat_t
 	must(t, unix.Fstat(fd, &st))
 	if st.Size != int64(len(shadow)) {
-		t.Fatalf("size %d, shadow %d", st.Size, len(shadow))
+		t.Fatalf("round %d: size %d, shadow %d", round, st.Size, len(shadow))
 	}
 	checkFile(t, e.path("big.db"), shadow, "after the ops")
+	e.m.holdCopyUps(false)
 	waitComplete(t, e.m)
+	checkFile(t, e.path("big.db"), shadow, "after completion")
 	f.Close()
 	e.remount()
 	checkFile(t, e.path("big.db"), shadow, "after completion and remount")
@@ -367,14 +503,16 @@ func TestPartialCopyUpSQLite(t *testing.T) {
 }
 
 // helperRangeOpts sets a helper mount's copy-up by range from
-// HELPER_RANGE ("min,block,pause"); HELPER_NEW_BOOT=1 makes the helper
-// act as if the machine had rebooted since the records were written.
+// HELPER_RANGE ("min,block,pause[,hold]": hold starts the background
+// copies held); HELPER_NEW_BOOT=1 makes the helper act as if the machine
+// had rebooted since the records were written.
 func helperRangeOpts(o *Options) {
 	if s := os.Getenv("HELPER_RANGE"); s != "" {
 		f := strings.Split(s, ",")
 		o.CopyUpByRangeMin, _ = strconv.ParseInt(f[0], 10, 64)
 		o.CopyUpBlock, _ = strconv.ParseInt(f[1], 10, 64)
 		o.CopyUpPause, _ = time.ParseDuration(f[2])
+		o.holdCopyUps = len(f) > 3 && f[3] == "hold"
 	}
 	if os.Getenv("HELPER_NEW_BOOT") == "1" {
 		bootID[0] ^= 0xff
@@ -382,15 +520,18 @@ func helperRangeOpts(o *Options) {
 }
 
 // TestPartialCopyUpKill SIGKILLs a mount process while a partial file is
-// being written and completed, and mounts the upper layer again. Killed
-// without a machine crash, every write that returned is there; after a
-// (simulated) reboot, every write made durable by fdatasync is there, and
-// every other byte is either its value at the last fdatasync or one
-// written after it.
+// being written, cut below its lower size and grown back, and read, and
+// mounts the upper layer again. Killed without a machine crash, every
+// write that returned is there; after a (simulated) reboot, every write
+// made durable by fdatasync is there, and every other byte is either its
+// value at the last fdatasync or one written after it (a cut writes
+// zeros). With held, the first mount's background copy never runs, so the
+// kill finds the file in the states the writes made; else it races them.
 func TestPartialCopyUpKill(t *testing.T) {
 	t.Parallel()
-	for _, newBoot := range []bool{false, true} {
-		t.Run("reboot="+strconv.FormatBool(newBoot), func(t *testing.T) {
+	for _, tc := range []struct{ newBoot, held bool }{{false, false}, {true, false}, {false, true}, {true, true}} {
+		newBoot := tc.newBoot
+		t.Run("reboot="+strconv.FormatBool(newBoot)+",held="+strconv.FormatBool(tc.held), func(t *testing.T) {
 			t.Parallel()
 			seed := uint64(time.Now().UnixNano())
 			t.Logf("seed %d", seed)
@@ -406,9 +547,21 @@ func TestPartialCopyUpKill(t *testing.T) {
 				}
 				return p
 			}
-			p := start("HELPER_RANGE=1048576,16384,20ms")
+			first := "HELPER_RANGE=1048576,16384,20ms"
+			if tc.held {
+				first += ",hold"
+			}
+			p := start(first)
+			firstProc := p
+			t.Cleanup(func() {
+				// A failure before the kill: the helper must not
+				// outlive the test (after it, this does nothing).
+				firstProc.cmd.Process.Kill()
+				unix.Unmount(mnt, unix.MNT_DETACH)
+			})
 			f, err := os.OpenFile(filepath.Join(mnt, "big.db"), os.O_RDWR, 0)
 			must(t, err)
+			defer f.Close()
 			synced := append([]byte(nil), model...)
 			type write struct {
 				off  int
@@ -423,6 +576,9 @@ func TestPartialCopyUpKill(t *testing.T) {
 			}()
 			pool := randBytes(1<<20, seed+1)
 			wrng := rand.New(rand.NewPCG(seed, 6))
+			pendingCut := -1 // the size if the kill came between a cut and its growth
+			lastCut := len(model) / 2
+			rbuf := make([]byte, 40_000)
 			for i := 0; ; i++ {
 				if i%8 == 7 {
 					if err := f.Sync(); err != nil {
@@ -430,6 +586,52 @@ func TestPartialCopyUpKill(t *testing.T) {
 					}
 					copy(synced, model)
 					since = since[:0]
+					continue
+				}
+				if i%8 == 3 && wrng.IntN(2) == 0 {
+					// Cut below the lower size, grow back at once.
+					cut := len(model) - 1 - wrng.IntN(300_000)
+					if wrng.IntN(2) == 0 {
+						cut &^= 4095
+					}
+					since = append(since, write{cut, make([]byte, len(model)-cut)})
+					pendingCut = cut
+					if err := f.Truncate(int64(cut)); err != nil {
+						if !killed.Load() {
+							t.Fatalf("cut: %v", err)
+						}
+						break
+					}
+					if err := f.Truncate(int64(len(model))); err != nil {
+						if !killed.Load() {
+							t.Fatalf("grow: %v", err)
+						}
+						break
+					}
+					pendingCut = -1
+					lastCut = cut
+					clear(model[cut:])
+					continue
+				}
+				if i%8 == 5 {
+					// Reads meet the partial states too, half of them
+					// around the last cut.
+					n := 1 + wrng.IntN(len(rbuf))
+					off := wrng.IntN(len(model) - n)
+					if wrng.IntN(2) == 0 {
+						off = min(max(lastCut-16384+wrng.IntN(32768), 0), len(model)-1)
+						n = 1 + wrng.IntN(min(16384, len(model)-off))
+					}
+					k, err := f.ReadAt(rbuf[:n], int64(off))
+					if err != nil {
+						if !killed.Load() {
+							t.Fatalf("read %d@%d: %v", n, off, err)
+						}
+						break
+					}
+					if !bytes.Equal(rbuf[:k], model[off:off+k]) {
+						t.Fatalf("read %d@%d: differs from the model", n, off)
+					}
 					continue
 				}
 				n := 1 + wrng.IntN(30_000)
@@ -463,7 +665,7 @@ func TestPartialCopyUpKill(t *testing.T) {
 			})
 			got, err := os.ReadFile(filepath.Join(mnt, "big.db"))
 			must(t, err)
-			if len(got) != len(model) {
+			if len(got) != len(model) && len(got) != pendingCut {
 				t.Fatalf("size %d, want %d", len(got), len(model))
 			}
 			bad := 0
@@ -761,4 +963,281 @@ m.close()
 	checkFile(t, e.path("big.db"), content, "after stores through a mapping")
 	e.remount()
 	checkFile(t, e.path("big.db"), content, "after a remount")
+}
+
+// TestPartialCopyUpTruncateGrow: a file copied up by range, cut below its
+// lower size and grown again, reads the lower bytes before the cut and
+// zeros after it, through the mount and through a snapshot's view, while
+// the background copy is held (the states the report reached: ftruncate
+// to 26018503 then to 64 MiB, pread of 4096 bytes at 26083328 failed with
+// EIO, and a snapshot reading the same bytes panicked; SQLite cuts at a
+// page and writes past the end).
+func TestPartialCopyUpTruncateGrow(t *testing.T) {
+	t.Parallel()
+	const size = 64 << 20
+	img, content := rangeImg(t, size, 11)
+	lower := openLower(t, img)
+	page := randBytes(4096, 12)
+	for _, tc := range []struct {
+		name string
+		cut  int64
+		grow func(fd int) error
+		want func() []byte
+	}{
+		{"unaligned-cut", 26018503,
+			func(fd int) error { return unix.Ftruncate(fd, size) },
+			func() []byte {
+				return append(append([]byte(nil), content[:26018503]...), make([]byte, size-26018503)...)
+			}},
+		{"page-cut-write-past-end", 26017792,
+			func(fd int) error { _, err := unix.Pwrite(fd, page, size); return err },
+			func() []byte {
+				b := append(append([]byte(nil), content[:26017792]...), make([]byte, size-26017792)...)
+				return append(b, page...)
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			opts := Options{CopyUpByRangeMin: 1 << 20, holdCopyUps: true}
+			e := mountEnv(t, lower, opts)
+			want := tc.want()
+			fd, err := unix.Open(e.path("big.db"), unix.O_RDWR, 0)
+			must(t, err)
+			defer func() {
+				if fd >= 0 {
+					unix.Close(fd)
+				}
+			}()
+			must(t, unix.Ftruncate(fd, tc.cut))
+			must(t, tc.grow(fd))
+			if ps := e.m.PartialCopyUps(); len(ps) != 1 || ps[0].Present >= ps[0].Size {
+				t.Fatalf("not partial: %+v", ps)
+			}
+			check := func(what string, read func(p []byte, off int64) (int, error)) {
+				t.Helper()
+				for _, r := range [][2]int64{{26083328, 4096}, {tc.cut - 100, 200}, {tc.cut - 5000, 4096}, {tc.cut &^ (256<<10 - 1), 256 << 10}, {0, 1000}} {
+					got := make([]byte, r[1])
+					k, err := read(got, r[0])
+					if k != len(got) || (err != nil && err != io.EOF) {
+						t.Fatalf("%s: read %d@%d: %d bytes, %v", what, r[1], r[0], k, err)
+					}
+					if !bytes.Equal(got, want[r[0]:r[0]+r[1]]) {
+						t.Fatalf("%s: read %d@%d: not the lower bytes before the cut and zeros after", what, r[1], r[0])
+					}
+				}
+			}
+			check("mount", func(p []byte, off int64) (int, error) { return unix.Pread(fd, p, off) })
+			checkFile(t, e.path("big.db"), want, "merged content")
+
+			// A snapshot reads the same (archive/sums.go reads the view
+			// this way).
+			v, err := e.m.Freeze(t.Context())
+			must(t, err)
+			defer v.Close()
+			vf, err := v.Open("big.db")
+			must(t, err)
+			defer vf.Close()
+			check("view", vf.(io.ReaderAt).ReadAt)
+			got, err := io.ReadAll(vf)
+			must(t, err)
+			if !bytes.Equal(got, want) {
+				t.Fatal("the view's content differs")
+			}
+			must(t, v.Close())
+
+			e.m.holdCopyUps(false)
+			waitComplete(t, e.m)
+			checkFile(t, e.path("big.db"), want, "after the background copy")
+			unix.Close(fd)
+			fd = -1
+			e.remount()
+			checkFile(t, e.path("big.db"), want, "after a remount")
+		})
+	}
+}
+
+// panicLower is an archive whose reads panic once armed: a bug met in the
+// read path.
+type panicLower struct {
+	*archive.Reader
+	armed atomic.Bool
+}
+
+func (l *panicLower) ReadAt(ino archive.Inode, p []byte, off int64) (int, error) {
+	if l.armed.Load() {
+		panic("injected fault")
+	}
+	return l.Reader.ReadAt(ino, p, off)
+}
+
+// TestViewReadPanicIsError: a panic in a snapshot view's read (a bug; here
+// injected in the lower layer's reader, also on readLower's goroutines)
+// fails that read, and the pack, with an error naming the file; nothing
+// panics out of the view.
+func TestViewReadPanicIsError(t *testing.T) {
+	t.Parallel()
+	img, _ := rangeImg(t, 2<<20, 13)
+	lower := &panicLower{Reader: openLower(t, img)}
+	opts := rangeOpts(time.Millisecond)
+	opts.holdCopyUps = true
+	e := mountEnv(t, lower, opts)
+	f, err := os.OpenFile(e.path("big.db"), os.O_RDWR, 0)
+	must(t, err)
+	defer f.Close()
+	if _, err := f.WriteAt([]byte("x"), 5); err != nil {
+		t.Fatal(err)
+	}
+	v, err := e.m.Freeze(t.Context())
+	must(t, err)
+	defer v.Close()
+	lower.armed.Store(true)
+	defer lower.armed.Store(false)
+	for _, name := range []string{"big.db", "small.txt"} {
+		vf, err := v.Open(name)
+		must(t, err)
+		_, err = vf.(io.ReaderAt).ReadAt(make([]byte, 1<<20), 0)
+		if err == nil || !strings.Contains(err.Error(), name) || !strings.Contains(err.Error(), "internal error") {
+			t.Errorf("view read of %s with a panicking reader: %v, want an internal error naming it", name, err)
+		}
+		vf.Close()
+	}
+	_, err = archive.Pack(t.Context(), io.Discard, v, archive.PackOptions{})
+	if err == nil || !strings.Contains(err.Error(), "internal error") {
+		t.Errorf("pack with a panicking reader: %v, want an internal error", err)
+	}
+}
+
+// mountUpper mounts lower over upper dir upper (made elsewhere) at a fresh
+// mountpoint and unmounts it at cleanup.
+func mountUpper(t *testing.T, lower Lower, opts Options, upper string) *env {
+	t.Helper()
+	needFuse(t)
+	e := &env{t: t, mnt: filepath.Join(tempDir(t), "mnt"), upper: upper}
+	must(t, os.Mkdir(e.mnt, 0o755))
+	opts.Upper, opts.Lower, opts.Logger = upper, lower, testLogger(t)
+	e.opts = opts
+	e.mount()
+	return e
+}
+
+// TestPartialCopyUpCopiedStateDir copies the upper layer (cp -a, rsync -a,
+// tar) while a file copied up by range is unfinished, after renames of the
+// file and of a directory above it, and mounts the copy: every byte reads
+// as before (the copy gave the file a new inode, which the map was named
+// after: the blocks not yet copied in read as zeros), and the copy
+// completes. A copy whose map cannot say where its file is refuses to
+// mount, naming the file and what to do.
+func TestPartialCopyUpCopiedStateDir(t *testing.T) {
+	t.Parallel()
+	lower, content := rangeLower(t, 2<<20+999, 21)
+	opts := rangeOpts(time.Millisecond)
+	opts.holdCopyUps = true
+	e := mountEnv(t, lower, opts)
+	f, err := os.OpenFile(e.path("big.db"), os.O_RDWR, 0)
+	must(t, err)
+	for _, off := range []int{7, 300_000, len(content) - 10} {
+		if _, err := f.WriteAt([]byte("before"), int64(off)); err != nil {
+			t.Fatal(err)
+		}
+		copy(content[off:], "before")
+	}
+	must(t, f.Truncate(int64(len(content)-5000)))
+	content = content[:len(content)-5000]
+	must(t, f.Close())
+	// Renamed, its directory renamed, exchanged with another file, and
+	// renamed over that one.
+	must(t, os.Mkdir(e.path("data"), 0o755))
+	must(t, os.Rename(e.path("big.db"), e.path("data/state.db")))
+	must(t, os.Rename(e.path("data"), e.path("var")))
+	must(t, os.WriteFile(e.path("var/other.txt"), []byte("other"), 0o644))
+	must(t, unix.Renameat2(unix.AT_FDCWD, e.path("var/state.db"), unix.AT_FDCWD, e.path("var/other.txt"), unix.RENAME_EXCHANGE))
+	must(t, os.Rename(e.path("var/other.txt"), e.path("var/state.db")))
+	f, err = os.OpenFile(e.path("var/state.db"), os.O_RDWR, 0)
+	must(t, err)
+	if _, err := f.WriteAt([]byte("after"), 1_000_000); err != nil {
+		t.Fatal(err)
+	}
+	copy(content[1_000_000:], "after")
+	must(t, f.Close())
+	if ps := e.m.PartialCopyUps(); len(ps) != 1 || ps[0].Present >= ps[0].Size {
+		t.Fatalf("not partial: %+v", ps)
+	}
+	checkFile(t, e.path("var/state.db"), content, "before the copy")
+	e.unmount()
+	var orig unix.Stat_t
+	must(t, unix.Stat(filepath.Join(e.upper, "var/state.db"), &orig))
+
+	copies := map[string]func(from, to string) *exec.Cmd{
+		"cp": func(from, to string) *exec.Cmd { return exec.Command(needTool(t, "cp"), "-a", from, to) },
+		"rsync": func(from, to string) *exec.Cmd {
+			return exec.Command(needTool(t, "rsync"), "-a", from+"/", to)
+		},
+		"tar": func(from, to string) *exec.Cmd {
+			tar := needTool(t, "tar")
+			return exec.Command("sh", "-c", `mkdir "$3" && "$1" -C "$2" -cf - . | "$1" -C "$3" -xpf -`, "sh", tar, from, to)
+		},
+	}
+	for _, tool := range []string{"cp", "rsync", "tar"} {
+		t.Run(tool, func(t *testing.T) {
+			upper := filepath.Join(tempDir(t), "upper")
+			if out, err := copies[tool](e.upper, upper).CombinedOutput(); err != nil {
+				t.Fatalf("%s: %v\n%s", tool, err, out)
+			}
+			var st unix.Stat_t
+			must(t, unix.Stat(filepath.Join(upper, "var/state.db"), &st))
+			if st.Ino == orig.Ino {
+				t.Fatal("the copy kept the inode number: nothing tested")
+			}
+			c := mountUpper(t, lower, opts, upper)
+			if ps := c.m.PartialCopyUps(); len(ps) != 1 || ps[0].Present >= ps[0].Size || ps[0].Path != "var/state.db" {
+				t.Fatalf("the copy's partial copy-ups: %+v", ps)
+			}
+			checkFile(t, c.path("var/state.db"), content, "the copy")
+			c.m.holdCopyUps(false)
+			waitComplete(t, c.m)
+			checkFile(t, c.path("var/state.db"), content, "the copy, completed")
+			c.remount()
+			checkFile(t, c.path("var/state.db"), content, "the copy, completed and remounted")
+		})
+	}
+
+	t.Run("unknown-name", func(t *testing.T) {
+		// The name the map records goes while another stays: the map
+		// no longer says where the file is, and a copy made now
+		// cannot be matched.
+		e.mount()
+		must(t, os.Link(e.path("var/state.db"), e.path("other.db")))
+		must(t, os.Remove(e.path("var/state.db")))
+		e.unmount()
+		upper := filepath.Join(tempDir(t), "upper")
+		if out, err := exec.Command(needTool(t, "cp"), "-a", e.upper, upper).CombinedOutput(); err != nil {
+			t.Fatalf("cp: %v\n%s", err, out)
+		}
+		mnt := filepath.Join(tempDir(t), "mnt")
+		must(t, os.Mkdir(mnt, 0o755))
+		o := opts
+		o.Upper, o.Lower, o.Logger = upper, lower, testLogger(t)
+		m, err := Mount(t.Context(), mnt, o)
+		if err == nil {
+			m.Unmount(t.Context())
+			t.Fatal("a copy whose map cannot be matched to its file mounted")
+		}
+		t.Logf("refused: %v", err)
+		for _, want := range []string{"state dir was copied", `"var/state.db"`, "hermesfs status", partialDirName} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("the refusal does not say %q: %v", want, err)
+			}
+		}
+		// The original still mounts; the lookup of the other name
+		// records it, and a copy made then mounts.
+		e.mount()
+		checkFile(t, e.path("other.db"), content, "the original, by its other name")
+		e.unmount()
+		upper2 := filepath.Join(tempDir(t), "upper")
+		if out, err := exec.Command(needTool(t, "cp"), "-a", e.upper, upper2).CombinedOutput(); err != nil {
+			t.Fatalf("cp: %v\n%s", err, out)
+		}
+		c := mountUpper(t, lower, opts, upper2)
+		checkFile(t, c.path("other.db"), content, "a copy made after the name was recorded again")
+	})
 }

@@ -148,12 +148,18 @@ func (n *node) rename(ctx context.Context, name string, newParent fusefs.InodeEm
 				return errnoOf(err)
 			}
 		}
+		unlockNames, moves, errno := ov.renameNames(sfd, srel, name, dfd, drel, newName, &se, &de, true)
+		if errno != 0 {
+			return errno
+		}
 		unlock := ov.views.lockRenames()
 		err := unix.Renameat2(sfd, name, dfd, newName, unix.RENAME_EXCHANGE)
 		if err == nil {
 			ov.logRename(sfd, srel, name, dfd, drel, newName, true)
 		}
 		unlock()
+		ov.partials.finish(moves, err == nil)
+		unlockNames()
 		if err != nil {
 			return errnoOf(err)
 		}
@@ -205,6 +211,10 @@ func (n *node) rename(ctx context.Context, name string, newParent fusefs.InodeEm
 	if de.upper && !srcDir && de.ust.nlink <= 1 && dst != nil {
 		dst.keepOrphan(dfd, newName)
 	}
+	unlockNames, moves, errno := ov.renameNames(sfd, srel, name, dfd, drel, newName, &se, &de, false)
+	if errno != 0 {
+		return errno
+	}
 	unlock := ov.views.lockRenames()
 	err = unix.Renameat(sfd, name, dfd, newName)
 	if (err == unix.ENOTEMPTY || err == unix.EEXIST) && de.upper && srcDir {
@@ -219,11 +229,45 @@ func (n *node) rename(ctx context.Context, name string, newParent fusefs.InodeEm
 		ov.logRename(sfd, srel, name, dfd, drel, newName, false)
 	}
 	unlock()
+	ov.partials.finish(moves, err == nil)
+	unlockNames()
 	if err != nil {
 		return errnoOf(err)
 	}
 	ov.changed(src.ino, 0)
 	return 0
+}
+
+// renameNames takes the partial files' name lock for a rename of name in
+// sfd (at srel) to newName in dfd (at drel), entries se and de, and
+// records the names it moves as unknown until it is done (see
+// partial_names.go); the caller calls partials.finish, then unlock.
+func (ov *overlay) renameNames(sfd int, srel, name string, dfd int, drel, newName string, se, de *entry, exchange bool) (unlock func(), moves []nameMove, errno syscall.Errno) {
+	unlock, excl := ov.partials.lockNames()
+	if !excl {
+		return unlock, nil, 0
+	}
+	var dst *ustat
+	if de.upper {
+		dst = &de.ust
+	}
+	isDir := func(st *ustat) bool { return st != nil && st.mode&syscall.S_IFMT == syscall.S_IFDIR }
+	moves = ov.partials.renameMoves(ov.freshRel(sfd, srel, name), ov.freshRel(dfd, drel, newName), &se.ust, dst, isDir(&se.ust), isDir(dst), exchange)
+	if err := ov.partials.prepare(moves); err != nil {
+		unlock()
+		ov.log.Error("rename", "err", err)
+		return nil, nil, syscall.EIO
+	}
+	return unlock, moves, 0
+}
+
+// freshRel is the upper path of name in directory fd as the kernel knows
+// it now (rel if it cannot say).
+func (ov *overlay) freshRel(fd int, rel, name string) string {
+	if r, ok := ov.u.relOf(fd); ok {
+		rel = r
+	}
+	return joinRel(rel, name)
 }
 
 // settleOpens reports whether n has no handle open for writing or in

@@ -92,14 +92,61 @@ func TestInoMapRepair(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.close()
-	if r, ok := m.get(10, 5); !ok || r.ino != 77 {
-		t.Errorf("record 10: %+v %v", r, ok)
+	if ino, _ := m.number(&ustat{ino: 10, btime: 5}); ino != 77 {
+		t.Errorf("record 10: %d", ino)
 	}
-	if _, ok := m.get(11, 999); ok {
-		t.Error("a record with another birth time matched (inode number reused)")
+	if ino, _ := m.number(&ustat{ino: 11, btime: 999}); ino != 11+upperInoBase {
+		t.Errorf("a record with another birth time matched (inode number reused): %d", ino)
 	}
 	if st, _ := os.Stat(filepath.Join(dir, inoMapName)); st.Size() != 2*inoRecSize {
 		t.Errorf("map not repaired: %d bytes", st.Size())
+	}
+}
+
+// TestInoMapClaimed: an upper inode whose own number a record of another
+// inode keeps (a guarded file replaced its old inode, whose number the
+// upper file system gave to this one) gets a number of its own, the same
+// again after a reopen, and distinct from every other.
+func TestInoMapClaimed(t *testing.T) {
+	dir := t.TempDir()
+	fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	m, err := openInoMap(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Upper inode 20 keeps the number of inode 30, now gone.
+	must(t, m.put(20, inoRec{btime: 1, ino: 30 + upperInoBase, gen: 1}))
+	reused := &ustat{ino: 30, btime: 9} // a new inode with number 30
+	a, _ := m.number(reused)
+	if a == 30+upperInoBase || a < allocInoBase {
+		t.Fatalf("inode 30 reborn reports %d, the number inode 20 keeps, or one not allocated", a)
+	}
+	if again, _ := m.number(reused); again != a {
+		t.Errorf("allocated %d, then %d", a, again)
+	}
+	must(t, m.put(21, inoRec{btime: 2, ino: 31 + upperInoBase, gen: 1}))
+	b, _ := m.number(&ustat{ino: 31, btime: 3})
+	if b == a || b < allocInoBase {
+		t.Errorf("second allocation %d (first %d)", b, a)
+	}
+	if own, _ := m.number(&ustat{ino: 32, btime: 3}); own != 32+upperInoBase {
+		t.Errorf("an unclaimed inode reports %d", own)
+	}
+	m.close()
+	m, err = openInoMap(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.close()
+	if got, _ := m.number(reused); got != a {
+		t.Errorf("after a reopen: %d, want %d", got, a)
+	}
+	if c, _ := m.number(&ustat{ino: 30, btime: 10}); c == a || c == b || c < allocInoBase {
+		t.Errorf("a third inode 30 after a reopen reports %d (allocated before: %d, %d)", c, a, b)
 	}
 }
 

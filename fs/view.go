@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	iofs "io/fs"
+	"runtime/debug"
 	"sort"
 	"sync"
 	"syscall"
@@ -557,8 +558,35 @@ func unixToFileMode(m uint32) iofs.FileMode {
 	return mode
 }
 
+// recoverRead ends a panic of the view's operation op on path, which a
+// bug in the read path may raise, with an error naming the file: a
+// snapshot that meets a bug fails, and nothing panics out of the view
+// into the packer.
+func (v *View) recoverRead(op, path string, err *error) {
+	r := recover()
+	if r == nil {
+		return
+	}
+	v.ov.log.Error("snapshot view: internal error", "op", op, "path", path, "panic", r, "stack", string(debug.Stack()))
+	*err = fmt.Errorf("fs: snapshot view: %s %s: internal error (a bug; the snapshot fails, nothing is lost): %v", op, path, r)
+}
+
+// readErr names the file in an error of a view file's read; io.EOF stays
+// itself.
+func readErr(path string, err error) error {
+	if err == nil || err == io.EOF {
+		return err
+	}
+	var pe *iofs.PathError
+	if errors.As(err, &pe) {
+		return err
+	}
+	return &iofs.PathError{Op: "read", Path: path, Err: err}
+}
+
 // Lstat describes name without following a final symlink.
-func (v *View) Lstat(name string) (iofs.FileInfo, error) {
+func (v *View) Lstat(name string) (_ iofs.FileInfo, err error) {
+	defer v.recoverRead("lstat", name, &err)
 	o, err := v.resolve("lstat", name)
 	if err != nil {
 		return nil, err
@@ -577,7 +605,8 @@ func (v *View) Lstat(name string) (iofs.FileInfo, error) {
 func (v *View) Stat(name string) (iofs.FileInfo, error) { return v.Lstat(name) }
 
 // ReadLink returns a symlink's target.
-func (v *View) ReadLink(name string) (string, error) {
+func (v *View) ReadLink(name string) (_ string, err error) {
+	defer v.recoverRead("readlink", name, &err)
 	o, err := v.resolve("readlink", name)
 	if err != nil {
 		return "", err
@@ -599,7 +628,8 @@ func (v *View) ReadLink(name string) (string, error) {
 }
 
 // ReadDir lists a directory sorted by name.
-func (v *View) ReadDir(name string) ([]iofs.DirEntry, error) {
+func (v *View) ReadDir(name string) (_ []iofs.DirEntry, err error) {
+	defer v.recoverRead("readdir", name, &err)
 	o, err := v.resolve("readdir", name)
 	if err != nil {
 		return nil, err
@@ -676,10 +706,11 @@ func (e *vdirent) Type() iofs.FileMode {
 	return e.mode.Type()
 }
 
-func (e *vdirent) Info() (iofs.FileInfo, error) {
+func (e *vdirent) Info() (_ iofs.FileInfo, err error) {
 	if e.fi != nil {
 		return e.fi, nil
 	}
+	defer e.v.recoverRead("stat", e.name, &err)
 	a, err := e.v.lower.Stat(e.ino)
 	if err != nil {
 		return nil, err
@@ -691,7 +722,8 @@ func (e *vdirent) Info() (iofs.FileInfo, error) {
 func (e *vdirent) String() string { return iofs.FormatDirEntry(e) }
 
 // Open opens name for reading. Directories implement iofs.ReadDirFile.
-func (v *View) Open(name string) (iofs.File, error) {
+func (v *View) Open(name string) (_ iofs.File, err error) {
+	defer v.recoverRead("open", name, &err)
 	o, err := v.resolve("open", name)
 	if err != nil {
 		return nil, err
@@ -705,7 +737,7 @@ func (v *View) Open(name string) (iofs.File, error) {
 	}
 	switch {
 	case o.isDir():
-		return &viewDir{v: v, o: o, fi: fi}, nil
+		return &viewDir{v: v, o: o, fi: fi, path: name}, nil
 	case fi.mode.Type() != 0:
 		return &viewSpecial{fi: fi}, nil
 	case o.up != nil:
@@ -714,9 +746,9 @@ func (v *View) Open(name string) (iofs.File, error) {
 		if err != nil {
 			return nil, &iofs.PathError{Op: "open", Path: name, Err: err}
 		}
-		return &viewFile{fi: fi, cf: ci, size: fi.sys.Size, fd: fd, parts: v.ov.partials}, nil
+		return &viewFile{v: v, path: name, fi: fi, cf: ci, size: fi.sys.Size, fd: fd, parts: v.ov.partials}, nil
 	default:
-		return &lowerViewFile{v: v, fi: fi, ino: o.lower, size: o.lattr.Size}, nil
+		return &lowerViewFile{v: v, path: name, fi: fi, ino: o.lower, size: o.lattr.Size}, nil
 	}
 }
 
@@ -753,6 +785,8 @@ func (v *View) openCaptured(cf *capInode, p string) (int, error) {
 // changed since the freeze read back from the sidecar, clipped to the
 // frozen size.
 type viewFile struct {
+	v    *View
+	path string // in the view
 	fi   *vinfo
 	cf   *capInode
 	size int64 // at the freeze
@@ -780,9 +814,11 @@ func (f *viewFile) Close() error {
 	return err
 }
 
-func (f *viewFile) Read(p []byte) (int, error) {
+func (f *viewFile) Read(p []byte) (_ int, err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	defer f.v.recoverRead("read", f.path, &err)
+	defer func() { err = readErr(f.path, err) }()
 	if len(p) >= viewReadBuf {
 		k, err := f.readAt(p, f.off)
 		f.off += int64(k)
@@ -806,10 +842,12 @@ func (f *viewFile) Read(p []byte) (int, error) {
 // viewReadBuf is the read-ahead of sequential small Reads.
 const viewReadBuf = 64 << 10
 
-func (f *viewFile) ReadAt(p []byte, off int64) (int, error) {
+func (f *viewFile) ReadAt(p []byte, off int64) (_ int, err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.readAt(p, off)
+	defer f.v.recoverRead("read", f.path, &err)
+	k, err := f.readAt(p, off)
+	return k, readErr(f.path, err)
 }
 
 func (f *viewFile) readAt(p []byte, off int64) (int, error) {
@@ -861,6 +899,7 @@ func (f *viewFile) readAt(p []byte, off int64) (int, error) {
 // lowerViewFile reads unchanged lower content.
 type lowerViewFile struct {
 	v    *View
+	path string // in the view
 	fi   *vinfo
 	ino  archive.Inode
 	size int64
@@ -879,7 +918,9 @@ func (f *lowerViewFile) Read(p []byte) (int, error) {
 	return k, err
 }
 
-func (f *lowerViewFile) ReadAt(p []byte, off int64) (int, error) {
+func (f *lowerViewFile) ReadAt(p []byte, off int64) (_ int, err error) {
+	defer f.v.recoverRead("read", f.path, &err)
+	defer func() { err = readErr(f.path, err) }()
 	if off >= f.size {
 		return 0, io.EOF
 	}
@@ -910,6 +951,7 @@ var _ archive.BlockSource = (*lowerViewFile)(nil)
 // viewDir is an open directory of the view.
 type viewDir struct {
 	v    *View
+	path string // in the view
 	o    vobj
 	fi   *vinfo
 	mu   sync.Mutex
@@ -923,9 +965,10 @@ func (d *viewDir) Read([]byte) (int, error) {
 	return 0, &iofs.PathError{Op: "read", Path: d.fi.name, Err: syscall.EISDIR}
 }
 
-func (d *viewDir) ReadDir(n int) ([]iofs.DirEntry, error) {
+func (d *viewDir) ReadDir(n int) (_ []iofs.DirEntry, err error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	defer d.v.recoverRead("readdir", d.path, &err)
 	if !d.read {
 		ents, err := d.v.list(&d.o)
 		if err != nil {

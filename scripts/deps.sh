@@ -121,6 +121,7 @@ if [ "$want" = test ]; then
 	need chattr e2fsprogs # the torture tests make mountpoints immutable
 	need gcc gcc # the race detector needs cgo
 	need age age # interop of encrypted snapshots with the age CLI
+	need rsync rsync # a state dir copied mid copy-up (fs tests)
 fi
 if [ -n "$missing" ]; then
 	# shellcheck disable=SC2046
