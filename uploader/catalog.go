@@ -42,8 +42,14 @@ func ManifestKey(id string) string { return SnapshotsPrefix + id + ManifestExt }
 // is format 2 without the whole-archive sha256 (a snapshot published
 // with a hole, see hole.go): written only for those, so that a hermesfs
 // that requires the sha256 asks to be upgraded instead of taking the
-// snapshot for a corrupt one and falling back to an older one.
-const ManifestFormat = 3
+// snapshot for a corrupt one and falling back to an older one. Format 4
+// stores the image as extents of shared segments (extents.go,
+// segments.go): Extents, ExtentsSHA256 and Segments replace Archive and
+// SHA256.
+const ManifestFormat = 4
+
+// manifestFormatSegments is the first format whose image is extents.
+const manifestFormatSegments = 4
 
 // manifestFormatHole is the format of a manifest without a sha256.
 const manifestFormatHole = 3
@@ -83,9 +89,30 @@ type Manifest struct {
 	// of the Delta source's archive at the same offsets (0: none known).
 	SharedPrefix int64 `json:"shared_prefix,omitempty"`
 	// Encryption is set when the archive object is encrypted (see
-	// encrypt.go); Size and SHA256 are then the ciphertext's.
+	// encrypt.go); Size and SHA256 are then the ciphertext's. In format 4
+	// every segment is encrypted so, and Size is the plaintext image's.
 	Encryption *Encryption `json:"encryption,omitempty"`
+
+	// Format 4. Extents is the key of the extents list (ExtentsSHA256 its
+	// hex sha256, ExtentCount its lines); Segments every segment it
+	// names. Size is the image's size; ChunkSize the chunk size of the
+	// image that Hot counts in; Archive is empty unless the image was
+	// also stored whole (Standalone).
+	Extents       string       `json:"extents,omitempty"`
+	ExtentsSHA256 string       `json:"extents_sha256,omitempty"`
+	ExtentCount   int          `json:"extent_count,omitempty"`
+	Segments      []SegmentRef `json:"segments,omitempty"`
+	// NewBytes is how many image bytes this snapshot's own segment holds
+	// (what its publish uploaded, before encryption).
+	NewBytes int64 `json:"new_bytes,omitempty"`
+	// Standalone is set when Archive holds the whole image as one object
+	// besides the extents (--standalone).
+	Standalone bool `json:"standalone,omitempty"`
 }
+
+// Segmented reports whether the manifest describes its image as extents
+// of segments (format 4) rather than one archive object.
+func (m Manifest) Segmented() bool { return m.Format >= manifestFormatSegments }
 
 var (
 	// ErrNoSnapshots is returned when the store holds no snapshot. It
@@ -279,6 +306,11 @@ func (c *Catalog) Manifest(ctx context.Context, id string) (Manifest, error) {
 		return Manifest{}, &CorruptError{ID: id, Err: fmt.Errorf("manifest names snapshot %q", m.ID)}
 	case m.Format > ManifestFormat:
 		return Manifest{}, fmt.Errorf("manifest of %s has format %d; this hermesfs reads up to %d: upgrade it", id, m.Format, ManifestFormat)
+	case m.Segmented():
+		if err := m.checkSegments(); err != nil {
+			return Manifest{}, &CorruptError{ID: id, Err: fmt.Errorf("manifest: %w", err)}
+		}
+		return m, nil
 	case len(m.SHA256) != 64 && !(m.SHA256 == "" && m.Format >= manifestFormatHole && m.Lazy()) || m.Size < 0:
 		return Manifest{}, &CorruptError{ID: id, Err: errors.New("manifest lacks size or sha256")}
 	}

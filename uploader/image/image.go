@@ -1,0 +1,579 @@
+// Package image reads a snapshot image from a store: the logical squashfs
+// image a manifest describes, served as an io.ReaderAt over the extents of
+// its segments (format 4) or over its one archive object (older formats).
+//
+// Every segment is read through one verified, cached range reader
+// (package lazy): bytes are fetched by ranged Gets in chunks, each chunk
+// checked against the segment's digests before it is cached or served,
+// pinned to the object (ETag) the first chunk came from, coalesced and
+// read ahead. An encrypted segment's chunks are ciphertext, decrypted and
+// authenticated by age per 64 KiB (package crypt). A segment whose cache
+// is complete is read from its local file. Images share segments, and so
+// share their caches: two snapshots opened over one cache directory fetch
+// a shared segment's bytes once.
+//
+// Cache layout, in Options.CacheDir, for a segment key K (its base name B,
+// with ".age" cut off for the plaintext):
+//
+//	B           the complete plaintext segment
+//	B.age       an encrypted segment's complete ciphertext (until decrypted)
+//	X.partial   the bytes fetched so far of X (B, or B.age), a sparse file
+//	X.present   the chunks of X.partial that are durable and verified
+//	X.etag      the object they came from
+//	B.sums      the segment's digests (checked against the manifest)
+//
+// A segment that is gone from the store (its snapshots pruned) fails the
+// reads that need its bytes with an error naming it; bytes of another
+// object are never served, because keys are never reused and every chunk
+// is checked.
+package image
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	iofs "io/fs"
+	"log/slog"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/hermesfs/hermesfs/uploader"
+	"github.com/hermesfs/hermesfs/uploader/crypt"
+	"github.com/hermesfs/hermesfs/uploader/lazy"
+)
+
+// Options configure Open.
+type Options struct {
+	Store uploader.Store
+	// CacheDir holds the segments' caches (see the package doc); required.
+	CacheDir string
+	// Identities open encrypted segments.
+	Identities *crypt.Identities
+	// Lazy is the template of every segment's range reader: ReadTimeout,
+	// Retry, parallelism, Logger. Store, Key, Size, digests, Path, Hot and
+	// OnComplete are set per segment.
+	Lazy   lazy.Options
+	Logger *slog.Logger
+	// OnComplete is called (on a fill goroutine) when every segment of
+	// the image is complete locally.
+	OnComplete func()
+}
+
+// Image is a snapshot image. Its methods may be called concurrently.
+type Image struct {
+	m    uploader.Manifest
+	ext  *uploader.Extents
+	o    Options
+	log  *slog.Logger
+	segs map[string]*segment
+	// order: the segments by first use in the image.
+	order []*segment
+
+	mu       sync.Mutex
+	complete bool
+}
+
+// segment is one segment of the image: its plaintext, and how it is read.
+type segment struct {
+	ref   uploader.SegmentRef
+	sums  *uploader.Sums
+	enc   bool
+	plain string // the complete plaintext file's path
+
+	mu   sync.RWMutex
+	ra   io.ReaderAt  // the plaintext: file or decrypted lazy reader
+	size int64        // of the plaintext
+	file *os.File     // the complete plaintext file, once open
+	lz   *lazy.Reader // the range reader, while incomplete
+	done bool
+}
+
+// PlainName is the base name of segment key's plaintext in a cache
+// directory.
+func PlainName(key string) string { return strings.TrimSuffix(path.Base(key), uploader.EncryptedExt) }
+
+// Open reads manifest m's extents and its segments' digests (from the
+// cache directory when it holds them, else from the store, checked against
+// the manifest either way) and opens every segment for reading. Nothing of
+// the image's bytes is fetched.
+func Open(ctx context.Context, m uploader.Manifest, o Options) (*Image, error) {
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.CacheDir == "" {
+		return nil, errors.New("image: no cache directory")
+	}
+	if err := os.MkdirAll(o.CacheDir, 0o700); err != nil {
+		return nil, fmt.Errorf("image: %w", err)
+	}
+	im := &Image{m: m, o: o, log: o.Logger, segs: map[string]*segment{}}
+	enc := m.Encryption != nil
+	if enc && m.Encryption.Scheme != crypt.Scheme {
+		return nil, fmt.Errorf("snapshot %s is encrypted with %q; this hermesfs knows %q: upgrade it", m.ID, m.Encryption.Scheme, crypt.Scheme)
+	}
+	refs := m.Segments
+	if !m.Segmented() {
+		refs = []uploader.SegmentRef{{Key: m.Archive, Size: m.Size}}
+	}
+	sums := make([]*uploader.Sums, len(refs))
+	for i, ref := range refs {
+		s, err := im.sums(ctx, ref)
+		if err != nil {
+			return nil, err
+		}
+		sums[i] = s
+	}
+	if m.Segmented() {
+		ext, err := im.readExtents(ctx)
+		if err != nil {
+			return nil, err
+		}
+		im.ext = ext
+	}
+	for i, ref := range refs {
+		s, err := im.openSegment(ref, sums[i], enc, im.hotChunks(ref.Key, sums[i]))
+		if err != nil {
+			im.Close()
+			return nil, err
+		}
+		im.segs[ref.Key] = s
+		im.order = append(im.order, s)
+	}
+	if im.ext == nil {
+		// A whole archive: its plaintext is the image.
+		im.ext, _ = uploader.NewExtents([]uploader.Extent{{Key: refs[0].Key, Length: im.order[0].size}})
+	}
+	for _, x := range im.ext.List() {
+		if s := im.segs[x.Key]; x.Offset+x.Length > s.size {
+			im.Close()
+			return nil, &uploader.CorruptError{ID: m.ID, Err: fmt.Errorf("extent %s %d %d past the segment's %d bytes", x.Key, x.Offset, x.Length, s.size)}
+		}
+	}
+	return im, nil
+}
+
+// readExtents reads the extents list, from the cache when it has a copy
+// that the manifest vouches for.
+func (im *Image) readExtents(ctx context.Context) (*uploader.Extents, error) {
+	local := filepath.Join(im.o.CacheDir, path.Base(im.m.Extents))
+	if b, err := os.ReadFile(local); err == nil {
+		if e, err := uploader.ParseManifestExtents(b, im.m); err == nil {
+			return e, nil
+		}
+	}
+	e, err := uploader.ReadExtents(ctx, im.o.Store, im.m)
+	if err != nil {
+		return nil, err
+	}
+	if err := uploader.WriteFileAtomic(local, e.Marshal(), 0o600); err != nil {
+		im.log.Warn("image: caching the extents list", "err", err)
+	}
+	return e, nil
+}
+
+// sums returns a segment's digests: from the cache if it holds the ones
+// the manifest names, else from the store (and then cached).
+func (im *Image) sums(ctx context.Context, ref uploader.SegmentRef) (*uploader.Sums, error) {
+	if !im.m.Segmented() {
+		if s := uploader.LegacySums(im.m); s != nil {
+			return s, nil
+		}
+		return nil, nil
+	}
+	local := filepath.Join(im.o.CacheDir, PlainName(ref.Key)+uploader.SumsExt)
+	if b, err := os.ReadFile(local); err == nil {
+		if s, err := uploader.ParseSums(b, ref); err == nil {
+			return s, nil
+		}
+	}
+	b, err := readSumsBytes(ctx, im.o.Store, ref)
+	if err != nil {
+		return nil, err
+	}
+	s, err := uploader.ParseSums(b, ref)
+	if err != nil {
+		return nil, &uploader.CorruptError{ID: im.m.ID, Err: err}
+	}
+	if err := uploader.WriteFileAtomic(local, b, 0o600); err != nil {
+		im.log.Warn("image: caching segment digests", "segment", ref.Key, "err", err)
+	}
+	return s, nil
+}
+
+func readSumsBytes(ctx context.Context, s uploader.Store, ref uploader.SegmentRef) ([]byte, error) {
+	rc, _, err := s.Get(ctx, uploader.SumsKey(ref.Key), 0, -1)
+	if errors.Is(err, iofs.ErrNotExist) {
+		return nil, &uploader.SegmentGoneError{Key: ref.Key, Err: err}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read digests of %s: %w", ref.Key, err)
+	}
+	defer rc.Close()
+	return io.ReadAll(io.LimitReader(rc, 256<<20))
+}
+
+func (im *Image) openSegment(ref uploader.SegmentRef, sums *uploader.Sums, enc bool, hot []int64) (*segment, error) {
+	s := &segment{ref: ref, enc: enc, plain: filepath.Join(im.o.CacheDir, PlainName(ref.Key))}
+	s.sums = sums
+	if sums != nil && s.ref.Size == 0 {
+		s.ref.Size = sums.Size
+	}
+	// A complete local copy.
+	if f, err := os.Open(s.plain); err == nil {
+		st, err := f.Stat()
+		want := int64(-1)
+		if sums != nil && !enc {
+			want = sums.Size
+		} else if sums != nil && sums.Plain > 0 {
+			want = sums.Plain
+		}
+		if err == nil && (want < 0 || st.Size() == want) {
+			s.file, s.ra, s.size, s.done = f, f, st.Size(), true
+			return s, nil
+		}
+		f.Close()
+		im.log.Warn("image: a cached segment has the wrong size; fetching it again", "segment", ref.Key, "path", s.plain)
+		os.Remove(s.plain)
+	}
+	if sums == nil {
+		return nil, fmt.Errorf("segment %s: no digests to read it by range (a format 1 snapshot): download it whole", ref.Key)
+	}
+	lo := im.o.Lazy
+	lo.Store = im.o.Store
+	lo.Key = ref.Key
+	lo.Size = sums.Size
+	lo.ChunkSize = sums.ChunkSize
+	lo.Chunks = sums.Chunks
+	lo.SHA256 = sums.SHA256
+	lo.Path = s.plain
+	if enc {
+		lo.Path = s.plain + uploader.EncryptedExt
+	}
+	if lo.Logger == nil {
+		lo.Logger = im.log
+	}
+	lo.Hot = hot
+	lo.OnComplete = func(p string) { im.segmentComplete(s, p) }
+	lz, err := lazy.Open(lo)
+	if err != nil {
+		return nil, fmt.Errorf("segment %s: %w", ref.Key, err)
+	}
+	s.lz = lz
+	if !enc {
+		s.ra, s.size = lz, sums.Size
+		return s, nil
+	}
+	pr, n, err := crypt.Open(lz, sums.Size, im.o.Identities)
+	if err != nil {
+		lz.Close()
+		return nil, segmentCryptError(im.m, ref.Key, err)
+	}
+	s.ra, s.size = pr, n
+	return s, nil
+}
+
+// segmentCryptError says what failed of an encrypted segment: a key that
+// does not open it (KeyError), or damage (CorruptError).
+func segmentCryptError(m uploader.Manifest, key string, err error) error {
+	if ke, ok := errors.AsType[*crypt.KeyError](err); ok {
+		return &uploader.KeyError{ID: m.ID, Err: ke}
+	}
+	if errors.Is(err, crypt.ErrAuth) || errors.Is(err, crypt.ErrHeader) {
+		return &uploader.CorruptError{ID: m.ID, Err: fmt.Errorf("segment %s: %w", key, err)}
+	}
+	return fmt.Errorf("segment %s: %w", key, err)
+}
+
+// segmentComplete switches a segment to its complete local file: an
+// encrypted segment's ciphertext is decrypted into the plaintext file
+// first.
+func (im *Image) segmentComplete(s *segment, p string) {
+	if s.enc {
+		if err := decryptFile(p, s.plain, im.o.Identities); err != nil {
+			im.log.Warn("image: decrypting a complete segment; reads stay on the ciphertext cache", "segment", s.ref.Key, "err", err)
+			return
+		}
+	}
+	f, err := os.Open(s.plain)
+	if err != nil {
+		im.log.Warn("image: opening a complete segment", "segment", s.ref.Key, "err", err)
+		return
+	}
+	s.mu.Lock()
+	s.file, s.ra, s.done = f, f, true
+	s.mu.Unlock()
+	if s.enc {
+		os.Remove(p)
+	}
+	im.mu.Lock()
+	all := !im.complete
+	for _, o := range im.order {
+		o.mu.RLock()
+		all = all && o.done
+		o.mu.RUnlock()
+	}
+	if all {
+		im.complete = true
+	}
+	im.mu.Unlock()
+	if all && im.o.OnComplete != nil {
+		im.o.OnComplete()
+	}
+}
+
+// decryptFile decrypts the age file src into dst (atomically).
+func decryptFile(src, dst string, ids *crypt.Identities) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	r, err := crypt.NewReader(in, ids)
+	if err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := io.Copy(tmp, r); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), dst)
+}
+
+// hotChunks are the chunks of segment key (plaintext, with digests sums)
+// that hold the image's hot chunks, in the image's hot order. An encrypted
+// segment's are left out: its ciphertext chunks are not known before its
+// header is read.
+func (im *Image) hotChunks(key string, sums *uploader.Sums) []int64 {
+	cs := im.m.ChunkSize
+	if cs <= 0 || len(im.m.Hot) == 0 || sums == nil || im.m.Encryption != nil {
+		return nil
+	}
+	ext := im.ext
+	if ext == nil {
+		ext, _ = uploader.NewExtents([]uploader.Extent{{Key: key, Length: sums.Size}})
+	}
+	var out []int64
+	seen := map[int64]bool{}
+	for _, h := range im.m.Hot {
+		for _, x := range ext.Slice(h*cs, cs) {
+			if x.Key != key {
+				continue
+			}
+			for c := x.Offset / sums.ChunkSize; c <= (x.Offset+x.Length-1)/sums.ChunkSize; c++ {
+				if !seen[c] {
+					seen[c] = true
+					out = append(out, c)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// Manifest is the snapshot's manifest.
+func (im *Image) Manifest() uploader.Manifest { return im.m }
+
+// Extents is the image's layout.
+func (im *Image) Extents() *uploader.Extents { return im.ext }
+
+// Size is the image's size.
+func (im *Image) Size() int64 { return im.ext.Size() }
+
+// ReadAt implements io.ReaderAt over the image.
+func (im *Image) ReadAt(p []byte, off int64) (int, error) {
+	if off < 0 {
+		return 0, fmt.Errorf("image %s: negative offset %d", im.m.ID, off)
+	}
+	if off >= im.Size() {
+		return 0, io.EOF
+	}
+	xs := im.ext.Slice(off, int64(len(p)))
+	n := min(int64(len(p)), im.Size()-off)
+	if len(xs) == 1 {
+		if err := im.readExtent(p[:n], xs[0]); err != nil {
+			return 0, err
+		}
+	} else {
+		// Extents of different segments are fetched in parallel.
+		errs := make([]error, len(xs))
+		var wg sync.WaitGroup
+		at := int64(0)
+		for i, x := range xs {
+			dst := p[at : at+x.Length]
+			at += x.Length
+			wg.Go(func() { errs[i] = im.readExtent(dst, x) })
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			return 0, err
+		}
+	}
+	if n < int64(len(p)) {
+		return int(n), io.EOF
+	}
+	return int(n), nil
+}
+
+func (im *Image) readExtent(dst []byte, x uploader.Extent) error {
+	s := im.segs[x.Key]
+	s.mu.RLock()
+	ra := s.ra
+	s.mu.RUnlock()
+	k, err := ra.ReadAt(dst, x.Offset)
+	if k == len(dst) {
+		return nil
+	}
+	if err == nil || err == io.EOF {
+		err = io.ErrUnexpectedEOF
+	}
+	if errors.Is(err, iofs.ErrNotExist) {
+		err = &uploader.SegmentGoneError{Key: x.Key, Err: err}
+	}
+	return fmt.Errorf("image %s: read %d bytes of segment %s at %d: %w", im.m.ID, len(dst), x.Key, x.Offset, err)
+}
+
+// Prefetch fetches image bytes [off, end) into the caches (on-demand
+// priority) and returns the first error.
+func (im *Image) Prefetch(ctx context.Context, off, end int64) error {
+	var errs []error
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, x := range im.ext.Slice(off, end-off) {
+		s := im.segs[x.Key]
+		s.mu.RLock()
+		lz, done := s.lz, s.done
+		s.mu.RUnlock()
+		if lz == nil || done {
+			continue
+		}
+		lo, hi := x.Offset, x.Offset+x.Length
+		if s.enc {
+			// Decrypting reads them: the chunks are authenticated.
+			wg.Go(func() {
+				b := make([]byte, x.Length)
+				if _, err := s.ra.ReadAt(b, x.Offset); err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+				}
+			})
+			continue
+		}
+		wg.Go(func() {
+			if err := lz.Prefetch(ctx, lo, hi); err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// Fill completes every segment's cache in the background (hot chunks
+// first); OnComplete is called when all are complete.
+func (im *Image) Fill() {
+	for _, s := range im.order {
+		s.mu.RLock()
+		lz, done := s.lz, s.done
+		s.mu.RUnlock()
+		if lz != nil && !done {
+			lz.Fill()
+		}
+	}
+}
+
+// StopFill stops every background fill (reads go on).
+func (im *Image) StopFill() {
+	for _, s := range im.order {
+		if s.lz != nil {
+			s.lz.StopFill()
+		}
+	}
+}
+
+// Complete reports whether every segment is complete locally.
+func (im *Image) Complete() bool {
+	for _, s := range im.order {
+		s.mu.RLock()
+		done := s.done
+		s.mu.RUnlock()
+		if !done {
+			return false
+		}
+	}
+	return true
+}
+
+// Stats adds up the segments' range readers' figures (a complete local
+// segment counts as present).
+func (im *Image) Stats() lazy.Stats {
+	var t lazy.Stats
+	t.Complete = true
+	for _, s := range im.order {
+		s.mu.RLock()
+		lz, done := s.lz, s.done
+		s.mu.RUnlock()
+		if lz == nil || done {
+			t.TotalBytes += s.ref.Size
+			t.PresentBytes += s.ref.Size
+			continue
+		}
+		st := lz.Stats()
+		t.TotalBytes += st.TotalBytes
+		t.PresentBytes += st.PresentBytes
+		t.OnDemandChunks += st.OnDemandChunks
+		t.FillChunks += st.FillChunks
+		t.Waiting += st.Waiting
+		t.Errors += st.Errors
+		t.LocalChunks += st.LocalChunks
+		t.Complete = t.Complete && st.Complete
+	}
+	return t
+}
+
+// SegmentPath returns the complete local plaintext file of segment key, if
+// the image holds it complete.
+func (im *Image) SegmentPath(key string) (string, bool) {
+	s := im.segs[key]
+	if s == nil {
+		return "", false
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.plain, s.done
+}
+
+// Close closes every segment's reader and file.
+func (im *Image) Close() error {
+	var errs []error
+	for _, s := range im.order {
+		if s.lz != nil {
+			errs = append(errs, s.lz.Close())
+		}
+		s.mu.Lock()
+		if s.file != nil {
+			errs = append(errs, s.file.Close())
+			s.file = nil
+		}
+		s.mu.Unlock()
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,315 @@
+package image
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	iofs "io/fs"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hermesfs/hermesfs/uploader"
+	"github.com/hermesfs/hermesfs/uploader/crypt"
+	"github.com/hermesfs/hermesfs/uploader/lazy"
+)
+
+// noise is n pseudo-random bytes from seed.
+func noise(n int, seed uint64) []byte {
+	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+	return b
+}
+
+// quick gives up on a chunk the store does not deliver within a second.
+var quick = lazy.Options{ReadTimeout: time.Second}
+
+type fixture struct {
+	t     *testing.T
+	store *uploader.Local
+	cat   *uploader.Catalog
+	dir   string
+	ids   *crypt.Identities
+}
+
+func newFixture(t *testing.T, encrypted bool) *fixture {
+	t.Helper()
+	dir := t.TempDir()
+	st, err := uploader.NewLocal(filepath.Join(dir, "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := uploader.CatalogOptions{Host: "test"}
+	f := &fixture{t: t, store: st, dir: dir}
+	if encrypted {
+		key := filepath.Join(dir, "key.txt")
+		pub, err := crypt.WriteNewKey(key, "test")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o.Recipients, err = crypt.ParseRecipients([]string{pub}); err != nil {
+			t.Fatal(err)
+		}
+		if f.ids, err = crypt.LoadIdentities([]string{key}); err != nil {
+			t.Fatal(err)
+		}
+		o.Identities = f.ids
+	}
+	f.cat = uploader.NewCatalog(st, o)
+	return f
+}
+
+// publish publishes the image new laid out by ext (ranges of "" are taken
+// from seg, in order) on top of sources.
+func (f *fixture) publish(seg []byte, ext []uploader.Extent, expect string, sources ...uploader.Manifest) uploader.Manifest {
+	f.t.Helper()
+	p := filepath.Join(f.dir, "seg")
+	if err := os.WriteFile(p, seg, 0o600); err != nil {
+		f.t.Fatal(err)
+	}
+	res, err := f.cat.PublishImage(f.t.Context(), uploader.ImageInput{Segment: p, Extents: ext, Sources: sources, Parent: expect, Expect: expect})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return res.Manifest
+}
+
+func (f *fixture) open(m uploader.Manifest, cache string) *Image {
+	f.t.Helper()
+	m, err := f.cat.Manifest(f.t.Context(), m.ID) // as read back from the store
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	im, err := Open(f.t.Context(), m, Options{Store: f.store, CacheDir: cache, Identities: f.ids})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(func() { im.Close() })
+	return im
+}
+
+func readAll(t *testing.T, im *Image) []byte {
+	t.Helper()
+	b := make([]byte, im.Size())
+	// Reads of odd sizes across extent boundaries.
+	for off := int64(0); off < im.Size(); {
+		n := min(int64(70_001), im.Size()-off)
+		if _, err := im.ReadAt(b[off:off+n], off); err != nil && err != io.EOF {
+			t.Fatalf("read %d+%d: %v", off, n, err)
+		}
+		off += n
+	}
+	return b
+}
+
+// twoImages publishes image A (all new) and image B (half of A's bytes in
+// a new order, and new bytes).
+func twoImages(t *testing.T, f *fixture) (a, b uploader.Manifest, wantA, wantB []byte) {
+	wantA = noise(3<<20+12345, 1)
+	a = f.publish(wantA, []uploader.Extent{{Length: int64(len(wantA))}}, "")
+	fresh := noise(700_000, 2)
+	segA := a.Segments[0].Key
+	ext := []uploader.Extent{
+		{Key: segA, Offset: 2 << 20, Length: 1<<20 + 12345}, // A's tail first
+		{Offset: 0, Length: 300_000},                        // new
+		{Key: segA, Offset: 4096, Length: 500_000},          // A's head
+		{Offset: 300_000, Length: 400_000},                  // new
+	}
+	wantB = append(append(append(append([]byte{}, wantA[2<<20:]...), fresh[:300_000]...), wantA[4096:4096+500_000]...), fresh[300_000:]...)
+	b = f.publish(fresh, ext, a.ID, a)
+	return a, b, wantA, wantB
+}
+
+func TestImagesShareSegments(t *testing.T) {
+	for _, enc := range []bool{false, true} {
+		t.Run(map[bool]string{false: "plaintext", true: "encrypted"}[enc], func(t *testing.T) {
+			f := newFixture(t, enc)
+			a, b, wantA, wantB := twoImages(t, f)
+			if len(b.Segments) != 2 || b.NewBytes != 700_000 {
+				t.Fatalf("B: %d segments, %d new bytes; want 2 and 700000", len(b.Segments), b.NewBytes)
+			}
+			cache := t.TempDir()
+			if got := readAll(t, f.open(a, cache)); !bytes.Equal(got, wantA) {
+				t.Fatal("image A read back differs")
+			}
+			imB := f.open(b, cache)
+			if got := readAll(t, imB); !bytes.Equal(got, wantB) {
+				t.Fatal("image B read back differs")
+			}
+			// Completing B's caches leaves complete local segments that a
+			// new reader serves without the store.
+			done := make(chan struct{})
+			imB.o.OnComplete = func() { close(done) }
+			imB.Fill()
+			waitDone(t, imB)
+			if err := os.RemoveAll(f.store.Root()); err != nil {
+				t.Fatal(err)
+			}
+			m := imB.Manifest()
+			im2, err := Open(t.Context(), m, Options{Store: f.store, CacheDir: cache, Identities: f.ids})
+			if err != nil {
+				t.Fatalf("open from a complete cache without the store: %v", err)
+			}
+			defer im2.Close()
+			if got := readAll(t, im2); !bytes.Equal(got, wantB) {
+				t.Fatal("image B from the complete cache differs")
+			}
+		})
+	}
+}
+
+func waitDone(t *testing.T, im *Image) {
+	t.Helper()
+	for i := 0; !im.Complete(); i++ {
+		if i > 6000 {
+			t.Fatalf("the image's caches did not complete: %+v", im.Stats())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestExtentsListRebuildsImage(t *testing.T) {
+	// What the README's recipe does with dd: the extents list alone,
+	// against the store's files, gives the image.
+	f := newFixture(t, false)
+	_, b, _, wantB := twoImages(t, f)
+	text, err := os.ReadFile(filepath.Join(f.store.Root(), filepath.FromSlash(b.Extents)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []byte
+	for line := range strings.Lines(string(text)) {
+		var key string
+		var off, n int64
+		if _, err := fmt.Sscan(line, &key, &off, &n); err != nil {
+			t.Fatalf("extents line %q: %v", line, err)
+		}
+		seg, err := os.ReadFile(filepath.Join(f.store.Root(), filepath.FromSlash(key)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, seg[off:off+n]...)
+	}
+	if !bytes.Equal(got, wantB) {
+		t.Fatal("the image rebuilt from the extents list differs")
+	}
+}
+
+// tamper applies change to the stored object key and reports what opening
+// and reading image m then gives.
+func tamperRead(t *testing.T, f *fixture, m uploader.Manifest, key string, change func([]byte) []byte) error {
+	t.Helper()
+	p := filepath.Join(f.store.Root(), filepath.FromSlash(key))
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, change(bytes.Clone(b)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.WriteFile(p, b, 0o600) })
+	m, err = f.cat.Manifest(t.Context(), m.ID)
+	if err != nil {
+		return err
+	}
+	im, err := Open(t.Context(), m, Options{Store: f.store, CacheDir: t.TempDir(), Identities: f.ids, Lazy: quick})
+	if err != nil {
+		return err
+	}
+	defer im.Close()
+	buf := make([]byte, im.Size())
+	_, err = im.ReadAt(buf, 0)
+	return err
+}
+
+func TestTamperedSegmentsFail(t *testing.T) {
+	f := newFixture(t, false)
+	a, b, _, _ := twoImages(t, f)
+	segA := a.Segments[0].Key
+	segB := b.Segments[len(b.Segments)-1].Key
+	if segB == segA {
+		segB = b.Segments[0].Key
+	}
+	cases := []struct {
+		name   string
+		key    string
+		change func([]byte) []byte
+	}{
+		{"flipped byte in a segment", segA, func(b []byte) []byte { b[2<<20+100] ^= 1; return b }},
+		{"truncated segment", segA, func(b []byte) []byte { return b[:len(b)-1000] }},
+		{"swapped segment", segB, func([]byte) []byte { return noise(700_000, 99) }},
+		{"flipped byte in the extents list", b.Extents, func(b []byte) []byte { b[len(b)-3] ^= 1; return b }},
+		{"segment digests changed", uploader.SumsKey(segA), func(b []byte) []byte { return bytes.Replace(b, []byte(`"chunks":["`), []byte(`"chunks":["0`), 1) }},
+		{"segment deleted", segA, nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var err error
+			if c.change == nil {
+				p := filepath.Join(f.store.Root(), filepath.FromSlash(c.key))
+				saved, _ := os.ReadFile(p)
+				os.Remove(p)
+				t.Cleanup(func() { os.WriteFile(p, saved, 0o600) })
+				m, _ := f.cat.Manifest(t.Context(), b.ID)
+				var im *Image
+				im, err = Open(t.Context(), m, Options{Store: f.store, CacheDir: t.TempDir(), Lazy: quick})
+				if err == nil {
+					buf := make([]byte, im.Size())
+					_, err = im.ReadAt(buf, 0)
+					im.Close()
+				}
+				if !errors.Is(err, iofs.ErrNotExist) && !errors.As(err, new(*uploader.SegmentGoneError)) {
+					t.Fatalf("read of a pruned segment: %v; want a segment-gone error", err)
+				}
+				return
+			}
+			err = tamperRead(t, f, b, c.key, c.change)
+			if err == nil {
+				t.Fatal("the tampered image was read without an error")
+			}
+			t.Logf("error, as wanted: %v", err)
+		})
+	}
+}
+
+func TestLegacyArchiveAsSegment(t *testing.T) {
+	// A format 2 snapshot (one archive object) is the base of a format 4
+	// one, which takes ranges of that archive as a segment.
+	for _, enc := range []bool{false, true} {
+		t.Run(map[bool]string{false: "plaintext", true: "encrypted"}[enc], func(t *testing.T) {
+			f := newFixture(t, enc)
+			old := noise(2<<20+777, 5)
+			p := filepath.Join(f.dir, "old.sqfs")
+			if err := os.WriteFile(p, old, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			lm, err := f.cat.Publish(t.Context(), uploader.PublishInput{Path: p})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if lm.Segmented() {
+				t.Fatal("the legacy publish wrote format 4")
+			}
+			cache := t.TempDir()
+			if got := readAll(t, f.open(lm, cache)); !bytes.Equal(got, old) {
+				t.Fatal("the legacy snapshot read as an image differs")
+			}
+			fresh := noise(100_000, 6)
+			m := f.publish(fresh, []uploader.Extent{{Key: lm.Archive, Offset: 0, Length: 1 << 20}, {Length: 100_000}}, lm.ID, lm)
+			want := append(append([]byte{}, old[:1<<20]...), fresh...)
+			if got := readAll(t, f.open(m, t.TempDir())); !bytes.Equal(got, want) {
+				t.Fatal("the format 4 image over a legacy archive differs")
+			}
+			if _, err := f.store.Stat(t.Context(), uploader.SumsKey(lm.Archive)); err != nil {
+				t.Fatalf("digests of the legacy archive used as a segment: %v", err)
+			}
+		})
+	}
+}
