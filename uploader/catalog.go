@@ -202,6 +202,8 @@ type Catalog struct {
 
 	mu     sync.Mutex
 	lastID string // the newest id this catalog made, to keep ids increasing
+	// manifests read by prune, by id (a manifest never changes).
+	manifests map[string]Manifest
 	// leaseSeen is the lease object's ETag as first seen, and when on
 	// Mono: how long it has stayed unchanged.
 	leaseSeen struct {
@@ -710,17 +712,34 @@ type Snapshot struct {
 	Manifest
 	// Latest marks the snapshot LATEST names.
 	Latest bool
-	// Incomplete: the archive or the manifest is missing (a publish in
-	// progress, or one that crashed).
+	// Incomplete: the manifest, or the archive or extents list it
+	// describes, is missing (a publish in progress, or one that crashed).
 	Incomplete bool
-	// ModTime is when the archive (else the manifest) was stored.
+	// ModTime is when the archive (else the extents list, else the
+	// manifest) was stored.
 	ModTime time.Time
 	// Err is set if the manifest could not be read.
 	Err error
 }
 
 type objects struct {
-	archive, manifest *ObjectInfo
+	archive, manifest, extents *ObjectInfo
+}
+
+// complete: a manifest and the image it describes (a whole archive, or an
+// extents list).
+func (o *objects) complete() bool {
+	return o.manifest != nil && (o.archive != nil || o.extents != nil)
+}
+
+// stored is when the snapshot's first object was stored, as listed.
+func (o *objects) stored() time.Time {
+	for _, x := range []*ObjectInfo{o.archive, o.extents, o.manifest} {
+		if x != nil {
+			return x.ModTime
+		}
+	}
+	return time.Time{}
 }
 
 // scan lists the snapshot keys by id.
@@ -735,6 +754,8 @@ func (c *Catalog) scan(ctx context.Context) (map[string]*objects, error) {
 			id, slot = strings.TrimSuffix(name, ArchiveExt), func(x *objects) **ObjectInfo { return &x.archive }
 		case strings.HasSuffix(name, ManifestExt):
 			id, slot = strings.TrimSuffix(name, ManifestExt), func(x *objects) **ObjectInfo { return &x.manifest }
+		case strings.HasSuffix(name, ExtentsExt):
+			id, slot = strings.TrimSuffix(name, ExtentsExt), func(x *objects) **ObjectInfo { return &x.extents }
 		default:
 			return nil
 		}
@@ -770,11 +791,10 @@ func (c *Catalog) Snapshots(ctx context.Context) ([]Snapshot, error) {
 	for i, id := range ids {
 		o := byID[id]
 		s := &out[i]
-		s.ID, s.Latest, s.Incomplete = id, id == latest, o.archive == nil || o.manifest == nil
+		s.ID, s.Latest, s.Incomplete = id, id == latest, !o.complete()
+		s.ModTime = o.stored()
 		if o.archive != nil {
-			s.ModTime, s.Size = o.archive.ModTime, o.archive.Size
-		} else {
-			s.ModTime = o.manifest.ModTime
+			s.Size = o.archive.Size
 		}
 		if o.manifest == nil {
 			continue

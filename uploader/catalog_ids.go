@@ -10,11 +10,12 @@ import (
 type SnapshotRef struct {
 	ID      string
 	Created time.Time // from the id
-	Size    int64     // of the archive
+	Size    int64     // of the archive; 0 for an image stored as extents (the manifest has it)
 	Latest  bool      // LATEST names it
 }
 
-// Complete lists the snapshots that have both an archive and a manifest,
+// Complete lists the snapshots that have a manifest and an archive or
+// extents list,
 // newest first, at the cost of one read of LATEST and one listing: no
 // manifest or archive is read, however many snapshots there are.
 func (c *Catalog) Complete(ctx context.Context) ([]SnapshotRef, error) {
@@ -29,14 +30,18 @@ func (c *Catalog) Complete(ctx context.Context) ([]SnapshotRef, error) {
 	var out []SnapshotRef
 	for _, id := range sortedIDs(byID) {
 		o := byID[id]
-		if o.archive == nil || o.manifest == nil {
+		if !o.complete() {
 			continue
 		}
 		t, err := IDTime(id)
 		if err != nil {
 			continue // scan keeps valid ids only
 		}
-		out = append(out, SnapshotRef{ID: id, Created: t, Size: o.archive.Size, Latest: id == latest})
+		ref := SnapshotRef{ID: id, Created: t, Latest: id == latest}
+		if o.archive != nil {
+			ref.Size = o.archive.Size
+		}
+		out = append(out, ref)
 	}
 	return out, nil
 }

@@ -386,13 +386,16 @@ func TestCatalogNoLatest(t *testing.T) {
 	})
 }
 
+// keysOf lists the snapshots' and segments' keys.
 func keysOf(t *testing.T, s uploader.Store) []string {
 	var keys []string
-	if err := s.List(t.Context(), uploader.SnapshotsPrefix, func(o uploader.ObjectInfo) error {
-		keys = append(keys, o.Key)
-		return nil
-	}); err != nil {
-		t.Fatal(err)
+	for _, p := range []string{uploader.SegmentsPrefix, uploader.SnapshotsPrefix} {
+		if err := s.List(t.Context(), p, func(o uploader.ObjectInfo) error {
+			keys = append(keys, o.Key)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return keys
 }

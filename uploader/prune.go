@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	iofs "io/fs"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -15,6 +17,16 @@ type PruneResult struct {
 	// Decisions holds every snapshot of the catalog, newest first, with
 	// the reasons it stays or goes.
 	Decisions []PruneDecision
+	// Segments deleted (would be), because no remaining snapshot uses
+	// them, and their stored bytes; Stored is the bytes of the segments
+	// that stay (every image byte the store keeps, shared or not).
+	SegmentsDeleted []string
+	FreedBytes      int64
+	Segments        int
+	StoredBytes     int64
+	// GCSkipped says why segments were not collected this time (a
+	// manifest that could not be read: what it uses is unknown).
+	GCSkipped string
 }
 
 // PruneDecision is what a prune does with one snapshot and why.
@@ -61,18 +73,13 @@ func (c *Catalog) Prune(ctx context.Context, keep int) (PruneResult, error) {
 //   - an archive without a manifest younger than OrphanGrace (an upload in
 //     progress).
 //
-// Nothing else needs keeping for the snapshots that stay: every archive in
-// the store is a whole object. A delta publish has the store copy byte
-// ranges of the previous archive into the new object (S3 UploadPartCopy
-// makes an independent copy; the local store writes every archive in
-// full), so deleting the source later takes nothing from the copy. Only a
-// publish still to come reads its source, and that source is its
-// holder's base (kept above); were it gone, the publish would upload
-// whole.
+// Then the segments no snapshot left uses are deleted (see collect): a
+// segment shared by a snapshot that stays, or by one published while the
+// prune ran, stays.
 //
-// A snapshot's manifest is deleted before its archive, so a manifest
-// never points at a missing archive, and a crash half way leaves only an
-// orphan archive for the next prune.
+// A snapshot's manifest is deleted before anything its image is made of,
+// so a manifest never names a missing object, and a crash half way leaves
+// only unreferenced objects for the next prune.
 func (c *Catalog) PruneWith(ctx context.Context, opts PruneOptions) (PruneResult, error) {
 	var res PruneResult
 	if opts.Policy.IsZero() {
@@ -105,7 +112,7 @@ func (c *Catalog) PruneWith(ctx context.Context, opts PruneOptions) (PruneResult
 	var times []time.Time
 	for _, id := range ids {
 		o := byID[id]
-		if o.archive == nil || o.manifest == nil || latest != "" && id > latest {
+		if !o.complete() || latest != "" && id > latest {
 			continue
 		}
 		t, _ := IDTime(id) // scan kept valid ids only
@@ -119,14 +126,14 @@ func (c *Catalog) PruneWith(ctx context.Context, opts PruneOptions) (PruneResult
 	now := c.opts.Now()
 	for _, id := range ids {
 		o := byID[id]
-		complete := o.archive != nil && o.manifest != nil
+		complete := o.complete()
 		t, _ := IDTime(id)
 		d := PruneDecision{ID: id, Time: t, Incomplete: !complete}
 		switch {
 		case latest != "" && id > latest:
 			d.Keep, d.Reasons = true, []string{"newer than LATEST (a publish in progress or a lost race)"}
-		case !complete && o.manifest == nil && now.Sub(o.archive.ModTime) < c.opts.OrphanGrace:
-			d.Keep, d.Reasons = true, []string{"archive without manifest, younger than " + c.opts.OrphanGrace.String() + " (an upload in progress)"}
+		case !complete && o.manifest == nil && now.Sub(o.stored()) < c.opts.OrphanGrace:
+			d.Keep, d.Reasons = true, []string{"archive or extents without manifest, younger than " + c.opts.OrphanGrace.String() + " (an upload in progress)"}
 		default:
 			if id == latest {
 				d.Reasons = append(d.Reasons, "LATEST")
@@ -151,13 +158,19 @@ func (c *Catalog) PruneWith(ctx context.Context, opts PruneOptions) (PruneResult
 			continue
 		}
 		if !opts.DryRun {
+			// The manifest first: a snapshot without one is no snapshot.
+			// Its image's objects (the extents list here, the archive
+			// and segments below) go once nothing else uses them.
 			if o.manifest != nil {
 				if err := c.store.Delete(ctx, ManifestKey(id)); err != nil {
 					return res, fmt.Errorf("prune %s: %w", id, err)
 				}
+				c.mu.Lock()
+				delete(c.manifests, id)
+				c.mu.Unlock()
 			}
-			if o.archive != nil {
-				if err := c.store.Delete(ctx, ArchiveKey(id)); err != nil {
+			if o.extents != nil {
+				if err := c.store.Delete(ctx, ExtentsKey(id)); err != nil {
 					return res, fmt.Errorf("prune %s: %w", id, err)
 				}
 			}
@@ -165,5 +178,191 @@ func (c *Catalog) PruneWith(ctx context.Context, opts PruneOptions) (PruneResult
 		}
 		res.Deleted = append(res.Deleted, id)
 	}
+	if err := c.collect(ctx, &res, latest, opts.DryRun); err != nil {
+		return res, fmt.Errorf("prune: %w", err)
+	}
 	return res, nil
+}
+
+// collect deletes the segments no snapshot uses any more: after the
+// snapshots are pruned, the store is listed again (so that a snapshot
+// published meanwhile counts) and every manifest left is read; a segment
+// (or a whole archive) that none names goes, then its digests, unless it
+// may be a publish in progress's (see inFlight), which uploads its segment
+// before its manifest (not those of a snapshot this prune removed: that
+// one was complete). Leftovers of crashed publishes (digests or an
+// extents list whose segment or manifest is gone) go the same way. If a manifest cannot be read for another reason than damage (the
+// store failing, a format this hermesfs does not know), nothing is
+// collected: what it uses is unknown. With dryRun the snapshots res.Deleted names count as
+// gone, and nothing is deleted.
+//
+// A publish in progress never needs a segment this deletes: it uses the
+// segments of its base (LATEST, or the writer lease's base, both kept by
+// PruneWith) and its own new one.
+func (c *Catalog) collect(ctx context.Context, res *PruneResult, latest string, dryRun bool) error {
+	gone := map[string]bool{} // snapshots this prune removed
+	for _, id := range res.Deleted {
+		gone[id] = true
+	}
+	byID, err := c.scan(ctx)
+	if err != nil {
+		return err
+	}
+	used := map[string]bool{}
+	for id, o := range byID {
+		if o.manifest == nil || dryRun && gone[id] {
+			continue
+		}
+		m, err := c.manifestCached(ctx, id)
+		if errors.Is(err, iofs.ErrNotExist) {
+			continue // pruned by another host meanwhile
+		}
+		if errors.Is(err, ErrCorrupt) {
+			// A damaged manifest makes no snapshot: nothing can be read
+			// by it, so nothing need be kept for it.
+			c.log.Warn("prune: a damaged manifest keeps no segment", "id", id, "err", err)
+			continue
+		}
+		if err != nil {
+			res.GCSkipped = fmt.Sprintf("manifest of %s unreadable: %v", id, err)
+			c.log.Warn("prune: segments not collected: a manifest could not be read", "id", id, "err", err)
+			return nil
+		}
+		if m.Segmented() {
+			for _, r := range m.Segments {
+				used[r.Key] = true
+			}
+			if m.Standalone {
+				used[m.Archive] = true
+			}
+		} else {
+			used[m.Archive] = true
+		}
+	}
+	type object struct {
+		info ObjectInfo
+		sums *ObjectInfo
+	}
+	segs := map[string]*object{}
+	var sums []ObjectInfo
+	list := func(o ObjectInfo) error {
+		switch {
+		case IsSegmentKey(o.Key):
+			if segs[o.Key] == nil {
+				segs[o.Key] = &object{}
+			}
+			segs[o.Key].info = o
+		case strings.HasSuffix(o.Key, SumsExt) && IsSegmentKey(strings.TrimSuffix(o.Key, SumsExt)):
+			sums = append(sums, o)
+		}
+		return nil
+	}
+	if err := c.store.List(ctx, SegmentsPrefix, list); err != nil {
+		return fmt.Errorf("list segments: %w", err)
+	}
+	if err := c.store.List(ctx, SnapshotsPrefix, list); err != nil {
+		return fmt.Errorf("list snapshots: %w", err)
+	}
+	for _, s := range sums {
+		k := strings.TrimSuffix(s.Key, SumsExt)
+		if segs[k] == nil {
+			segs[k] = &object{}
+		}
+		segs[k].sums = &s
+	}
+	now := c.opts.Now()
+	keys := make([]string, 0, len(segs))
+	for k := range segs {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		o := segs[k]
+		young := !gone[segmentID(k)] && c.inFlight(segmentID(k), latest, now, o.info, o.sums)
+		if used[k] || young {
+			if o.info.Key != "" {
+				res.Segments++
+				res.StoredBytes += o.info.Size
+			}
+			continue
+		}
+		if dryRun {
+			if o.info.Key != "" {
+				res.SegmentsDeleted = append(res.SegmentsDeleted, k)
+				res.FreedBytes += o.info.Size
+			}
+			continue
+		}
+		if o.info.Key != "" {
+			if err := c.store.Delete(ctx, k); err != nil {
+				return fmt.Errorf("delete segment %s: %w", k, err)
+			}
+			res.SegmentsDeleted = append(res.SegmentsDeleted, k)
+			res.FreedBytes += o.info.Size
+			c.log.Info("deleted a segment no snapshot uses", "key", k, "size", o.info.Size)
+		}
+		if o.sums != nil {
+			if err := c.store.Delete(ctx, o.sums.Key); err != nil {
+				return fmt.Errorf("delete digests %s: %w", o.sums.Key, err)
+			}
+		}
+	}
+	// Extents lists left by a publish that crashed before its manifest.
+	for id, o := range byID {
+		if o.extents != nil && o.manifest == nil && !dryRun && (gone[id] || !c.inFlight(id, latest, now, *o.extents, nil)) {
+			if err := c.store.Delete(ctx, ExtentsKey(id)); err != nil {
+				return fmt.Errorf("delete extents %s: %w", id, err)
+			}
+		}
+	}
+	return nil
+}
+
+// inFlight reports whether objects uploaded for snapshot id (info, and
+// sums if not nil) may belong to a publish still in progress, which
+// uploads its segment and extents before its manifest: its id is after
+// the LATEST this prune read (a publish makes its id after the LATEST it
+// read), or they were stored less than OrphanGrace ago (whatever their
+// id says: a host whose clock is off, or one that lost the lease and
+// will fail its publish, is given the time anyway).
+func (c *Catalog) inFlight(id, latest string, now time.Time, info ObjectInfo, sums *ObjectInfo) bool {
+	if id != "" && ValidID(id) == nil && (latest == "" || id > latest) {
+		return true
+	}
+	young := func(o ObjectInfo) bool { return o.Key != "" && now.Sub(o.ModTime) < c.opts.OrphanGrace }
+	return young(info) || sums != nil && young(*sums)
+}
+
+// manifestCached is Manifest, remembering what it read: a published
+// manifest never changes, so a prune reads each only once per catalog.
+func (c *Catalog) manifestCached(ctx context.Context, id string) (Manifest, error) {
+	c.mu.Lock()
+	m, ok := c.manifests[id]
+	c.mu.Unlock()
+	if ok {
+		return m, nil
+	}
+	m, err := c.Manifest(ctx, id)
+	if err != nil {
+		return m, err
+	}
+	c.mu.Lock()
+	if c.manifests == nil {
+		c.manifests = map[string]Manifest{}
+	}
+	c.manifests[id] = m
+	c.mu.Unlock()
+	return m, nil
+}
+
+// segmentID is the snapshot that uploaded segment key ("" if unknown).
+func segmentID(key string) string {
+	name := key[strings.LastIndexByte(key, '/')+1:]
+	name = strings.TrimSuffix(name, EncryptedExt)
+	for _, ext := range []string{SegmentExt, ArchiveExt} {
+		if id, ok := strings.CutSuffix(name, ext); ok {
+			return id
+		}
+	}
+	return ""
 }
