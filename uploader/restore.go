@@ -25,6 +25,18 @@ type RestoreOptions struct {
 	// Progress, if set, is called as bytes arrive (from the calling
 	// goroutine), with the archive's total size.
 	Progress func(done, total int64)
+	// Image opens the image of a format 4 snapshot (package image, over a
+	// cache directory): required to restore one. Its reads are checked
+	// chunk by chunk against the segments' digests; a read that finds
+	// damage fails with an error satisfying errors.Is(err, ErrCorrupt).
+	Image func(ctx context.Context, m Manifest) (ImageReader, error)
+}
+
+// ImageReader is a snapshot image being read (package image's Image).
+type ImageReader interface {
+	io.ReaderAt
+	Size() int64
+	Close() error
 }
 
 // RestoreResult says what Restore fetched.
@@ -119,6 +131,10 @@ func (c *Catalog) fetch(ctx context.Context, id, dst string, o RestoreOptions) (
 		_, err := c.decryptTo(ctx, m, nil, nil, nil)
 		return m, "", err
 	}
+	if m.Segmented() {
+		sum, err := c.fetchImage(ctx, m, dst, o)
+		return m, sum, err
+	}
 	rc, info, err := c.store.Get(ctx, m.Archive, 0, -1)
 	if errors.Is(err, iofs.ErrNotExist) {
 		return m, "", &CorruptError{ID: id, Err: fmt.Errorf("archive %s missing", m.Archive)}
@@ -200,6 +216,75 @@ func (c *Catalog) fetch(ctx context.Context, id, dst string, o RestoreOptions) (
 		return m, "", fmt.Errorf("restore %s: %w", id, err)
 	}
 	return m, sum, nil
+}
+
+// fetchImage writes the image of format 4 snapshot m to dst, read
+// through o.Image; the result is its sha256.
+func (c *Catalog) fetchImage(ctx context.Context, m Manifest, dst string, o RestoreOptions) (string, error) {
+	if o.Image == nil {
+		return "", fmt.Errorf("restore %s: a snapshot stored as extents needs an image reader", m.ID)
+	}
+	im, err := o.Image(ctx, m)
+	if err != nil {
+		return "", err
+	}
+	defer im.Close()
+	if im.Size() != m.Size {
+		return "", &CorruptError{ID: m.ID, Err: fmt.Errorf("image has %d bytes, manifest says %d", im.Size(), m.Size)}
+	}
+	return writeVerified(ctx, m, dst, o, func(w io.Writer) error {
+		var pw io.Writer = w
+		if o.Progress != nil {
+			pw = &progressWriter{w: w, total: m.Size, fn: o.Progress}
+		}
+		_, err := io.CopyBuffer(pw, ContextReader(ctx, io.NewSectionReader(im, 0, m.Size)), make([]byte, 8<<20))
+		return err
+	})
+}
+
+// writeVerified writes dst atomically with what fill writes (hashing it),
+// then runs o.Verify on it; the result is the sha256 of what was written.
+func writeVerified(ctx context.Context, m Manifest, dst string, o RestoreOptions, fill func(io.Writer) error) (string, error) {
+	tmp, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".tmp-*")
+	if err != nil {
+		return "", fmt.Errorf("restore %s: %w", m.ID, err)
+	}
+	keep := false
+	defer func() {
+		if !keep {
+			tmp.Close()
+			os.Remove(tmp.Name())
+		}
+	}()
+	h := sha256.New()
+	if err := fill(io.MultiWriter(tmp, h)); err != nil {
+		if errors.Is(err, ErrCorrupt) {
+			return "", &CorruptError{ID: m.ID, Err: err}
+		}
+		return "", fmt.Errorf("restore %s: %w", m.ID, err)
+	}
+	if o.Verify != nil {
+		if err := o.Verify(ctx, tmp, m); err != nil {
+			if ctx.Err() != nil {
+				return "", err
+			}
+			return "", &CorruptError{ID: m.ID, Err: err}
+		}
+	}
+	if err := tmp.Sync(); err != nil {
+		return "", fmt.Errorf("restore %s: %w", m.ID, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return "", fmt.Errorf("restore %s: %w", m.ID, err)
+	}
+	if err := os.Rename(tmp.Name(), dst); err != nil {
+		return "", fmt.Errorf("restore %s: %w", m.ID, err)
+	}
+	keep = true
+	if err := SyncDir(filepath.Dir(dst)); err != nil {
+		return "", fmt.Errorf("restore %s: %w", m.ID, err)
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 type progressWriter struct {

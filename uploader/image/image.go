@@ -442,10 +442,16 @@ func (im *Image) readExtent(dst []byte, x uploader.Extent) error {
 	if err == nil || err == io.EOF {
 		err = io.ErrUnexpectedEOF
 	}
-	if errors.Is(err, iofs.ErrNotExist) {
+	err = fmt.Errorf("image %s: read %d bytes of segment %s at %d: %w", im.m.ID, len(dst), x.Key, x.Offset, err)
+	switch {
+	case errors.Is(err, uploader.ErrCorrupt):
+	case errors.Is(err, iofs.ErrNotExist):
 		err = &uploader.SegmentGoneError{Key: x.Key, Err: err}
+	case errors.Is(err, lazy.ErrDigest) || errors.Is(err, crypt.ErrAuth):
+		// What the store holds is not what the manifest describes.
+		err = &uploader.CorruptError{ID: im.m.ID, Err: err}
 	}
-	return fmt.Errorf("image %s: read %d bytes of segment %s at %d: %w", im.m.ID, len(dst), x.Key, x.Offset, err)
+	return err
 }
 
 // Prefetch fetches image bytes [off, end) into the caches (on-demand

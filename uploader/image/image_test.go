@@ -2,6 +2,7 @@ package image
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -313,3 +315,34 @@ func TestLegacyArchiveAsSegment(t *testing.T) {
 		})
 	}
 }
+
+func TestRestoreImageFallsBackPastDamage(t *testing.T) {
+	f := newFixture(t, false)
+	_, b, wantA, wantB := twoImages(t, f)
+	open := func(ctx context.Context, m uploader.Manifest) (uploader.ImageReader, error) {
+		return Open(ctx, m, Options{Store: f.store, CacheDir: t.TempDir(), Lazy: quick})
+	}
+	dst := filepath.Join(t.TempDir(), "image")
+	res, err := f.cat.Restore(t.Context(), dst, uploader.RestoreOptions{Image: open})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(dst); res.Manifest.ID != b.ID || !bytes.Equal(got, wantB) {
+		t.Fatalf("restored %s: the image differs from B", res.Manifest.ID)
+	}
+	// B's own segment damaged: the restore names B as corrupt and
+	// restores A.
+	p := filepath.Join(f.store.Root(), filepath.FromSlash(ownKey(b)))
+	seg, _ := os.ReadFile(p)
+	seg[10] ^= 0xff
+	os.WriteFile(p, seg, 0o600)
+	res, err = f.cat.Restore(t.Context(), dst, uploader.RestoreOptions{Image: open})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(dst); !slices.Equal(res.SkippedIDs(), []string{b.ID}) || !bytes.Equal(got, wantA) {
+		t.Fatalf("after damage: restored %s skipping %v; want A, skipping B", res.Manifest.ID, res.SkippedIDs())
+	}
+}
+
+func ownKey(m uploader.Manifest) string { return uploader.SegmentKey(m.ID, m.Encryption != nil) }
