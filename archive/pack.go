@@ -67,6 +67,17 @@ type PackOptions struct {
 	// being fetched: whoever publishes the archive takes the hole's bytes
 	// from where Base came from.
 	PrefixHole int64
+	// Segment makes the destination receive only the image's new bytes:
+	// every block copied from another archive (Base, a file's
+	// BlockSource or PartialSource) is neither read nor written, and
+	// PackResult.Runs says which archive's bytes stand there. The
+	// destination gets the rest in image order, superblock first: the
+	// segment a store keeps for this image (see uploader's extents). The
+	// layout is always fresh (never appended to Base: the copies cost
+	// nothing either way, and garbage would keep old bytes in use), and
+	// PackResult.SHA256 is not computed. The destination must be an
+	// *os.File (WriteAt puts the superblock at its start).
+	Segment bool
 
 	noSums  bool       // tests: record no content sums, as archives did before them
 	noCheck bool       // benchmarks: skip Pack's check of its own blocks (worker.check, store)
@@ -102,6 +113,19 @@ type PackResult struct {
 	// (PrefixHole), aligned to PrefixHole: Base's bytes at the same
 	// offsets belong there. Empty: none.
 	Hole Hole
+
+	// Runs lay the image out when packed with PackOptions.Segment, in
+	// order; SegmentSize is the bytes the destination received.
+	Runs        []Run
+	SegmentSize int64
+}
+
+// Run is a stretch of an image packed with PackOptions.Segment: Length
+// bytes that are new, the destination's bytes from Offset (Source nil),
+// or a copy of the archive Source's bytes from Offset.
+type Run struct {
+	Source         *Reader
+	Offset, Length int64
 }
 
 // Hole is the byte range [From, To) of a packed archive left unwritten.
@@ -120,6 +144,20 @@ func (h Hole) Len() int64 { return h.To - h.From }
 // and the inode's size matches the file's; otherwise it reads the file.
 type BlockSource interface {
 	ArchiveSource() (r *Reader, ino Inode, ok bool)
+}
+
+// PartialSource is an optional interface of the files Pack opens from its
+// source FS: a file that is inode ino of the archive r with some of its
+// bytes changed (a file copied up by range and written to, a log
+// appended to). changed(off, n) reports whether any of the file's bytes
+// [off, off+n) may differ from the inode's bytes at the same offsets;
+// bytes past the inode's end always count as changed. Pack copies the
+// compressed blocks no changed byte falls in from r (checked, or with
+// PackOptions.Segment not even read) and reads only the others, through
+// the file's ReadAt. Conditions on r are BlockSource's.
+type PartialSource interface {
+	io.ReaderAt
+	PartialArchiveSource() (r *Reader, ino Inode, changed func(off, n int64) bool, ok bool)
 }
 
 // packFile is what Pack needs of the destination when it writes straight
@@ -448,6 +486,44 @@ type output struct {
 	copies []CopyRange
 	hole   Hole // left unwritten (PackOptions.PrefixHole)
 	err    error
+
+	// PackOptions.Segment: the image's runs, and the bytes written.
+	segment bool
+	runs    []Run
+	spos    int64
+}
+
+// grow records n more image bytes: new ones (src nil), written at the
+// segment's end, or a copy of src's bytes at srcOff.
+func (o *output) grow(n int64, src *Reader, srcOff int64) {
+	if !o.segment || n == 0 {
+		return
+	}
+	off := srcOff
+	if src == nil {
+		off = o.spos
+		o.spos += n
+	}
+	if k := len(o.runs) - 1; k >= 0 && o.runs[k].Source == src && o.runs[k].Offset+o.runs[k].Length == off {
+		o.runs[k].Length += n
+		return
+	}
+	o.runs = append(o.runs, Run{Source: src, Offset: off, Length: n})
+}
+
+// copyExtent accounts for one block of src, at srcOff, of n bytes whose
+// checksum (and sum, for a data block) src recorded: a copy the
+// destination does not receive (PackOptions.Segment).
+func (o *output) copyExtent(n uint32, kind extentKind, crc uint32, s sum, src *Reader, srcOff uint64) {
+	if o.err != nil {
+		return
+	}
+	o.pos += uint64(n)
+	o.ext = append(o.ext, extent{length: n, kind: kind, crc: crc})
+	if kind == kindData {
+		o.sums = append(o.sums, s)
+	}
+	o.grow(int64(n), src, int64(srcOff))
 }
 
 func (o *output) write(b []byte, kind extentKind, crc uint32) {
@@ -456,6 +532,7 @@ func (o *output) write(b []byte, kind extentKind, crc uint32) {
 	}
 	_, o.err = o.bw.Write(b)
 	o.pos += uint64(len(b))
+	o.grow(int64(len(b)), nil, 0)
 	for len(b) > 0 {
 		// Extents longer than the trailer can describe (only ever index
 		// arrays) are split; each piece gets its own checksum.
@@ -483,6 +560,7 @@ func (o *output) appendExtent(b []byte, kind extentKind, crc uint32, s sum) {
 	}
 	_, o.err = o.bw.Write(b)
 	o.pos += uint64(len(b))
+	o.grow(int64(len(b)), nil, 0)
 	o.ext = append(o.ext, extent{length: uint32(len(b)), kind: kind, crc: crc})
 	if kind == kindData {
 		o.sums = append(o.sums, s)
@@ -546,6 +624,7 @@ func (o *output) skip(n int) {
 	}
 	_, o.err = o.bw.Write(make([]byte, n))
 	o.pos += uint64(n)
+	o.grow(int64(n), nil, 0)
 }
 
 func (p *packer) packTo(ctx context.Context, f packFile) (res PackResult, err error) {
@@ -560,6 +639,9 @@ func (p *packer) packTo(ctx context.Context, f packFile) (res PackResult, err er
 	}
 	p.number(p.root)
 	p.base = p.newBase(p.opts.Base)
+	if p.opts.Segment && p.base != nil {
+		p.base.canAppend = false
+	}
 	if err := p.plan(ctx); err != nil {
 		return res, err
 	}
@@ -570,7 +652,7 @@ func (p *packer) packTo(ctx context.Context, f packFile) (res PackResult, err er
 			return res, err
 		}
 	}
-	out := &output{f: f, bw: bufio.NewWriterSize(f, 1<<20), base: base}
+	out := &output{f: f, bw: bufio.NewWriterSize(f, 1<<20), base: base, segment: p.opts.Segment}
 
 	// The superblock is written last; reserve its place.
 	out.skip(superblockSize)
@@ -601,6 +683,7 @@ func (p *packer) packTo(ctx context.Context, f packFile) (res PackResult, err er
 		if _, err := out.bw.Write(make([]byte, pad)); err != nil {
 			return res, err
 		}
+		out.grow(int64(pad), nil, 0)
 	}
 	sbBytes := sb.marshal()
 	exts := append([]extent{{length: superblockSize, kind: kindSuperblock, crc: crc32c(sbBytes)}}, out.ext...)
@@ -612,6 +695,7 @@ func (p *packer) packTo(ctx context.Context, f packFile) (res PackResult, err er
 	if _, err := out.bw.Write(tr); err != nil {
 		return res, err
 	}
+	out.grow(int64(len(tr)), nil, 0)
 	if out.err != nil {
 		return res, out.err
 	}
@@ -623,9 +707,12 @@ func (p *packer) packTo(ctx context.Context, f packFile) (res PackResult, err er
 	}
 	p.log.Debug("pack: tables written", "elapsed", time.Since(start))
 	total := int64(padded) + int64(len(tr))
-	if out.hole.Len() > 0 {
+	switch {
+	case out.segment:
+		p.res.Runs, p.res.SegmentSize = out.runs, out.spos
+	case out.hole.Len() > 0:
 		p.res.Hole = out.hole
-	} else {
+	default:
 		h := sha256.New()
 		if _, err := io.CopyBuffer(h, io.NewSectionReader(f, base, total), make([]byte, 1<<20)); err != nil {
 			return res, fmt.Errorf("read back: %w", err)

@@ -62,6 +62,12 @@ type job struct {
 	sum     sum   // content sum of a data block (chunk); zero if unknown
 	baseOff int64 // >= 0: out is the base archive's bytes at baseOff, verbatim
 	err     error
+
+	// PackOptions.Segment: the block is copyLen bytes of copyFrom at
+	// copyOff, accounted for but not held (out is nil) nor written.
+	copyFrom *Reader
+	copyOff  uint64
+	copyLen  uint32
 }
 
 // tail is a small file's bytes in a fragment block being filled.
@@ -246,11 +252,14 @@ func (d *dataWriter) store(out *output, j *job, frags *[]fragEntry) error {
 			fd.start = out.pos
 			fd.started = true
 		}
-		if j.hole > 0 {
+		switch {
+		case j.hole > 0:
 			fd.sparse += uint64(j.hole)
-		} else if j.word == 0 {
+		case j.word == 0:
 			fd.sparse += uint64(len(j.in))
-		} else {
+		case j.copyFrom != nil:
+			out.copyExtent(j.copyLen, kindData, j.crc, j.sum, j.copyFrom, j.copyOff)
+		default:
 			out.writeData(j.out, j.crc, j.sum)
 		}
 		fd.words = append(fd.words, j.word)
@@ -263,7 +272,11 @@ func (d *dataWriter) store(out *output, j *job, frags *[]fragEntry) error {
 			*frags = append(*frags, fragEntry{})
 		}
 		(*frags)[j.frag] = fragEntry{start: out.pos, word: j.word}
-		out.write(j.out, kindFragment, j.crc)
+		if j.copyFrom != nil {
+			out.copyExtent(j.copyLen, kindFragment, j.crc, sum{}, j.copyFrom, j.copyOff)
+		} else {
+			out.write(j.out, kindFragment, j.crc)
+		}
 	}
 	if j.baseOff >= 0 && j.word != 0 {
 		out.copied(at, uint64(j.baseOff), uint64(len(j.out)))
@@ -442,7 +455,16 @@ func (d *dataWriter) fromBase(j *job) (bool, error) {
 		return false, nil
 	}
 	r := b.r
-	raw, err := r.readAt(loc.off, uint64(loc.word&^dataUncompBit), kindData.String())
+	n := loc.word &^ dataUncompBit
+	if d.p.opts.Segment {
+		crc, err := r.crcAt(loc.off, n, kindData.String())
+		if err != nil {
+			return true, fmt.Errorf("copy block from base: %w", err)
+		}
+		j.word, j.crc, j.copyFrom, j.copyOff, j.copyLen = loc.word, crc, r, loc.off, n
+		return true, nil
+	}
+	raw, err := r.readAt(loc.off, uint64(n), kindData.String())
 	if err == nil {
 		err = r.check(loc.off, raw, kindData.String())
 	}
@@ -565,6 +587,13 @@ func (d *dataWriter) produceFile(n *node) error {
 	}
 	if n.src != nil {
 		return d.reuse(n, fd, n.src.r, n.src.ino)
+	}
+	if f != nil {
+		if ps, ok := f.(PartialSource); ok && n.size >= int64(p.bs) {
+			if done, err := d.reusePartial(n, fd, ps); done || err != nil {
+				return err
+			}
+		}
 	}
 	if f == nil {
 		var err error

@@ -123,19 +123,11 @@ func (d *dataWriter) reuse(n *node, fd *fileData, r *Reader, ino Inode) error {
 			}
 			continue
 		}
-		raw, err := r.readAt(l.offs[i], uint64(w&^dataUncompBit), kindData.String())
-		if err == nil {
-			err = r.check(l.offs[i], raw, kindData.String())
-		}
+		j, err := d.copyJob(r, l.offs[i], w, int(blen), fd)
 		if err != nil {
 			return fmt.Errorf("reuse %s: %w", n.path, err)
 		}
-		j := &job{kind: jobRaw, in: raw, out: raw, file: fd, word: w, crc: crc32c(raw), baseOff: -1,
-			sum: r.blockSumAt(l.offs[i])}
-		if !j.sum.known() {
-			j.src, j.wantLen = r, int(blen)
-		}
-		if fromBase {
+		if fromBase && j.copyFrom == nil {
 			j.baseOff = int64(l.offs[i])
 		}
 		if err := d.submit(j); err != nil {
@@ -156,6 +148,37 @@ func (d *dataWriter) reuse(n *node, fd *fileData, r *Reader, ino Inode) error {
 		}
 	}
 	return nil
+}
+
+// copyJob is the job that copies data block w of r at off (blen bytes of
+// content) into the new archive: read and checked, or, with
+// PackOptions.Segment, only accounted for by its recorded checksum. A
+// block whose sum r does not record is read either way, and summed by a
+// worker, so the new archive records one.
+func (d *dataWriter) copyJob(r *Reader, off uint64, w uint32, blen int, fd *fileData) (*job, error) {
+	n := w &^ dataUncompBit
+	j := &job{kind: jobRaw, file: fd, word: w, baseOff: -1, sum: r.blockSumAt(off)}
+	if d.p.opts.Segment {
+		crc, err := r.crcAt(off, n, kindData.String())
+		if err != nil {
+			return nil, err
+		}
+		j.crc, j.copyFrom, j.copyOff, j.copyLen = crc, r, off, n
+	}
+	if j.copyFrom == nil || !j.sum.known() {
+		raw, err := r.readAt(off, uint64(n), kindData.String())
+		if err == nil {
+			err = r.check(off, raw, kindData.String())
+		}
+		if err != nil {
+			return nil, err
+		}
+		j.in, j.out, j.crc = raw, raw, crc32c(raw)
+	}
+	if !j.sum.known() {
+		j.src, j.wantLen = r, blen
+	}
+	return j, nil
 }
 
 // WithBase returns src with each regular file that base holds unchanged
@@ -243,20 +266,31 @@ func (d *dataWriter) reuseFragment(n *node, fd *fileData, r *Reader, l *fileLayo
 		return false, nil
 	}
 	f := r.frags[l.frag]
-	raw, err := r.readAt(f.start, uint64(f.word&^dataUncompBit), kindFragment.String())
-	if err == nil {
-		err = r.check(f.start, raw, kindFragment.String())
-	}
-	if err != nil {
-		return true, fmt.Errorf("reuse %s: %w", n.path, err)
+	flen := f.word &^ dataUncompBit
+	var j *job
+	if d.p.opts.Segment {
+		crc, err := r.crcAt(f.start, flen, kindFragment.String())
+		if err != nil {
+			return true, fmt.Errorf("reuse %s: %w", n.path, err)
+		}
+		j = &job{kind: jobRawFragment, word: f.word, crc: crc, baseOff: -1, copyFrom: r, copyOff: f.start, copyLen: flen}
+	} else {
+		raw, err := r.readAt(f.start, uint64(flen), kindFragment.String())
+		if err == nil {
+			err = r.check(f.start, raw, kindFragment.String())
+		}
+		if err != nil {
+			return true, fmt.Errorf("reuse %s: %w", n.path, err)
+		}
+		j = &job{kind: jobRawFragment, in: raw, out: raw, word: f.word, crc: crc32c(raw), baseOff: -1}
+		if d.p.base != nil && r == d.p.base.r {
+			j.baseOff = int64(f.start)
+		}
 	}
 	idx := d.nfrags
 	d.nfrags++
 	d.adopted[key] = idx
-	j := &job{kind: jobRawFragment, in: raw, out: raw, frag: idx, word: f.word, crc: crc32c(raw), baseOff: -1}
-	if d.p.base != nil && r == d.p.base.r {
-		j.baseOff = int64(f.start)
-	}
+	j.frag = idx
 	if err := d.submit(j); err != nil {
 		return true, err
 	}
@@ -298,4 +332,61 @@ func (r *Reader) fragmentUse() []int64 {
 		r.fragUse = use
 	})
 	return r.fragUse
+}
+
+// reusePartial packs a file that is an earlier archive's inode with some
+// bytes changed (PartialSource): each block no changed byte falls in, and
+// that the inode stores as the same whole block, is copied from that
+// archive; the others are read from the file and compressed (or, when the
+// base holds them, copied from the base). It reports false, having done
+// nothing, when the source does not qualify.
+func (d *dataWriter) reusePartial(n *node, fd *fileData, ps PartialSource) (bool, error) {
+	p := d.p
+	r, ino, changed, ok := ps.PartialArchiveSource()
+	if !ok || r == nil || changed == nil || !r.Checksummed() || r.bs != p.bs || r.Compression() != p.opts.Compression {
+		return false, nil
+	}
+	l, err := r.layout(ino)
+	if err != nil {
+		return false, nil // pack it afresh
+	}
+	bs := int64(p.bs)
+	nblocks := (n.size + bs - 1) / bs
+	fd.words = make([]uint32, 0, nblocks)
+	fd.chunks = make([]sum, 0, nblocks)
+	for i := range nblocks {
+		off := i * bs
+		k := min(bs, n.size-off)
+		// The inode's block i holds the same k bytes if it is a stored
+		// block (not in a fragment) of the same length.
+		same := i < int64(len(l.words)) && min(bs, l.size-off) == k && !changed(off, k)
+		if same {
+			w := l.words[i]
+			if w == 0 {
+				if err := d.submit(&job{kind: jobData, hole: int(k), file: fd}); err != nil {
+					return true, err
+				}
+				continue
+			}
+			j, err := d.copyJob(r, l.offs[i], w, int(k), fd)
+			if err != nil {
+				return true, fmt.Errorf("reuse %s: %w", n.path, err)
+			}
+			fd.reusedBytes += k
+			p.res.ReusedBytes += k
+			if err := d.submit(j); err != nil {
+				return true, err
+			}
+			continue
+		}
+		buf := d.in.get()[:k]
+		if err := readFull(io.NewSectionReader(ps, off, k), buf, n.path); err != nil {
+			d.in.put(buf)
+			return true, err
+		}
+		if err := d.submit(&job{kind: jobData, in: buf, file: fd}); err != nil {
+			return true, err
+		}
+	}
+	return true, nil
 }

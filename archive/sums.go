@@ -149,3 +149,19 @@ func (r *Reader) index() *contentIndex {
 	})
 	return r.idx
 }
+
+// crcAt returns the checksum the trailer records for the block of n bytes
+// at off, without reading it.
+func (r *Reader) crcAt(off uint64, n uint32, what string) (uint32, error) {
+	if r.tr == nil {
+		return 0, r.corruptf(off, what, "no checksums recorded")
+	}
+	i := r.tr.ext.find(off)
+	if i < 0 {
+		return 0, r.corruptf(off, what, "no checksum recorded for a block at this offset")
+	}
+	if r.tr.ext.len[i] != n {
+		return 0, r.corruptf(off, what, "block is %d bytes, checksum covers %d", n, r.tr.ext.len[i])
+	}
+	return r.tr.ext.crc[i], nil
+}
