@@ -381,8 +381,16 @@ type Published struct {
 	Manifest
 	// Sent is the bytes of the archive sent to the store, Copied the bytes
 	// the store copied from the Delta's source instead; Sent+Copied is the
-	// archive's size.
+	// archive's size. For an image (PublishImage): Sent is every byte put
+	// (segment, digests, extents list, manifest), Copied the image bytes
+	// taken from older segments.
 	Sent, Copied int64
+	// PublishImage: the new segment's key ("" if the image had no new
+	// bytes), its digests object and the extents list as stored, so the
+	// publisher can read the image back without asking the store.
+	Segment     string
+	SegmentSums []byte
+	ExtentsList []byte
 }
 
 // Publish uploads the archive, then its manifest, then moves LATEST to it

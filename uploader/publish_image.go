@@ -115,6 +115,7 @@ func (c *Catalog) PublishImage(ctx context.Context, in ImageInput) (Published, e
 		}
 		refs[segKey] = seg.ref
 		p.Sent += seg.sent
+		p.Segment, p.SegmentSums = segKey, seg.sums
 	}
 
 	keys, bytesOf := ext.Segments()
@@ -174,6 +175,7 @@ func (c *Catalog) PublishImage(ctx context.Context, in ImageInput) (Published, e
 	}
 	p.Manifest = m
 	p.Copied = m.Size - newBytes
+	p.ExtentsList = text
 	c.log.Info("published snapshot", "id", id, "parent", in.Parent, "size", m.Size, "new_bytes", newBytes, "sent", p.Sent,
 		"segments", len(m.Segments), "extents", m.ExtentCount, "files", m.Files, "encrypted", enc != nil,
 		"took", time.Since(start).Round(time.Millisecond))

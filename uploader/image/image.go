@@ -63,26 +63,57 @@ type Options struct {
 	OnComplete func()
 }
 
+// Pool opens images over one cache directory and shares their segments:
+// one range reader per segment, however many open images use it (two
+// readers of one cache file would corrupt it). Its methods may be called
+// concurrently.
+type Pool struct {
+	o   Options
+	log *slog.Logger
+
+	mu     sync.Mutex
+	segs   map[string]*segment
+	images map[*Image]bool
+}
+
+// NewPool returns a pool over o.CacheDir (created if needed); o.OnComplete
+// is not used (give it to OpenImage).
+func NewPool(o Options) (*Pool, error) {
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.CacheDir == "" {
+		return nil, errors.New("image: no cache directory")
+	}
+	if err := os.MkdirAll(o.CacheDir, 0o700); err != nil {
+		return nil, fmt.Errorf("image: %w", err)
+	}
+	return &Pool{o: o, log: o.Logger, segs: map[string]*segment{}, images: map[*Image]bool{}}, nil
+}
+
 // Image is a snapshot image. Its methods may be called concurrently.
 type Image struct {
+	pool *Pool
 	m    uploader.Manifest
 	ext  *uploader.Extents
-	o    Options
 	log  *slog.Logger
 	segs map[string]*segment
 	// order: the segments by first use in the image.
-	order []*segment
+	order      []*segment
+	onComplete func()
 
 	mu       sync.Mutex
 	complete bool
+	closed   bool
 }
 
-// segment is one segment of the image: its plaintext, and how it is read.
+// segment is one segment of the pool: its plaintext, and how it is read.
 type segment struct {
 	ref   uploader.SegmentRef
 	sums  *uploader.Sums
 	enc   bool
 	plain string // the complete plaintext file's path
+	users int    // open images using it (pool.mu)
 
 	mu   sync.RWMutex
 	ra   io.ReaderAt  // the plaintext: file or decrypted lazy reader
@@ -96,21 +127,23 @@ type segment struct {
 // directory.
 func PlainName(key string) string { return strings.TrimSuffix(path.Base(key), uploader.EncryptedExt) }
 
+// Open opens manifest m's image in a pool of its own (see Pool.Open).
+func Open(ctx context.Context, m uploader.Manifest, o Options) (*Image, error) {
+	p, err := NewPool(o)
+	if err != nil {
+		return nil, err
+	}
+	return p.Open(ctx, m, o.OnComplete)
+}
+
 // Open reads manifest m's extents and its segments' digests (from the
 // cache directory when it holds them, else from the store, checked against
-// the manifest either way) and opens every segment for reading. Nothing of
-// the image's bytes is fetched.
-func Open(ctx context.Context, m uploader.Manifest, o Options) (*Image, error) {
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.DiscardHandler)
-	}
-	if o.CacheDir == "" {
-		return nil, errors.New("image: no cache directory")
-	}
-	if err := os.MkdirAll(o.CacheDir, 0o700); err != nil {
-		return nil, fmt.Errorf("image: %w", err)
-	}
-	im := &Image{m: m, o: o, log: o.Logger, segs: map[string]*segment{}}
+// the manifest either way) and opens every segment for reading, sharing
+// the segments the pool has open already. Nothing of the image's bytes is
+// fetched. onComplete, if set, is called (on a fill goroutine) once every
+// segment of the image is complete locally.
+func (p *Pool) Open(ctx context.Context, m uploader.Manifest, onComplete func()) (*Image, error) {
+	im := &Image{pool: p, m: m, log: p.log, segs: map[string]*segment{}, onComplete: onComplete}
 	enc := m.Encryption != nil
 	if enc && m.Encryption.Scheme != crypt.Scheme {
 		return nil, fmt.Errorf("snapshot %s is encrypted with %q; this hermesfs knows %q: upgrade it", m.ID, m.Encryption.Scheme, crypt.Scheme)
@@ -134,12 +167,22 @@ func Open(ctx context.Context, m uploader.Manifest, o Options) (*Image, error) {
 		}
 		im.ext = ext
 	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	for i, ref := range refs {
-		s, err := im.openSegment(ref, sums[i], enc, im.hotChunks(ref.Key, sums[i]))
-		if err != nil {
-			im.Close()
-			return nil, err
+		s := p.segs[ref.Key]
+		if s == nil {
+			var err error
+			if s, err = p.openSegment(m, ref, sums[i], enc, im.hotChunks(ref.Key, sums[i])); err != nil {
+				im.releaseLocked()
+				return nil, err
+			}
+			p.segs[ref.Key] = s
+		} else if s.enc != enc {
+			im.releaseLocked()
+			return nil, &uploader.CorruptError{ID: m.ID, Err: fmt.Errorf("segment %s is used encrypted and plaintext", ref.Key)}
 		}
+		s.users++
 		im.segs[ref.Key] = s
 		im.order = append(im.order, s)
 	}
@@ -149,23 +192,67 @@ func Open(ctx context.Context, m uploader.Manifest, o Options) (*Image, error) {
 	}
 	for _, x := range im.ext.List() {
 		if s := im.segs[x.Key]; x.Offset+x.Length > s.size {
-			im.Close()
+			im.releaseLocked()
 			return nil, &uploader.CorruptError{ID: m.ID, Err: fmt.Errorf("extent %s %d %d past the segment's %d bytes", x.Key, x.Offset, x.Length, s.size)}
 		}
 	}
+	im.complete = im.allDone()
+	p.images[im] = true
 	return im, nil
+}
+
+// releaseLocked gives back the image's segments; the last user of a
+// segment closes it. p.mu is held.
+func (im *Image) releaseLocked() {
+	p := im.pool
+	for _, s := range im.order {
+		if s.users--; s.users > 0 {
+			continue
+		}
+		delete(p.segs, s.ref.Key)
+		s.close()
+	}
+	im.order = nil
+	delete(p.images, im)
+}
+
+func (s *segment) close() error {
+	var errs []error
+	if s.lz != nil {
+		errs = append(errs, s.lz.Close())
+	}
+	s.mu.Lock()
+	if s.file != nil {
+		errs = append(errs, s.file.Close())
+		s.file = nil
+	}
+	s.mu.Unlock()
+	return errors.Join(errs...)
+}
+
+// allDone reports whether every segment of the image is complete.
+func (im *Image) allDone() bool {
+	for _, s := range im.order {
+		s.mu.RLock()
+		done := s.done
+		s.mu.RUnlock()
+		if !done {
+			return false
+		}
+	}
+	return true
 }
 
 // readExtents reads the extents list, from the cache when it has a copy
 // that the manifest vouches for.
 func (im *Image) readExtents(ctx context.Context) (*uploader.Extents, error) {
-	local := filepath.Join(im.o.CacheDir, path.Base(im.m.Extents))
+	local := filepath.Join(im.pool.o.CacheDir, path.Base(im.m.Extents))
 	if b, err := os.ReadFile(local); err == nil {
 		if e, err := uploader.ParseManifestExtents(b, im.m); err == nil {
 			return e, nil
 		}
 	}
-	e, err := uploader.ReadExtents(ctx, im.o.Store, im.m)
+	e, err := uploader.ReadExtents(ctx, im.pool.o.Store, im.m)
 	if err != nil {
 		return nil, err
 	}
@@ -184,13 +271,13 @@ func (im *Image) sums(ctx context.Context, ref uploader.SegmentRef) (*uploader.S
 		}
 		return nil, nil
 	}
-	local := filepath.Join(im.o.CacheDir, PlainName(ref.Key)+uploader.SumsExt)
+	local := filepath.Join(im.pool.o.CacheDir, PlainName(ref.Key)+uploader.SumsExt)
 	if b, err := os.ReadFile(local); err == nil {
 		if s, err := uploader.ParseSums(b, ref); err == nil {
 			return s, nil
 		}
 	}
-	b, err := readSumsBytes(ctx, im.o.Store, ref)
+	b, err := readSumsBytes(ctx, im.pool.o.Store, ref)
 	if err != nil {
 		return nil, err
 	}
@@ -216,8 +303,8 @@ func readSumsBytes(ctx context.Context, s uploader.Store, ref uploader.SegmentRe
 	return io.ReadAll(io.LimitReader(rc, 256<<20))
 }
 
-func (im *Image) openSegment(ref uploader.SegmentRef, sums *uploader.Sums, enc bool, hot []int64) (*segment, error) {
-	s := &segment{ref: ref, enc: enc, plain: filepath.Join(im.o.CacheDir, PlainName(ref.Key))}
+func (p *Pool) openSegment(m uploader.Manifest, ref uploader.SegmentRef, sums *uploader.Sums, enc bool, hot []int64) (*segment, error) {
+	s := &segment{ref: ref, enc: enc, plain: filepath.Join(p.o.CacheDir, PlainName(ref.Key))}
 	s.sums = sums
 	if sums != nil && s.ref.Size == 0 {
 		s.ref.Size = sums.Size
@@ -236,14 +323,14 @@ func (im *Image) openSegment(ref uploader.SegmentRef, sums *uploader.Sums, enc b
 			return s, nil
 		}
 		f.Close()
-		im.log.Warn("image: a cached segment has the wrong size; fetching it again", "segment", ref.Key, "path", s.plain)
+		p.log.Warn("image: a cached segment has the wrong size; fetching it again", "segment", ref.Key, "path", s.plain)
 		os.Remove(s.plain)
 	}
 	if sums == nil {
 		return nil, fmt.Errorf("segment %s: no digests to read it by range (a format 1 snapshot): download it whole", ref.Key)
 	}
-	lo := im.o.Lazy
-	lo.Store = im.o.Store
+	lo := p.o.Lazy
+	lo.Store = p.o.Store
 	lo.Key = ref.Key
 	lo.Size = sums.Size
 	lo.ChunkSize = sums.ChunkSize
@@ -254,10 +341,10 @@ func (im *Image) openSegment(ref uploader.SegmentRef, sums *uploader.Sums, enc b
 		lo.Path = s.plain + uploader.EncryptedExt
 	}
 	if lo.Logger == nil {
-		lo.Logger = im.log
+		lo.Logger = p.log
 	}
 	lo.Hot = hot
-	lo.OnComplete = func(p string) { im.segmentComplete(s, p) }
+	lo.OnComplete = func(path string) { p.segmentComplete(s, path) }
 	lz, err := lazy.Open(lo)
 	if err != nil {
 		return nil, fmt.Errorf("segment %s: %w", ref.Key, err)
@@ -267,10 +354,10 @@ func (im *Image) openSegment(ref uploader.SegmentRef, sums *uploader.Sums, enc b
 		s.ra, s.size = lz, sums.Size
 		return s, nil
 	}
-	pr, n, err := crypt.Open(lz, sums.Size, im.o.Identities)
+	pr, n, err := crypt.Open(lz, sums.Size, p.o.Identities)
 	if err != nil {
 		lz.Close()
-		return nil, segmentCryptError(im.m, ref.Key, err)
+		return nil, segmentCryptError(m, ref.Key, err)
 	}
 	s.ra, s.size = pr, n
 	return s, nil
@@ -288,40 +375,45 @@ func segmentCryptError(m uploader.Manifest, key string, err error) error {
 	return fmt.Errorf("segment %s: %w", key, err)
 }
 
-// segmentComplete switches a segment to its complete local file: an
+// segmentComplete switches a segment to its complete local file (an
 // encrypted segment's ciphertext is decrypted into the plaintext file
-// first.
-func (im *Image) segmentComplete(s *segment, p string) {
+// first), and tells the images it completes.
+func (p *Pool) segmentComplete(s *segment, path string) {
 	if s.enc {
-		if err := decryptFile(p, s.plain, im.o.Identities); err != nil {
-			im.log.Warn("image: decrypting a complete segment; reads stay on the ciphertext cache", "segment", s.ref.Key, "err", err)
+		if err := decryptFile(path, s.plain, p.o.Identities); err != nil {
+			p.log.Warn("image: decrypting a complete segment; reads stay on the ciphertext cache", "segment", s.ref.Key, "err", err)
 			return
 		}
 	}
 	f, err := os.Open(s.plain)
 	if err != nil {
-		im.log.Warn("image: opening a complete segment", "segment", s.ref.Key, "err", err)
+		p.log.Warn("image: opening a complete segment", "segment", s.ref.Key, "err", err)
 		return
 	}
 	s.mu.Lock()
 	s.file, s.ra, s.done = f, f, true
 	s.mu.Unlock()
 	if s.enc {
-		os.Remove(p)
+		os.Remove(path)
 	}
-	im.mu.Lock()
-	all := !im.complete
-	for _, o := range im.order {
-		o.mu.RLock()
-		all = all && o.done
-		o.mu.RUnlock()
+	var done []func()
+	p.mu.Lock()
+	for im := range p.images {
+		if im.segs[s.ref.Key] == nil {
+			continue
+		}
+		im.mu.Lock()
+		if !im.complete && im.allDone() {
+			im.complete = true
+			if im.onComplete != nil {
+				done = append(done, im.onComplete)
+			}
+		}
+		im.mu.Unlock()
 	}
-	if all {
-		im.complete = true
-	}
-	im.mu.Unlock()
-	if all && im.o.OnComplete != nil {
-		im.o.OnComplete()
+	p.mu.Unlock()
+	for _, fn := range done {
+		fn()
 	}
 }
 
@@ -515,19 +607,6 @@ func (im *Image) StopFill() {
 	}
 }
 
-// Complete reports whether every segment is complete locally.
-func (im *Image) Complete() bool {
-	for _, s := range im.order {
-		s.mu.RLock()
-		done := s.done
-		s.mu.RUnlock()
-		if !done {
-			return false
-		}
-	}
-	return true
-}
-
 // Stats adds up the segments' range readers' figures (a complete local
 // segment counts as present).
 func (im *Image) Stats() lazy.Stats {
@@ -567,19 +646,20 @@ func (im *Image) SegmentPath(key string) (string, bool) {
 	return s.plain, s.done
 }
 
-// Close closes every segment's reader and file.
+// Close gives the image's segments back to the pool, which closes those
+// no other open image uses (and itself, when the image has a pool of its
+// own).
 func (im *Image) Close() error {
-	var errs []error
-	for _, s := range im.order {
-		if s.lz != nil {
-			errs = append(errs, s.lz.Close())
-		}
-		s.mu.Lock()
-		if s.file != nil {
-			errs = append(errs, s.file.Close())
-			s.file = nil
-		}
-		s.mu.Unlock()
+	p := im.pool
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if im.closed {
+		return nil
 	}
-	return errors.Join(errs...)
+	im.closed = true
+	im.releaseLocked()
+	return nil
 }
+
+// Complete reports whether every segment of the image is complete locally.
+func (im *Image) Complete() bool { return im.allDone() }

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -147,8 +148,6 @@ func TestImagesShareSegments(t *testing.T) {
 			}
 			// Completing B's caches leaves complete local segments that a
 			// new reader serves without the store.
-			done := make(chan struct{})
-			imB.o.OnComplete = func() { close(done) }
 			imB.Fill()
 			waitDone(t, imB)
 			if err := os.RemoveAll(f.store.Root()); err != nil {
@@ -346,3 +345,56 @@ func TestRestoreImageFallsBackPastDamage(t *testing.T) {
 }
 
 func ownKey(m uploader.Manifest) string { return uploader.SegmentKey(m.ID, m.Encryption != nil) }
+
+// countGets counts ranged Gets of segment objects.
+type countGets struct {
+	uploader.Store
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *countGets) Get(ctx context.Context, key string, off, length int64) (io.ReadCloser, uploader.ObjectInfo, error) {
+	c.mu.Lock()
+	c.n[key]++
+	c.mu.Unlock()
+	return c.Store.Get(ctx, key, off, length)
+}
+
+func TestPoolSharesSegments(t *testing.T) {
+	f := newFixture(t, false)
+	a, b, wantA, wantB := twoImages(t, f)
+	cg := &countGets{Store: f.store, n: map[string]int{}}
+	pool, err := NewPool(Options{Store: cg, CacheDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	am, _ := f.cat.Manifest(t.Context(), a.ID)
+	bm, _ := f.cat.Manifest(t.Context(), b.ID)
+	var completed sync.WaitGroup
+	completed.Add(2)
+	imA, err := pool.Open(t.Context(), am, completed.Done)
+	if err != nil {
+		t.Fatal(err)
+	}
+	imB, err := pool.Open(t.Context(), bm, completed.Done)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := readAll(t, imA); !bytes.Equal(got, wantA) {
+		t.Fatal("A differs")
+	}
+	gets := cg.n[ownKey(a)]
+	if got := readAll(t, imB); !bytes.Equal(got, wantB) {
+		t.Fatal("B differs")
+	}
+	if cg.n[ownKey(a)] != gets {
+		t.Errorf("B's reads of A's segment went to the store again (%d Gets, then %d): the pool must share the segment's cache", gets, cg.n[ownKey(a)])
+	}
+	imB.Fill()
+	completed.Wait() // both images complete: each told once
+	imA.Close()
+	if got := readAll(t, imB); !bytes.Equal(got, wantB) {
+		t.Fatal("B differs once A is closed")
+	}
+	imB.Close()
+}
