@@ -240,7 +240,7 @@ func (p *packer) writeData(ctx context.Context, out *output) ([]fragEntry, error
 // store writes one finished block and records where it went.
 func (d *dataWriter) store(out *output, j *job, frags *[]fragEntry) error {
 	at := out.pos
-	if j.word != 0 && !d.p.opts.noCheck && crc32c(j.out) != j.crc {
+	if j.word != 0 && j.copyFrom == nil && !d.p.opts.noCheck && crc32c(j.out) != j.crc {
 		// The bytes changed since they were checked: whoever else
 		// wrote into the buffer, they are not what was checked.
 		return d.blockError(out, j, fmt.Errorf("%w (its bytes changed after they were checked)", errSelfCheck))
@@ -341,6 +341,11 @@ func (w *worker) content(b []byte, word uint32) ([]byte, error) {
 // the pack fails instead of producing an archive whose blocks do not
 // match their sums.
 func (w *worker) check(j *job) error {
+	if j.copyFrom != nil && j.out == nil {
+		// A block of another archive, neither read nor written
+		// (PackOptions.Segment): its bytes and sum are that archive's.
+		return nil
+	}
 	switch j.kind {
 	case jobData, jobRaw:
 		n := len(j.in)
