@@ -35,6 +35,7 @@ import (
 	"github.com/hermesfs/hermesfs/fs"
 	"github.com/hermesfs/hermesfs/uploader"
 	"github.com/hermesfs/hermesfs/uploader/faultproxy"
+	"github.com/hermesfs/hermesfs/uploader/image"
 	"github.com/hermesfs/hermesfs/uploader/s3test"
 	"github.com/hermesfs/hermesfs/uploader/storeurl"
 )
@@ -310,7 +311,7 @@ func (r *tortureRig) checkSnapshot(id string) (cutSet, bool) {
 	dir := e2eDir(t, "snap")
 	defer os.RemoveAll(dir)
 	archive := filepath.Join(dir, "a.sqfs")
-	if _, err := r.cat.Restore(t.Context(), archive, uploader.RestoreOptions{ID: id}); err != nil {
+	if _, err := r.cat.Restore(t.Context(), archive, uploader.RestoreOptions{ID: id, Image: image.Opener(r.cat.Store(), r.cat.Identities(), "")}); err != nil {
 		latest, _ := r.cat.LatestID(t.Context())
 		_, merr := r.cat.Manifest(t.Context(), id)
 		if errors.Is(merr, iofs.ErrNotExist) && id != latest {

@@ -38,6 +38,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 
@@ -45,6 +46,11 @@ import (
 	"github.com/hermesfs/hermesfs/uploader/crypt"
 	"github.com/hermesfs/hermesfs/uploader/lazy"
 )
+
+// ErrNoDigests is a snapshot of manifest format 1 (an older hermesfs's):
+// no chunk digests, so it cannot be read by range; download it whole into
+// the cache directory (its plain name), and it opens from there.
+var ErrNoDigests = errors.New("no chunk digests to read it by range (a format 1 snapshot): download it whole")
 
 // Options configure Open.
 type Options struct {
@@ -327,7 +333,7 @@ func (p *Pool) openSegment(m uploader.Manifest, ref uploader.SegmentRef, sums *u
 		os.Remove(s.plain)
 	}
 	if sums == nil {
-		return nil, fmt.Errorf("segment %s: no digests to read it by range (a format 1 snapshot): download it whole", ref.Key)
+		return nil, fmt.Errorf("segment %s: %w", ref.Key, ErrNoDigests)
 	}
 	lo := p.o.Lazy
 	lo.Store = p.o.Store
@@ -663,3 +669,109 @@ func (im *Image) Close() error {
 
 // Complete reports whether every segment of the image is complete locally.
 func (im *Image) Complete() bool { return im.allDone() }
+
+// Composed is an image not yet published, read as the hot set and the
+// checks need it: extents of a new segment (Key "", the local file) and of
+// segments open in the pool.
+type Composed struct {
+	pool  *Pool
+	fresh *os.File
+	ext   []uploader.Extent
+	start []int64
+	size  int64
+	segs  map[string]*segment
+}
+
+// Compose reads the image laid out by ext: ranges of the file at fresh
+// where Key is "", and of the pool's open segments elsewhere. Close it
+// before the images that hold those segments are closed.
+func (p *Pool) Compose(ext []uploader.Extent, fresh string) (*Composed, error) {
+	f, err := os.Open(fresh)
+	if err != nil {
+		return nil, err
+	}
+	c := &Composed{pool: p, fresh: f, ext: ext, segs: map[string]*segment{}}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, x := range ext {
+		c.start = append(c.start, c.size)
+		c.size += x.Length
+		if x.Key == "" || c.segs[x.Key] != nil {
+			continue
+		}
+		s := p.segs[x.Key]
+		if s == nil {
+			f.Close()
+			return nil, fmt.Errorf("image: segment %s is not open", x.Key)
+		}
+		c.segs[x.Key] = s
+	}
+	return c, nil
+}
+
+// Size is the image's size.
+func (c *Composed) Size() int64 { return c.size }
+
+// ReadAt implements io.ReaderAt.
+func (c *Composed) ReadAt(p []byte, off int64) (int, error) {
+	if off < 0 || off >= c.size {
+		return 0, io.EOF
+	}
+	end := min(off+int64(len(p)), c.size)
+	i := sort.Search(len(c.start), func(i int) bool { return c.start[i] > off }) - 1
+	n := 0
+	for ; i < len(c.ext) && c.start[i] < end; i++ {
+		x := c.ext[i]
+		lo, hi := max(off, c.start[i]), min(end, c.start[i]+x.Length)
+		dst := p[lo-off : hi-off]
+		var err error
+		if x.Key == "" {
+			_, err = c.fresh.ReadAt(dst, x.Offset+lo-c.start[i])
+		} else {
+			s := c.segs[x.Key]
+			s.mu.RLock()
+			_, err = s.ra.ReadAt(dst, x.Offset+lo-c.start[i])
+			s.mu.RUnlock()
+		}
+		if err != nil && err != io.EOF {
+			return n, err
+		}
+		n += len(dst)
+	}
+	if n < len(p) {
+		return n, io.EOF
+	}
+	return n, nil
+}
+
+// Close closes the new segment's file.
+func (c *Composed) Close() error { return c.fresh.Close() }
+
+// Opener opens images for uploader.RestoreOptions.Image: each in a pool of
+// its own over a temporary cache directory (under dir; "" for the
+// system's) that Close removes.
+func Opener(store uploader.Store, ids *crypt.Identities, dir string) func(ctx context.Context, m uploader.Manifest) (uploader.ImageReader, error) {
+	return func(ctx context.Context, m uploader.Manifest) (uploader.ImageReader, error) {
+		tmp, err := os.MkdirTemp(dir, "hermesfs-image-")
+		if err != nil {
+			return nil, err
+		}
+		im, err := Open(ctx, m, Options{Store: store, CacheDir: tmp, Identities: ids})
+		if err != nil {
+			os.RemoveAll(tmp)
+			return nil, err
+		}
+		return &tempImage{Image: im, dir: tmp}, nil
+	}
+}
+
+type tempImage struct {
+	*Image
+	dir string
+}
+
+func (t *tempImage) Close() error {
+	err := t.Image.Close()
+	os.RemoveAll(t.dir)
+	return err
+}

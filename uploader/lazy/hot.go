@@ -3,7 +3,6 @@ package lazy
 import (
 	"fmt"
 	"io"
-	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -264,10 +263,10 @@ func (s *HotFiles) Resolve() (int, error) {
 }
 
 // Chunks returns the chunks (of chunkSize; 0: uploader.DefaultChunkSize)
-// of the archive file at path that hold the file bytes Resolve found, in
-// their order, at most uploader.HotLimit of that archive; nil before
-// Resolve.
-func (s *HotFiles) Chunks(path string, chunkSize int64) ([]int64, error) {
+// of the archive ra (size bytes) that hold the file bytes Resolve found,
+// in their order, at most uploader.HotLimit of that archive; nil before
+// Resolve. Only the archive's metadata is read.
+func (s *HotFiles) Chunks(ra io.ReaderAt, size, chunkSize int64) ([]int64, error) {
 	s.mu.Lock()
 	files := s.files
 	s.mu.Unlock()
@@ -277,18 +276,9 @@ func (s *HotFiles) Chunks(path string, chunkSize int64) ([]int64, error) {
 	if chunkSize <= 0 {
 		chunkSize = uploader.DefaultChunkSize
 	}
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	r, err := archive.Open(f, fi.Size(), archive.ReaderOptions{Name: path, CacheBytes: 1})
+	r, err := archive.Open(ra, size, archive.ReaderOptions{Name: "new image", CacheBytes: 1})
 	if err != nil {
 		return nil, fmt.Errorf("hot set: %w", err)
 	}
-	return archive.FileChunks(r, chunkSize, files, uploader.HotLimit(fi.Size(), chunkSize)), nil
+	return archive.FileChunks(r, chunkSize, files, uploader.HotLimit(size, chunkSize)), nil
 }

@@ -132,7 +132,7 @@ func TestHotFilesFollowFiles(t *testing.T) {
 	write("a-new.bin", hotNoise(5*128<<10, 3))
 	write("z-state.db", hotNoise(9*128<<10, 4))
 	newPath := hotPack(t, src)
-	got, err := hf.Chunks(newPath, testChunk)
+	got, err := chunksOfFile(hf, newPath, testChunk)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -307,7 +307,7 @@ func TestHotFilesScanKeepsStartup(t *testing.T) {
 	// The next archive: one more session file, the rest unchanged.
 	write("sessions/s100.json", hotNoise(300<<10, 99))
 	newPath := hotPack(t, src)
-	got, err := hf.Chunks(newPath, testChunk)
+	got, err := chunksOfFile(hf, newPath, testChunk)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -360,4 +360,18 @@ func TestHotRecorderBegin(t *testing.T) {
 	if got := h.Hot(); !slices.Equal(got, []int64{7, 2}) {
 		t.Fatalf("hot %v after Stop and Begin; want [7 2]", got)
 	}
+}
+
+// chunksOfFile is hf.Chunks of the archive file at path.
+func chunksOfFile(hf *HotFiles, path string, cs int64) ([]int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	return hf.Chunks(f, fi.Size(), cs)
 }

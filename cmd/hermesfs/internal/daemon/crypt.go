@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/hermesfs/hermesfs/uploader"
@@ -41,4 +42,23 @@ func checkEncryptedLatest(ctx context.Context, c *uploader.Catalog, o uploader.C
 type encryptionInfo struct {
 	Scheme         string   `json:"scheme"`
 	RecipientTypes []string `json:"recipient_types"`
+}
+
+// LazyCryptError classifies a failure to open snapshot m's age header:
+// identities that do not open an intact header are a KeyError (exit 6);
+// a header naming a recipient type the manifest does not, or failing its
+// MAC or authentication, is corruption.
+func LazyCryptError(m uploader.Manifest, err error) error {
+	if ke, ok := errors.AsType[*crypt.KeyError](err); ok {
+		for _, t := range ke.Types {
+			if !slices.Contains(m.Encryption.RecipientTypes, t) {
+				return withCode(exitCorrupt, &uploader.CorruptError{ID: m.ID, Err: fmt.Errorf("%w: %s (manifest: %s)", crypt.ErrUnknownRecipientType, t, strings.Join(m.Encryption.RecipientTypes, ", "))})
+			}
+		}
+		return CryptError(&uploader.KeyError{ID: m.ID, Err: ke})
+	}
+	if errors.Is(err, crypt.ErrAuth) || errors.Is(err, crypt.ErrHeader) {
+		return withCode(exitCorrupt, &uploader.CorruptError{ID: m.ID, Err: err})
+	}
+	return err
 }

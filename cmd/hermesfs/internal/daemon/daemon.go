@@ -3,11 +3,9 @@ package daemon
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -16,10 +14,13 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hermesfs/hermesfs/archive"
 	"github.com/hermesfs/hermesfs/fs"
 	"github.com/hermesfs/hermesfs/uploader"
+	"github.com/hermesfs/hermesfs/uploader/image"
 	"github.com/hermesfs/hermesfs/uploader/lazy"
 	"github.com/hermesfs/hermesfs/uploader/storeurl"
+	"path"
 )
 
 // The daemon of `hermesfs mount`. The README section "hermesfs mount" says
@@ -92,17 +93,21 @@ type daemon struct {
 	changes changeLog
 	sched   scheduler
 
-	// publishedSHA is the sha256 of the archive of LastPublished.
-	publishedSHA string
 	// roBase is the snapshot a read-only mount shows.
 	roBase string
-	// downloaded is the archive downloaded at boot, verified block by
-	// block in the background once the mount is ready.
-	downloaded string
-	// lazy is the base read lazily (nil: a complete file); hot records
-	// the chunks the mount reads first (daemon_lazy.go).
-	lazy *lazyBase
-	hot  *lazy.HotFiles
+	// imgs are the snapshot images open (daemon_images.go); the lower
+	// layer is lowerImage, read through lowerReader. lazyBoot: the base
+	// was not complete in the cache at boot; verifyBase: it was fetched
+	// whole at boot, and is verified block by block once the mount is
+	// ready.
+	imgs        *images
+	lowMu       sync.Mutex // guards lowerImage and lowerReader
+	lowerImage  *openImage
+	lowerReader *archive.Reader
+	lazyBoot    bool
+	verifyBase  bool
+	// hot records the chunks the mount reads first (daemon_lazy.go).
+	hot *lazy.HotFiles
 	// bgCtx bounds snapshots other than the final one; stop cancels it
 	// when the stop timeout is near.
 	bgCtx    context.Context
@@ -197,10 +202,10 @@ func (d *daemon) boot(ctx context.Context) error {
 	d.st.Mountpoint = cfg.Mountpoint
 	d.st.Store = d.parts.storeURL(d)
 
-	// Temporary files of a pack or download a crash interrupted. (An
-	// archive a crash left in pack/ stays until the base is decided: it
+	// Temporary files of a pack or download a crash interrupted. (A
+	// segment a crash left in pack/ stays until the base is decided: it
 	// may be the proof that an unrecorded snapshot in the store is ours.)
-	for _, pat := range []string{"pack/.*.tmp*", "cache/download.sqfs*", "cache/.*.tmp*"} {
+	for _, pat := range []string{"pack/.*.tmp*", "cache/download.sqfs*", "cache/.*.tmp*", "cache/segments/.*.tmp*"} {
 		olds, _ := filepath.Glob(filepath.Join(sd.path, pat))
 		for _, o := range olds {
 			os.Remove(o)
@@ -255,9 +260,7 @@ func (d *daemon) boot(ctx context.Context) error {
 		// saved: next.sqfs may be the proof that LATEST is ours, needed
 		// again if this boot fails before the save. A read-only mount
 		// saves nothing and leaves it to the writer.
-		for _, name := range []string{"next.sqfs", "seed.sqfs"} {
-			os.Remove(filepath.Join(d.sd.packDir(), name))
-		}
+		os.Remove(filepath.Join(d.sd.packDir(), "next.seg"))
 	}
 	return nil
 }
@@ -286,7 +289,7 @@ func (d *daemon) cleanupBoot(refused bool) {
 	if d.ov != nil {
 		d.ov.Unmount(ctx)
 	}
-	d.closeLazy()
+	d.closeImages()
 	if d.lease != nil {
 		d.lease.Release(ctx)
 	}
@@ -317,19 +320,21 @@ func (d *daemon) decideBase(ctx context.Context) (string, error) {
 		}
 		dir := filepath.Join(d.sd.path, "ro-cache")
 		os.RemoveAll(dir)
-		if err := os.MkdirAll(dir, 0o700); err != nil {
+		if err := d.newImages(dir); err != nil {
 			return "", err
 		}
-		p := filepath.Join(dir, "snapshot.sqfs")
-		got, skipped, err := d.cat.Fetch(ctx, "", p)
+		got, err := d.bootNewest(ctx, latest.ID)
 		if err != nil {
-			return "", fmt.Errorf("restore newest snapshot: %w", err)
+			return "", fmt.Errorf("open the newest snapshot: %w", err)
 		}
-		for _, s := range skipped {
-			d.setErr(fmt.Errorf("snapshot %s is corrupt in the store; showing %s", s, got.ID))
-		}
-		d.roBase, d.downloaded = got.ID, p
-		return p, nil
+		d.roBase = got
+		return d.sd.cached(got), nil
+	}
+	if err := d.migrateCache(); err != nil {
+		return "", fmt.Errorf("state dir: %w", err)
+	}
+	if err := d.newImages(d.sd.segmentsDir()); err != nil {
+		return "", err
 	}
 
 	changed, err := fs.UpperHasChanges(d.sd.upper())
@@ -355,7 +360,7 @@ func (d *daemon) decideBase(ctx context.Context) (string, error) {
 		if mine != "" && latest.ID == mine {
 			// Base + upper is LATEST: no download.
 			d.expect = latest.Pointer
-			return d.baseFile(ctx, st.Base, st.BaseSHA256)
+			return d.baseFile(ctx, st.Base)
 		}
 		// LATEST moved on. The upper layer is dropped only if the store
 		// still holds the snapshot it went into: an emptied prefix, a
@@ -397,11 +402,11 @@ func (d *daemon) decideBase(ctx context.Context) (string, error) {
 				st.LastPublished = latest.ID // the next snapshot's parent
 			}
 			d.log.Info("local changes found in the state dir; mounting them over their base and publishing them", "base", OrNone(st.Base), "latest", OrNone(latest.ID))
-			return d.baseFile(ctx, st.Base, st.BaseSHA256)
+			return d.baseFile(ctx, st.Base)
 		case cfg.OnConflict == "keep-local":
 			d.pending, d.expect = true, latest.Pointer
 			d.log.Warn("another host published since our changes; keeping ours (--on-conflict keep-local): the next snapshot replaces theirs as LATEST", "ours", OrNone(ours), "theirs", latest.ID)
-			return d.baseFile(ctx, st.Base, st.BaseSHA256)
+			return d.baseFile(ctx, st.Base)
 		case cfg.OnConflict == "discard-local":
 			to, err := setAside(d.sd.upper(), "discarded")
 			if err != nil {
@@ -436,7 +441,7 @@ func (d *daemon) decideBase(ctx context.Context) (string, error) {
 	}
 	if empty {
 		d.log.Info("empty store and empty mountpoint: starting from an empty tree")
-		st.Base, st.BaseSHA256 = "", ""
+		st.Base = ""
 		return "", nil
 	}
 	return d.seed(ctx)
@@ -466,146 +471,153 @@ func (d *daemon) warnHidden(id string) {
 // and makes it the base.
 func (d *daemon) seed(ctx context.Context) (string, error) {
 	t0 := time.Now()
-	tmp := filepath.Join(d.sd.packDir(), "seed.sqfs")
-	ps, err := d.parts.packDir(ctx, d.cfg.Mountpoint, tmp)
+	out := filepath.Join(d.sd.packDir(), "next.seg")
+	ps, err := d.parts.packDir(ctx, d.cfg.Mountpoint, out)
 	if err != nil {
 		return "", fmt.Errorf("seed from %s: %w", d.cfg.Mountpoint, err)
 	}
-	defer os.Remove(tmp)
 	packTime := time.Since(t0)
 	t1 := time.Now()
-	var pr publishResult
+	var pr uploader.Published
 	err = contain(func() (err error) {
-		pr, err = d.cat.Publish(ctx, tmp, publishMeta{Files: ps.Files, Host: d.host, SHA256: ps.SHA256, Size: ps.Size}, "")
+		pr, err = d.cat.PublishImage(ctx, uploader.ImageInput{
+			Segment: out, Extents: ps.Extents, Files: ps.Files, MetaOffset: ps.MetaOffset,
+		})
 		return err
 	})
 	if err != nil {
 		return "", fmt.Errorf("seed from %s: publish: %w", d.cfg.Mountpoint, err)
 	}
 	d.met.seedPublished(ps, pr, time.Since(t0))
-	path, err := d.adopt(tmp, pr.ID, ps.SHA256)
-	if err != nil {
+	if err := d.adoptSegment(out, pr); err != nil {
+		return "", err
+	}
+	if _, err := d.bootImage(ctx, pr.ID, &pr.Manifest); err != nil {
 		return "", err
 	}
 	d.log.Info("seeded the store from the existing directory", "id", pr.ID, "files", ps.Files,
 		"bytes_packed", ps.BytesPacked, "size", ps.Size, "pack", packTime.Round(time.Millisecond), "upload", time.Since(t1).Round(time.Millisecond))
-	d.st.Base, d.st.BaseSHA256, d.st.LastPublished, d.st.PublishedAt = pr.ID, ps.SHA256, pr.ID, time.Now().UTC()
+	d.st.Base, d.st.LastPublished, d.st.PublishedAt = pr.ID, pr.ID, time.Now().UTC()
 	d.expect = pr.ID
-	return path, d.sd.save(d.st)
+	return d.sd.cached(pr.ID), d.sd.save(d.st)
 }
 
-// adopt moves a published archive into the cache as cache/<id>.sqfs.
-func (d *daemon) adopt(path, id, sha string) (string, error) {
-	dst := d.sd.cached(id)
-	if err := os.Rename(path, dst); err != nil {
-		return "", fmt.Errorf("cache %s: %w", id, err)
+// adoptSegment moves the segment just published from the file out into
+// the cache (cache/segments, under the name the store gives it), with its
+// digests, the extents list and the manifest: the image reads from there
+// without asking the store.
+func (d *daemon) adoptSegment(out string, p uploader.Published) error {
+	dir := d.sd.segmentsDir()
+	if p.Segment != "" {
+		if err := os.Rename(out, filepath.Join(dir, image.PlainName(p.Segment))); err != nil {
+			return fmt.Errorf("cache the new segment: %w", err)
+		}
+		if err := uploader.WriteFileAtomic(filepath.Join(dir, image.PlainName(p.Segment)+uploader.SumsExt), p.SegmentSums, 0o600); err != nil {
+			return err
+		}
+	} else {
+		os.Remove(out)
 	}
-	if err := uploader.SyncDir(d.sd.cacheDir()); err != nil {
-		return "", err
+	if err := uploader.WriteFileAtomic(filepath.Join(dir, path.Base(p.Extents)), p.ExtentsList, 0o600); err != nil {
+		return err
 	}
-	return dst, nil
+	if err := d.saveManifest(p.Manifest); err != nil {
+		return err
+	}
+	return uploader.SyncDir(dir)
 }
 
-// baseFile returns the cached archive of base, downloading it again if
-// the cache lost it. "" is the empty lower layer.
-func (d *daemon) baseFile(ctx context.Context, base, sha string) (string, error) {
+// baseFile opens the image of base, the snapshot the upper layer's
+// changes are relative to: from the cache, else through the store. "" is
+// the empty lower layer.
+func (d *daemon) baseFile(ctx context.Context, base string) (string, error) {
 	if base == "" {
 		return "", nil
 	}
-	p := d.sd.cached(base)
-	if _, err := os.Stat(p); err == nil {
-		return p, nil
-	}
-	if d.cfg.Lazy {
-		if _, err := d.openLazy(ctx, base); err == nil {
-			return p, nil
-		} else if isKeyError(err) {
-			return "", fmt.Errorf("base snapshot %s: %w", base, err)
-		} else if !errors.Is(err, errNotLazy) {
-			d.log.Warn("cannot read the base snapshot lazily; downloading it whole", "base", base, "err", err)
-		}
-	}
-	d.log.Warn("the base snapshot is missing from the cache; downloading it", "base", base)
-	got, _, err := d.cat.Fetch(ctx, base, p)
-	if err != nil {
+	if _, err := d.openBase(ctx, base); err != nil {
 		return "", fmt.Errorf("base snapshot %s (the upper layer's changes are relative to it): %w", base, err)
 	}
-	if sha != "" && got.SHA256 != "" && got.SHA256 != sha {
-		return "", withCode(exitCorrupt, fmt.Errorf("base snapshot %s: sha256 %s in the store, %s recorded locally", base, got.SHA256, sha))
-	}
-	return p, nil
+	return d.sd.cached(base), nil
 }
 
-// fetchBase makes snapshot id (or an older one that verifies) the base:
-// from the cache when it holds it, else a verified download.
-func (d *daemon) fetchBase(ctx context.Context, id string) (string, error) {
-	st := &d.st
-	if id == st.Base && st.BaseSHA256 != "" {
-		p := d.sd.cached(id)
-		ok, err := fileHasSHA256(p, st.BaseSHA256)
-		if ok {
-			d.log.Info("base snapshot is in the cache", "id", id)
-			return p, nil
-		}
-		if d.cfg.Lazy && fileExists(p+".partial") {
-			d.log.Info("the base snapshot is partly in the cache; resuming it", "id", id)
-		} else {
-			d.log.Warn("the cached base snapshot is missing or damaged; downloading it", "id", id, "err", err)
-			// A damaged file must not pass below for a complete cache.
-			os.Remove(p)
-		}
-	}
-	if p, ok, err := d.bootLazy(ctx, id); err != nil {
-		return "", fmt.Errorf("restore newest snapshot: %w", err)
-	} else if ok {
-		return p, nil
-	}
+// openBase opens snapshot id's image as the base to mount (see bootImage).
+// A snapshot whose manifest has no chunk digests (format 1, an older
+// hermesfs's) is downloaded whole into the cache first.
+func (d *daemon) openBase(ctx context.Context, id string) (*openImage, error) {
 	t0 := time.Now()
-	tmp := filepath.Join(d.sd.cacheDir(), "download.sqfs")
-	got, skipped, err := d.cat.Fetch(ctx, "", tmp)
+	o, err := d.bootImage(ctx, id, nil)
+	if errors.Is(err, image.ErrNoDigests) {
+		m, merr := d.cachedManifest(ctx, id)
+		if merr != nil {
+			return nil, merr
+		}
+		d.log.Info("the snapshot has no chunk digests (an older hermesfs made it); downloading it whole", "id", id)
+		dst := filepath.Join(d.sd.segmentsDir(), image.PlainName(m.Archive))
+		if _, err := d.cat.Fetch(ctx, id, dst); err != nil {
+			return nil, err
+		}
+		d.verifyBase = true
+		o, err = d.bootImage(ctx, id, &m)
+	}
 	if err != nil {
-		os.Remove(tmp)
-		return "", fmt.Errorf("restore newest snapshot: %w", err)
+		return nil, err
 	}
-	for _, s := range skipped {
-		d.log.Error("snapshot is corrupt in the store; fell back to an older one", "corrupt", s, "using", got.ID)
-		d.setErr(fmt.Errorf("snapshot %s is corrupt in the store; booted from %s", s, got.ID))
+	st := o.im.Stats()
+	d.lazyBoot = !o.im.Complete()
+	if !d.cfg.Lazy && d.lazyBoot {
+		d.verifyBase = true
 	}
-	p, err := d.adopt(tmp, got.ID, got.SHA256)
+	d.lowMu.Lock()
+	d.lowerImage = o
+	d.lowMu.Unlock()
+	d.log.Info("base snapshot open", "id", id, "size", o.im.Size(), "present_bytes", st.PresentBytes,
+		"complete", o.im.Complete(), "took", time.Since(t0).Round(time.Millisecond))
+	return o, nil
+}
+
+// bootNewest opens the newest snapshot that opens, starting at id: a
+// damaged one is skipped, loudly, for the next older one. A snapshot the
+// identities do not open stops the boot (never a fallback to older data
+// it could read), as does a failure of the store itself.
+func (d *daemon) bootNewest(ctx context.Context, id string) (string, error) {
+	ids, err := d.cat.Older(ctx, id)
 	if err != nil {
 		return "", err
 	}
-	d.downloaded = p
-	d.log.Info("restored snapshot", "id", got.ID, "size", got.Size, "took", time.Since(t0).Round(time.Millisecond))
-	st.Base, st.BaseSHA256 = got.ID, got.SHA256
-	if st.LastPublished != got.ID {
+	var skipped []error
+	for _, cand := range append([]string{id}, ids...) {
+		_, err := d.openBase(ctx, cand)
+		if err == nil {
+			for _, s := range skipped {
+				d.log.Error("snapshot is corrupt in the store; fell back to an older one", "corrupt", s, "using", cand)
+			}
+			if len(skipped) > 0 {
+				d.setErr(fmt.Errorf("snapshot %s is corrupt in the store; booted from %s: %w", id, cand, skipped[0]))
+			}
+			return cand, nil
+		}
+		if isKeyError(err) || !errors.Is(err, uploader.ErrCorrupt) && !errors.Is(err, archive.ErrCorrupt) {
+			return "", err
+		}
+		d.closeImage(cand)
+		skipped = append(skipped, err)
+	}
+	return "", withCode(exitCorrupt, fmt.Errorf("every snapshot failed verification: %w", errors.Join(skipped...)))
+}
+
+// fetchBase makes snapshot id (or an older one that verifies) the base.
+func (d *daemon) fetchBase(ctx context.Context, id string) (string, error) {
+	st := &d.st
+	got, err := d.bootNewest(ctx, id)
+	if err != nil {
+		return "", fmt.Errorf("restore newest snapshot: %w", err)
+	}
+	st.Base = got
+	if st.LastPublished != got {
 		st.LastPublished = "" // published by another host, or long ago
 	}
-	d.cleanCache(got.ID)
-	return p, d.sd.save(*st)
-}
-
-// cleanCache removes cached archives other than keep.
-func (d *daemon) cleanCache(keep string) {
-	names, _ := filepath.Glob(filepath.Join(d.sd.cacheDir(), "*.sqfs*"))
-	for _, n := range names {
-		if !keepInCache(d.sd.cacheDir(), filepath.Base(n), keep) {
-			os.Remove(n)
-		}
-	}
-}
-
-func fileHasSHA256(path, want string) (bool, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return false, err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return false, err
-	}
-	return hex.EncodeToString(h.Sum(nil)) == want, nil
+	d.cleanCache(got)
+	return d.sd.cached(got), d.sd.save(*st)
 }
 
 func newHostID() string {
@@ -690,7 +702,7 @@ func (d *daemon) serve(ctx context.Context) error {
 	// A lease taken again after it lapsed (reacquireLease) is watched
 	// from then on.
 	d.relet = make(chan (<-chan struct{}), 1)
-	if d.downloaded != "" {
+	if d.verifyBase {
 		// Blocks are checked as they are read; this pass finds damage
 		// (a packer bug, bit rot in the cache) before the agent does.
 		bg0 := d.bgCtx
@@ -707,7 +719,7 @@ func (d *daemon) serve(ctx context.Context) error {
 				return
 			}
 			d.log.Info("base snapshot verified", "took", time.Since(t).Round(time.Millisecond))
-		}(d.downloaded)
+		}(d.sd.cached(d.lowerID()))
 	}
 	d.startLazyFill()
 	// Changes left by a crash or a failed final upload go out right away.
@@ -881,7 +893,7 @@ func (d *daemon) stop(waitBg func()) shutdownResult {
 	case <-waitDone:
 	case <-time.After(time.Until(deadline) + reserve):
 	}
-	d.closeLazy()
+	d.closeImages()
 
 	if !cfg.ReadOnly && res.Code == exitOK && !gone && d.ov.Generation() != finalGen {
 		// Acknowledged writes came after the final snapshot's freeze (the
@@ -970,18 +982,18 @@ func (d *daemon) changedSincePublished() bool {
 	return d.pending || d.ov.Generation() != d.publishedGen
 }
 
-// packedHere reports whether the pack dir holds the archive of snapshot s
-// (same size and sha256): this state dir packed and published it.
+// packedHere reports whether this state dir holds the segment snapshot s
+// uploaded (the segment file it packed, in the pack dir or moved into the
+// cache, of the size s's manifest records): this state dir published it.
 func (d *daemon) packedHere(s snapshotInfo) bool {
-	if s.SHA256 == "" {
+	if s.NewBytes <= 0 {
 		return false
 	}
-	for _, name := range []string{s.ID + ".sqfs", "next.sqfs"} {
-		p := filepath.Join(d.sd.packDir(), name)
-		if fi, err := os.Stat(p); err != nil || fi.Size() != s.Size {
-			continue
-		}
-		if ok, err := fileHasSHA256(p, s.SHA256); err == nil && ok {
+	for _, p := range []string{
+		filepath.Join(d.sd.packDir(), "next.seg"),
+		filepath.Join(d.sd.segmentsDir(), image.PlainName(uploader.SegmentKey(s.ID, false))),
+	} {
+		if fi, err := os.Stat(p); err == nil && fi.Size() == s.NewBytes {
 			return true
 		}
 	}
@@ -1025,35 +1037,25 @@ func ProbeFUSE(mp string, wait time.Duration) int {
 // finish records the state for the next start. When the merged tree is
 // a snapshot (the final one, or the base when nothing was ever published
 // from it) and no mutation came after the final freeze, that snapshot
-// becomes the base in the cache and the upper layer goes: the next start
-// needs neither a download nor the old upper layer.
+// becomes the base and the upper layer goes: the next start opens its
+// image from the cache, with no old upper layer.
 func (d *daemon) finish(synced bool, finalGen uint64) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	st := &d.st
-	target, sha := st.LastPublished, d.publishedSHA
-	if target == "" || target == st.Base {
-		target, sha = st.Base, st.BaseSHA256
+	target := st.LastPublished
+	if target == "" {
+		target = st.Base
 	}
-	rebase := synced && d.ov.Generation() == finalGen
-	packed := filepath.Join(d.sd.packDir(), target+".sqfs")
-	if rebase && target != st.Base {
-		if _, err := os.Stat(packed); err != nil {
-			rebase = false // published by an earlier run: keep base + upper
-		} else if _, err := d.adopt(packed, target, sha); err != nil {
-			d.log.Warn("rebase: keeping base + upper", "err", err)
-			rebase = false
-		}
-	}
-	if rebase {
+	if synced && d.ov.Generation() == finalGen {
 		// The upper layer goes before state.json names the new base: a
 		// crash in between leaves an empty upper over the old base, and
-		// the next start downloads LATEST (the new base).
+		// the next start opens LATEST (the new base).
 		if err := d.clearUpper("rebased"); err != nil {
 			d.log.Warn("rebase: keeping base + upper", "err", err)
 		} else {
 			old := st.Base
-			st.Base, st.BaseSHA256 = target, sha
+			st.Base = target
 			st.Unpublished, st.CleanShutdown = false, true
 			if err := d.sd.save(*st); err != nil {
 				d.log.Error("state", "err", err)
@@ -1086,4 +1088,13 @@ func (d *daemon) clearUpper(why string) error {
 		return err
 	}
 	return os.RemoveAll(aside)
+}
+
+// lowerID is the snapshot the mount's lower layer is ("" for none).
+func (d *daemon) lowerID() string {
+	_, o := d.lowerArchive()
+	if o == nil {
+		return ""
+	}
+	return o.im.Manifest().ID
 }

@@ -3,10 +3,10 @@ package daemon
 import (
 	"context"
 	"errors"
-	"io"
 	iofs "io/fs"
 
 	"github.com/hermesfs/hermesfs/uploader"
+	"github.com/hermesfs/hermesfs/uploader/crypt"
 )
 
 // The daemon drives three parts through these small interfaces; the real
@@ -45,20 +45,14 @@ type frozenView interface {
 type snapshotInfo struct {
 	ID     string
 	Size   int64
-	SHA256 string // hex
+	SHA256 string // hex; "" for an image stored as extents
 	// Pointer is what LATEST named when it was read ("" when absent, even
 	// if snapshots exist): the value the next publish must replace.
 	Pointer string
-	// Host and Parent come from the manifest, when Latest could read it.
+	// Host and Parent come from the manifest, when Latest could read it;
+	// NewBytes too (the bytes of the snapshot's own segment).
 	Host, Parent string
-}
-
-// publishResult is what publishing one archive cost.
-type publishResult struct {
-	snapshotInfo
-	// BytesUploaded were sent to the store; BytesCopied the store copied
-	// from the delta's source archive instead.
-	BytesUploaded, BytesCopied int64
+	NewBytes     int64
 }
 
 // catalog is the snapshot catalog of one store prefix.
@@ -66,18 +60,19 @@ type catalog interface {
 	// Latest returns the snapshot LATEST names (the newest complete one
 	// when LATEST is missing); ID "" when the store holds no snapshot.
 	Latest(ctx context.Context) (snapshotInfo, error)
-	// Fetch downloads snapshot id (the newest one that verifies when id is
-	// "") to the file dst, verifying its size and sha256 on the way. A
-	// corrupt newest snapshot is skipped for the next older one; the ids
-	// skipped are returned.
-	Fetch(ctx context.Context, id, dst string) (got snapshotInfo, skipped []string, err error)
-	// Publish uploads the archive at path and moves LATEST to it, provided
-	// LATEST still names expect ("" = absent). A failed condition is
-	// errConflict. parent is recorded in the manifest. With a delta in
-	// meta, a store that can copies those ranges from the source
-	// snapshot's archive instead of receiving them (anything wrong with
-	// that: a plain upload).
-	Publish(ctx context.Context, path string, meta publishMeta, expect string) (publishResult, error)
+	// Manifest reads snapshot id's manifest.
+	Manifest(ctx context.Context, id string) (uploader.Manifest, error)
+	// Older lists the complete snapshots older than id, newest first: the
+	// ones a boot falls back to when id is damaged.
+	Older(ctx context.Context, id string) ([]string, error)
+	// Fetch downloads snapshot id's whole archive to the file dst,
+	// verifying its size and sha256 on the way: how a snapshot whose
+	// manifest has no chunk digests (an older hermesfs's) is read.
+	Fetch(ctx context.Context, id, dst string) (got snapshotInfo, err error)
+	// PublishImage publishes an image as extents of segments and moves
+	// LATEST to it, provided LATEST still names in.Expect. A failed
+	// condition is errConflict; a lost lease errLeaseLost.
+	PublishImage(ctx context.Context, in uploader.ImageInput) (uploader.Published, error)
 	// Has reports whether the store holds snapshot id.
 	Has(ctx context.Context, id string) (bool, error)
 	// Prune applies the retention policy.
@@ -85,44 +80,11 @@ type catalog interface {
 	// Lease acquires the writer lease of the prefix for holder, refusing
 	// with errLeaseHeld while another live holder has it.
 	Lease(ctx context.Context, holder string) (lease, error)
-	// OpenLazy opens snapshot id's archive as a lazy reader caching at
-	// path (daemon_lazy.go); errNotLazy when its manifest has no chunk
-	// digests. seed, if not "", is a complete older archive to copy the
-	// shared prefix from.
-	OpenLazy(ctx context.Context, id, path, seed string, o lazyOptions) (*lazyOpen, error)
+	// Store and Identities are what the image pool reads with.
+	Store() uploader.Store
+	Identities() *crypt.Identities
 	// Close releases the catalog's resources.
 	Close() error
-}
-
-// publishMeta goes into a snapshot's manifest, with what the upload may
-// copy from an earlier snapshot.
-type publishMeta struct {
-	Parent string
-	Files  int64
-	Host   string
-	// SHA256 (hex) and Size of the archive as the packer wrote it, so
-	// that publishing does not read it again to hash it.
-	SHA256 string
-	Size   int64
-	// DeltaSource is the snapshot whose archive the archive was packed on,
-	// Copies the ranges the two share.
-	DeltaSource string
-	Copies      []copyRange
-	// Hot is the chunks of this archive holding the file bytes the
-	// session read first (manifest "hot").
-	Hot []int64
-	// Hole is the range of the archive left unwritten (packed on a base
-	// still being fetched); Fill reads the base there, ChunkSize is the
-	// base's chunk size (the hole is aligned to it).
-	Hole      uploader.Hole
-	Fill      io.ReaderAt
-	ChunkSize int64
-}
-
-// copyRange is a byte range of a new archive that is a copy of a range
-// of the archive it was packed on.
-type copyRange struct {
-	Offset, BaseOffset, Length int64
 }
 
 // lease is a held writer lease; it heartbeats in the background.
@@ -155,33 +117,34 @@ func mark(err, kind error) error { return marked{err, kind} }
 type packStats struct {
 	Files       int64
 	BytesPacked int64
-	Size        int64
+	Size        int64 // the image
 	BytesReused int64
-	SHA256      string
-
-	// Against the base archive, when packed on one: how it was used
-	// ("appended", "compacted", "" not at all), the ranges shared with
-	// it, and the bytes of garbage carried in the shared prefix.
-	BaseUse      string
-	Copies       []copyRange
-	BytesCopied  int64
-	GarbageBytes int64
-	// Hole: the range left unwritten (archive.PackResult.Hole); SHA256
-	// is "" then.
-	Hole uploader.Hole
+	// Segment is the bytes of the image that are new (the file the pack
+	// wrote); Extents lay the image out over them (Key "") and over the
+	// segments of the images it copies from; MetaOffset is where its
+	// metadata tables start.
+	Segment    int64
+	Extents    []uploader.Extent
+	MetaOffset int64
+	// Rewritten: image bytes copied into the new segment from segments
+	// the image would otherwise keep alive for little (mostly dead, or
+	// of the other kind than the new snapshot's encryption).
+	Rewritten int64
 }
 
 // parts builds the real parts; tests of the wiring do not replace it (the
 // end-to-end tests run the real binary).
 type parts interface {
 	openCatalog(ctx context.Context, d *daemon) (catalog, error)
-	// packDir packs directory dir to the file out (atomically).
+	// packDir packs directory dir as a new image: its one segment goes
+	// to the file out (atomically).
 	packDir(ctx context.Context, dir, out string) (packStats, error)
-	// packView packs a frozen view to the file out (atomically). base, if
-	// not "", is the archive of an earlier snapshot of the tree to build
-	// on (archive.PackOptions.Base); a base that cannot be opened is an
-	// error marked errBadBase.
-	packView(ctx context.Context, v frozenView, out, base string) (packStats, error)
+	// packView packs a frozen view as an image: the bytes no source image
+	// holds go to the file out (atomically), the rest are extents of the
+	// sources: the image base (an earlier snapshot of the tree, nil for
+	// none) and the image the view's lower layer is, opened by d. A base
+	// that cannot be read is an error marked errBadBase.
+	packView(ctx context.Context, d *daemon, v frozenView, out string, base *openImage) (packStats, error)
 	// mount opens the lower archive (path; "" = empty lower) and mounts
 	// the overlay.
 	mount(ctx context.Context, d *daemon, lowerPath string) (overlay, error)

@@ -9,8 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/hermesfs/hermesfs/archive"
-	"github.com/hermesfs/hermesfs/uploader/lazy"
+	"github.com/hermesfs/hermesfs/uploader"
 )
 
 // snapshotNow takes one snapshot: freeze, pack the view, publish, prune.
@@ -104,16 +103,15 @@ func (d *daemon) snapshotLocked(ctx context.Context, reason string) (snapshotRes
 		"bytes_packed", r.BytesPacked, "size", r.Size, "bytes_reused", r.BytesReused,
 		"freeze_stall", r.FreezeStall.Round(time.Microsecond), "pack", r.PackTime.Round(time.Millisecond),
 		"upload", r.UploadTime.Round(time.Millisecond), "bytes_uploaded", r.BytesUploaded,
-		"bytes_shared", r.shared, "bytes_copied", r.copied, "packed_on", OrNone(r.packedOn), "layout", OrNone(r.layout),
-		"compacted", r.layout == "compacted", "garbage_bytes", r.garbage, "garbage_ratio", ratio(r.garbage, r.Size))
+		"segment_bytes", r.segment, "rewritten_bytes", r.rewritten, "extents", r.extents, "segments", r.segments,
+		"packed_on", OrNone(r.packedOn))
 	d.met.snapshotPublished(r)
 	sdNotify(d.e.Getenv, "STATUS=snapshot "+r.ID+" published")
 
 	t := time.Now()
-	if d.lazyIncomplete() {
-		// Retention could delete the base the fill still reads from.
-		d.log.Debug("prune deferred until the lazy fill completes")
-	} else if err := contain(func() error { return d.cat.Prune(ctx, d.cfg.Retention) }); err != nil {
+	// The lower layer's segments are still read from the store: the
+	// writer lease names it, and prune keeps it (and LATEST).
+	if err := contain(func() error { return d.cat.Prune(ctx, d.cfg.Retention) }); err != nil {
 		d.log.Warn("prune", "err", err, "took", time.Since(t).Round(time.Millisecond))
 		if stack := panicStack(err); stack != nil {
 			d.log.Error("prune failed on a panic", "err", err, "stack", string(stack))
@@ -134,40 +132,32 @@ func ratio(part, whole int64) float64 {
 // line shows.
 type snapshotDone struct {
 	snapshotResult
-	// shared: bytes of the archive identical to the one it was packed on;
-	// copied: of those, the bytes the store copied instead of receiving.
-	shared, copied, garbage int64
-	packedOn, layout        string
+	// segment: the new segment's bytes (the image bytes new in it, with
+	// those rewritten out of mostly dead segments); rewritten: those;
+	// extents, segments: the image's layout in the store.
+	segment, rewritten int64
+	extents, segments  int
+	packedOn           string
 }
 
-// packBase chooses the archive the next snapshot is packed on, and the
-// snapshot it is the archive of: the last one this state dir published,
-// kept in the pack dir until the next publish succeeds, else the base the
-// mount sits on (in the cache as long as it is mounted). Both are what
-// the store holds under that id (packed and published from here, or
-// downloaded and verified), so the upload can copy from it. "" for none.
-func (d *daemon) packBase() (path, id string) {
+// packBase is the image the next snapshot is packed on: the last one this
+// state dir published, else the base the mount sits on (nil: none). Its
+// blocks are copied from where they are in the store, never read.
+func (d *daemon) packBase(ctx context.Context) (*openImage, string) {
 	d.mu.Lock()
 	last, base := d.st.LastPublished, d.st.Base
 	d.mu.Unlock()
-	if last != "" {
-		p := filepath.Join(d.sd.packDir(), last+".sqfs")
-		if _, err := os.Stat(p); err == nil {
-			return p, last
+	for _, id := range []string{last, base} {
+		if id == "" {
+			continue
 		}
+		o, err := d.image(ctx, id, nil)
+		if err == nil {
+			return o, id
+		}
+		d.log.Warn("cannot open the snapshot to pack on; trying the next", "id", id, "err", err)
 	}
-	if base != "" {
-		p := d.sd.cached(base)
-		if _, err := os.Stat(p); err == nil {
-			return p, base
-		}
-		if _, ok := lazyLookup(p); ok {
-			// Still being fetched: packed on through the lazy reader,
-			// which fetches what the pack reads.
-			return p, base
-		}
-	}
-	return "", ""
+	return nil, ""
 }
 
 // snapshotOnce freezes the tree, packs it and publishes it. onBase: the
@@ -204,19 +194,15 @@ func (d *daemon) snapshotOnce(ctx context.Context, parent, expect string, onBase
 	d.met.snapshotFrozen()
 
 	t1 := time.Now()
-	out := filepath.Join(d.sd.packDir(), "next.sqfs")
-	base, baseID := d.packBase()
-	ps, err := d.parts.packView(ctx, view, out, base)
-	var ce *archive.CorruptError
-	if base != "" && ctx.Err() == nil && (errors.Is(err, errBadBase) || errors.As(err, &ce) && ce.Name == base) {
-		// The archive to build on is damaged: it only ever saves work, so
-		// drop it (unless it is the mounted base) and pack without it.
-		d.log.Warn("the previous archive cannot be packed on; packing without it", "archive", base, "err", err)
-		if base != d.sd.cached(baseID) {
-			os.Remove(base)
-		}
-		base, baseID = "", ""
-		ps, err = d.parts.packView(ctx, view, out, "")
+	out := filepath.Join(d.sd.packDir(), "next.seg")
+	base, baseID := d.packBase(ctx)
+	ps, err := d.parts.packView(ctx, d, view, out, base)
+	if base != nil && ctx.Err() == nil && errors.Is(err, errBadBase) {
+		// The image to build on cannot be read: it only ever saves work,
+		// so pack without it.
+		d.log.Warn("the previous snapshot cannot be packed on; packing without it", "id", baseID, "err", err)
+		base, baseID = nil, ""
+		ps, err = d.parts.packView(ctx, d, view, out, nil)
 	}
 	if cerr := closeView(); cerr != nil && err == nil {
 		err = cerr
@@ -227,59 +213,48 @@ func (d *daemon) snapshotOnce(ctx context.Context, parent, expect string, onBase
 	}
 	r.PackTime = time.Since(t1)
 	r.Files, r.BytesPacked, r.Size, r.BytesReused = ps.Files, ps.BytesPacked, ps.Size, ps.BytesReused
-	r.shared, r.garbage, r.packedOn, r.layout = ps.BytesCopied, ps.GarbageBytes, baseID, ps.BaseUse
+	r.segment, r.rewritten, r.packedOn = ps.Segment, ps.Rewritten, baseID
 
 	t2 := time.Now()
-	meta := publishMeta{Parent: parent, Files: ps.Files, Host: d.host, SHA256: ps.SHA256, Size: ps.Size}
-	if baseID != "" {
-		meta.DeltaSource, meta.Copies = baseID, ps.Copies
+	in := uploader.ImageInput{
+		Segment: out, Extents: ps.Extents, Parent: parent, Expect: expect, Files: ps.Files,
+		MetaOffset: ps.MetaOffset,
 	}
-	if ps.Hole.Len() > 0 {
-		src, _ := lazyLookup(base)
-		lr, ok := src.(*lazy.Reader)
-		if !ok {
-			return r, fmt.Errorf("pack: %s left a hole for a base that is not being fetched", out)
+	if base != nil {
+		in.Sources = append(in.Sources, base.im.Manifest())
+	}
+	if _, lower := d.lowerArchive(); lower != nil && lower != base {
+		in.Sources = append(in.Sources, lower.im.Manifest())
+	}
+	if d.hot != nil {
+		if comp, err := d.imgs.pool.Compose(ps.Extents, out); err == nil {
+			in.Hot = d.hotSet(comp, ps.Size)
+			comp.Close()
+		} else {
+			d.log.Warn("no hot set for the new snapshot", "err", err)
 		}
-		meta.Hole, meta.Fill, meta.ChunkSize = ps.Hole, lr, lr.ChunkSize()
 	}
-	meta.Hot = d.hotSet(out, meta.ChunkSize)
-	pr, err := d.cat.Publish(ctx, out, meta, expect)
+	pr, err := d.cat.PublishImage(ctx, in)
 	if err != nil {
 		// Kept: the publish may have moved LATEST before it failed
-		// (its last read lost), and then this archive is what proves
+		// (its last read lost), and then this segment is what proves
 		// at the next start that LATEST is ours (packedHere). The next
 		// pack replaces it; a boot that saved its state removes it.
 		return r, fmt.Errorf("publish: %w", err)
 	}
 	r.UploadTime = time.Since(t2)
-	r.BytesUploaded, r.copied = pr.BytesUploaded, pr.BytesCopied
-	r.ID = pr.ID
+	r.BytesUploaded, r.ID = pr.Sent, pr.ID
+	r.extents, r.segments = pr.ExtentCount, len(pr.Segments)
 	r.Duration = time.Since(t0)
-
-	// Keep the newest published archive: the next snapshot is packed on
-	// it (and its upload copies from it), and a clean shutdown makes it
-	// the base without downloading it again. The one before goes: the
-	// pack dir holds at most this one and the one being built.
-	keep := filepath.Join(d.sd.packDir(), pr.ID+".sqfs")
-	if ps.Hole.Len() > 0 {
-		// It lacks the base's bytes: not an archive to pack on or to
-		// rebase on. The next snapshot is packed on the base again, and
-		// a stop keeps base + upper (the base still fetched lazily).
-		os.Remove(out)
-	} else if err := os.Rename(out, keep); err != nil {
-		d.log.Warn("keeping the published archive", "err", err)
+	if err := d.adoptSegment(out, pr); err != nil {
+		// Published all the same: the next pack reads the image from the
+		// store.
+		d.log.Warn("keeping the published segment in the cache", "err", err)
 	}
-	olds, _ := filepath.Glob(filepath.Join(d.sd.packDir(), "*.sqfs"))
-	for _, o := range olds {
-		if o != keep {
-			os.Remove(o)
-		}
-	}
+	prev := parent
 
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	d.publishedGen, d.pending, d.expect = viewGen, false, pr.ID
-	d.publishedSHA = ps.SHA256
 	d.count++
 	d.last = &snapshotRecord{ID: pr.ID, Time: time.Now().UTC(), snapshotFigures: r.snapshotFigures}
 	d.st.LastPublished, d.st.PublishedAt = pr.ID, d.last.Time
@@ -288,6 +263,17 @@ func (d *daemon) snapshotOnce(ctx context.Context, parent, expect string, onBase
 		// (Unpublished is true while running).
 		d.log.Warn("state", "err", err)
 	}
+	mounted := d.st.Base
+	d.mu.Unlock()
+	// The new image is what the next snapshot packs on; the one before
+	// goes (unless it is the base).
+	if _, err := d.image(ctx, pr.ID, &pr.Manifest); err != nil {
+		d.log.Warn("open the published image", "id", pr.ID, "err", err)
+	}
+	if prev != "" && prev != pr.ID {
+		d.closeImage(prev)
+	}
+	d.cleanCache(mounted, pr.ID)
 	return r, nil
 }
 

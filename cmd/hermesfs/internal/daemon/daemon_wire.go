@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"encoding/hex"
 	"fmt"
 	"io"
 	iofs "io/fs"
@@ -13,7 +12,6 @@ import (
 	"github.com/hermesfs/hermesfs/fs"
 	"github.com/hermesfs/hermesfs/fs/memguard"
 	"github.com/hermesfs/hermesfs/uploader"
-	"github.com/hermesfs/hermesfs/uploader/lazy"
 )
 
 // realParts wires the daemon to the archive writer and reader, the overlay,
@@ -23,12 +21,11 @@ type realParts struct{}
 var _ parts = realParts{}
 
 // packTo packs with pack into out, atomically: a temp file in out's
-// directory, fsynced, renamed. A panic in pack is its error, and the temp
-// file goes as with any other.
-func packTo(out string, pack func(f *os.File) (archive.PackResult, error)) (ps packStats, err error) {
+// directory, fsynced, renamed.
+func packTo(out string, pack func(f *os.File) (archive.PackResult, error)) (res archive.PackResult, err error) {
 	f, err := os.CreateTemp(filepath.Dir(out), "."+filepath.Base(out)+".tmp*")
 	if err != nil {
-		return ps, err
+		return res, err
 	}
 	defer func() {
 		if err != nil {
@@ -36,70 +33,81 @@ func packTo(out string, pack func(f *os.File) (archive.PackResult, error)) (ps p
 			os.Remove(f.Name())
 		}
 	}()
-	var res archive.PackResult
-	err = contain(func() (err error) {
-		res, err = pack(f)
-		return err
-	})
-	if err != nil {
-		return ps, err
+	// A panic on this goroutine (the caller's: the packer's own recover
+	// theirs) fails the pack, and the temp file still goes.
+	if err = contain(func() error {
+		var perr error
+		res, perr = pack(f)
+		return perr
+	}); err != nil {
+		return res, err
 	}
 	if err = f.Sync(); err != nil {
-		return ps, fmt.Errorf("fsync %s: %w", f.Name(), err)
+		return res, fmt.Errorf("fsync %s: %w", f.Name(), err)
 	}
 	if err = f.Close(); err != nil {
-		return ps, err
+		return res, err
 	}
 	if err = os.Rename(f.Name(), out); err != nil {
-		return ps, err
+		return res, err
 	}
-	if err = uploader.SyncDir(filepath.Dir(out)); err != nil {
-		return ps, err
+	return res, uploader.SyncDir(filepath.Dir(out))
+}
+
+// statsOf are the figures of a segment pack whose image is laid out by
+// ext, its segment at out.
+func statsOf(res archive.PackResult, ext []uploader.Extent, out string) packStats {
+	ps := packStats{
+		Files: res.Files, BytesPacked: res.DataBytes, Size: res.Size, BytesReused: res.ReusedBytes,
+		Segment: res.SegmentSize, Extents: ext,
 	}
-	ps = packStats{
-		Files: res.Files, BytesPacked: res.DataBytes, Size: res.Size,
-		BytesReused: res.ReusedBytes, SHA256: hex.EncodeToString(res.SHA256[:]),
-		BaseUse: string(res.Base), BytesCopied: res.CopiedBytes, GarbageBytes: res.GarbageBytes,
+	if f, err := os.Open(out); err == nil {
+		// The superblock is the segment's first bytes.
+		ps.MetaOffset = uploader.SquashfsMetaOffset(f, res.Size)
+		f.Close()
 	}
-	if res.Hole.Len() > 0 {
-		ps.SHA256, ps.Hole = "", uploader.Hole(res.Hole)
-	}
-	for _, c := range res.Copies {
-		ps.Copies = append(ps.Copies, copyRange{Offset: c.Offset, BaseOffset: c.BaseOffset, Length: c.Length})
-	}
-	return ps, nil
+	return ps
 }
 
 func (realParts) packDir(ctx context.Context, dir, out string) (packStats, error) {
-	return packTo(out, func(f *os.File) (archive.PackResult, error) {
-		return archive.PackDir(ctx, f, dir, archive.PackOptions{})
+	res, err := packTo(out, func(f *os.File) (archive.PackResult, error) {
+		return archive.PackDir(ctx, f, dir, archive.PackOptions{Segment: true})
 	})
+	if err != nil {
+		return packStats{}, err
+	}
+	return statsOf(res, []uploader.Extent{{Length: res.Size}}, out), nil
 }
 
-func (realParts) packView(ctx context.Context, v frozenView, out, base string) (packStats, error) {
-	var opts archive.PackOptions
-	if base != "" {
-		r, f, err := OpenArchive(base, archive.ReaderOptions{})
+func (realParts) packView(ctx context.Context, d *daemon, v frozenView, out string, base *openImage) (packStats, error) {
+	opts := archive.PackOptions{Segment: true}
+	sources := map[*archive.Reader]*openImage{}
+	if base != nil {
+		r, err := base.archive()
 		if err != nil {
 			return packStats{}, mark(err, errBadBase)
 		}
-		if f != nil {
-			defer f.Close()
-		}
 		opts.Base = r
-		if src, ok := lazyLookup(base); ok && !fileExists(base) {
-			// A base still being fetched: its shared prefix stays a
-			// hole, published as a copy of the base's bytes in the
-			// store (README "Lazy boot"). Not for an encrypted base:
-			// its stored bytes are not the archive's.
-			if lr, plain := src.(*lazy.Reader); plain {
-				opts.PrefixHole = lr.ChunkSize()
-			}
-		}
+		sources[r] = base
 	}
-	return packTo(out, func(f *os.File) (archive.PackResult, error) {
+	if r, o := d.lowerArchive(); r != nil {
+		sources[r] = o
+	}
+	res, err := packTo(out, func(f *os.File) (archive.PackResult, error) {
 		return archive.Pack(ctx, f, v.(*viewAdapter), opts)
 	})
+	if err != nil {
+		return packStats{}, err
+	}
+	ext, rewritten, err := d.layOut(ctx, res.Runs, out, sources)
+	if err != nil {
+		os.Remove(out)
+		return packStats{}, fmt.Errorf("lay the image out: %w", err)
+	}
+	ps := statsOf(res, ext, out)
+	ps.Segment += rewritten
+	ps.Rewritten = rewritten
+	return ps, nil
 }
 
 func (realParts) verify(ctx context.Context, path string) error {
@@ -188,6 +196,9 @@ func (realParts) mount(ctx context.Context, d *daemon, lowerPath string) (overla
 			c.Close()
 			return nil, ArchiveError(err)
 		}
+		d.lowMu.Lock()
+		d.lowerReader = reader
+		d.lowMu.Unlock()
 		d.beginHot()
 		lowerFile = c
 	}
@@ -256,8 +267,8 @@ func (realParts) mount(ctx context.Context, d *daemon, lowerPath string) (overla
 	}
 	ma := &mountAdapter{Mounted: m, done: make(chan struct{}), lower: lowerFile, guard: guard}
 	d.met.setPartialCopyUps(partialCopyUpsOf(m))
-	if d.lazy != nil {
-		d.met.setLazyFill(lazyFillOf(d.lazy.r))
+	if _, o := d.lowerArchive(); o != nil && d.lazyBoot {
+		d.met.setLazyFill(lazyFillOf(o))
 	}
 	go func() { m.Wait(); close(ma.done) }()
 	return ma, nil

@@ -43,72 +43,72 @@ func (a *catalogAdapter) Latest(ctx context.Context) (snapshotInfo, error) {
 		}
 		for _, s := range snaps {
 			if !s.Incomplete && s.Err == nil {
-				return snapshotInfo{ID: s.ID, Size: s.Size, SHA256: s.SHA256, Host: s.Host, Parent: s.Parent}, nil
+				return infoOf(s.Manifest, ""), nil
 			}
 		}
 		return snapshotInfo{}, nil
 	}
 	info := snapshotInfo{ID: id, Pointer: id}
 	if m, err := a.c.Manifest(ctx, id); err == nil {
-		info.Size, info.SHA256, info.Host, info.Parent = m.Size, m.SHA256, m.Host, m.Parent
+		info = infoOf(m, id)
 	}
 	return info, nil
 }
 
-func (a *catalogAdapter) Fetch(ctx context.Context, id, dst string) (snapshotInfo, []string, error) {
-	// The sha256 of the manifest is checked while the archive downloads;
-	// every block is checked again before it is served, and once in the
-	// background after ready (daemon.serve), so boot does not wait for a
-	// full decompression pass.
+// infoOf is what the daemon needs of manifest m (LATEST naming pointer).
+func infoOf(m uploader.Manifest, pointer string) snapshotInfo {
+	return snapshotInfo{ID: m.ID, Size: m.Size, SHA256: m.SHA256, Host: m.Host, Parent: m.Parent, NewBytes: m.NewBytes, Pointer: pointer}
+}
+
+func (a *catalogAdapter) Manifest(ctx context.Context, id string) (uploader.Manifest, error) {
+	return a.c.Manifest(ctx, id)
+}
+
+func (a *catalogAdapter) Older(ctx context.Context, id string) ([]string, error) {
+	refs, err := a.c.Complete(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, r := range refs {
+		if r.ID < id {
+			out = append(out, r.ID)
+		}
+	}
+	return out, nil
+}
+
+func (a *catalogAdapter) Store() uploader.Store { return a.c.Store() }
+
+func (a *catalogAdapter) Identities() *crypt.Identities { return a.c.Identities() }
+
+func (a *catalogAdapter) Fetch(ctx context.Context, id, dst string) (snapshotInfo, error) {
 	res, err := a.c.Restore(ctx, dst, uploader.RestoreOptions{ID: id})
 	if err != nil {
 		if errors.Is(err, uploader.ErrCorrupt) {
-			return snapshotInfo{}, res.SkippedIDs(), withCode(exitCorrupt, err)
+			return snapshotInfo{}, withCode(exitCorrupt, err)
 		}
-		return snapshotInfo{}, res.SkippedIDs(), CryptError(err)
+		return snapshotInfo{}, CryptError(err)
 	}
-	m := res.Manifest
-	a.setBase(m.ID)
-	// The sha256 of the local file (the plaintext when encrypted): what
-	// the state dir records and checks its cache against.
-	return snapshotInfo{ID: m.ID, Size: m.Size, SHA256: res.SHA256}, res.SkippedIDs(), nil
+	return snapshotInfo{ID: res.Manifest.ID, Size: res.Manifest.Size, SHA256: res.SHA256}, nil
 }
 
-func (a *catalogAdapter) Publish(ctx context.Context, path string, meta publishMeta, expect string) (publishResult, error) {
-	in := uploader.PublishInput{
-		Path: path, SHA256: meta.SHA256, Size: meta.Size, Parent: meta.Parent, Expect: expect, Files: meta.Files, Lease: a.lease,
-		Hot: meta.Hot,
-	}
-	if meta.Hole.Len() > 0 {
-		in.Hole, in.Fill, in.ChunkSize = meta.Hole, meta.Fill, meta.ChunkSize
-	}
-	if meta.DeltaSource != "" && len(meta.Copies) > 0 {
-		in.Delta = &uploader.Delta{Source: meta.DeltaSource}
-		for _, c := range meta.Copies {
-			in.Delta.Ranges = append(in.Delta.Ranges, uploader.ComposeRange{Offset: c.Offset, SourceOffset: c.BaseOffset, Length: c.Length})
-		}
-	}
-	p, err := a.c.PublishReport(ctx, in)
+func (a *catalogAdapter) PublishImage(ctx context.Context, in uploader.ImageInput) (uploader.Published, error) {
+	in.Lease = a.lease
+	p, err := a.c.PublishImage(ctx, in)
 	if err != nil {
 		var ce *uploader.ConflictError
 		if errors.As(err, &ce) {
-			return publishResult{}, mark(err, errConflict)
+			return uploader.Published{}, mark(err, errConflict)
 		}
 		if errors.Is(err, uploader.ErrLeaseLost) {
-			return publishResult{}, mark(err, errLeaseLost)
+			return uploader.Published{}, mark(err, errLeaseLost)
 		}
-		return publishResult{}, CryptError(err)
+		return uploader.Published{}, CryptError(err)
 	}
-	a.setBase(p.ID)
-	return publishResult{snapshotInfo: snapshotInfo{ID: p.ID, Size: p.Size, SHA256: p.SHA256}, BytesUploaded: p.Sent, BytesCopied: p.Copied}, nil
-}
-
-// setBase tells the writer lease (and through it, prune on any host) which
-// snapshot the mount's tree and next archive are based on now.
-func (a *catalogAdapter) setBase(id string) {
-	if a.lease != nil {
-		a.lease.SetBase(id)
-	}
+	// The lease keeps naming the mount's base (the lower layer, read
+	// lazily from its segments): prune keeps it, and LATEST, this.
+	return p, nil
 }
 
 func (a *catalogAdapter) Has(ctx context.Context, id string) (bool, error) {

@@ -95,7 +95,7 @@ func newDaemonMetrics(d *daemon, addr string) (*daemonMetrics, error) {
 		Buckets: []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}})
 	m.packed = prometheus.NewCounter(prometheus.CounterOpts(f("snapshot_bytes_packed_total", "File data bytes packed into snapshot archives (before compression).")))
 	m.uploaded = prometheus.NewCounter(prometheus.CounterOpts(f("snapshot_bytes_uploaded_total", "Archive bytes sent to the store.")))
-	m.copied = prometheus.NewCounter(prometheus.CounterOpts(f("snapshot_bytes_copied_total", "Archive bytes the store copied from the previous snapshot instead of receiving them.")))
+	m.copied = prometheus.NewCounter(prometheus.CounterOpts(f("snapshot_bytes_copied_total", "Image bytes of published snapshots that are ranges of segments already in the store, not uploaded again.")))
 	m.verdicts = prometheus.NewCounterVec(prometheus.CounterOpts(f("memory_hook_verdicts_total",
 		"Decisions of the memory write hook on changes to guarded memory files, by verdict (accepted, rejected, error) and reason.")), []string{"verdict", "reason"})
 	m.storeRequests = prometheus.NewCounterVec(prometheus.CounterOpts(f("store_requests_total",
@@ -235,16 +235,16 @@ func (m *daemonMetrics) snapshotPublished(r snapshotDone) {
 		return
 	}
 	m.freezeStall.Observe(r.FreezeStall.Seconds())
-	m.count(r.Duration, r.BytesPacked, r.BytesUploaded, r.copied)
+	m.count(r.Duration, r.BytesPacked, r.BytesUploaded, r.Size-r.segment)
 }
 
 // seedPublished counts the first snapshot, made at boot from the
 // mountpoint directory's contents.
-func (m *daemonMetrics) seedPublished(ps packStats, pr publishResult, took time.Duration) {
+func (m *daemonMetrics) seedPublished(ps packStats, pr uploader.Published, took time.Duration) {
 	if m == nil {
 		return
 	}
-	m.count(took, ps.BytesPacked, pr.BytesUploaded, pr.BytesCopied)
+	m.count(took, ps.BytesPacked, pr.Sent, pr.Copied)
 }
 
 func (m *daemonMetrics) count(took time.Duration, packed, uploaded, copied int64) {

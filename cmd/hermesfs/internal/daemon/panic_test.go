@@ -10,6 +10,7 @@ import (
 
 	"github.com/hermesfs/hermesfs/archive"
 	"github.com/hermesfs/hermesfs/uploader"
+	"github.com/hermesfs/hermesfs/uploader/image"
 )
 
 // panicFile is a file of the frozen view whose reads panic, as a bug in
@@ -146,7 +147,7 @@ func newestFile(t *testing.T, store, name string) string {
 		t.Fatal(err)
 	}
 	dst := filepath.Join(tempDir(t), "newest.sqfs")
-	if _, err := uploader.NewCatalog(s, uploader.CatalogOptions{Host: "checker"}).Restore(t.Context(), dst, uploader.RestoreOptions{}); err != nil {
+	if _, err := uploader.NewCatalog(s, uploader.CatalogOptions{Host: "checker"}).Restore(t.Context(), dst, uploader.RestoreOptions{Image: image.Opener(s, nil, "")}); err != nil {
 		t.Fatal(err)
 	}
 	f, err := os.Open(dst)

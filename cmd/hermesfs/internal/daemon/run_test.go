@@ -17,6 +17,7 @@ import (
 	"github.com/hermesfs/hermesfs/fs"
 	"github.com/hermesfs/hermesfs/fs/mounttest"
 	"github.com/hermesfs/hermesfs/uploader"
+	"github.com/hermesfs/hermesfs/uploader/image"
 	"github.com/hermesfs/hermesfs/uploader/storeurl"
 )
 
@@ -233,7 +234,7 @@ func TestRunSnapshotRestore(t *testing.T) {
 		t.Fatal(err)
 	}
 	dst := filepath.Join(root, "restored.sqfs")
-	res, err := uploader.NewCatalog(s, uploader.CatalogOptions{Host: "checker"}).Restore(t.Context(), dst, uploader.RestoreOptions{})
+	res, err := uploader.NewCatalog(s, uploader.CatalogOptions{Host: "checker"}).Restore(t.Context(), dst, uploader.RestoreOptions{Image: image.Opener(s, nil, "")})
 	if err != nil {
 		t.Fatal(err)
 	}

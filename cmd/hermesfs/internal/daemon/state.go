@@ -22,10 +22,10 @@ type persistedState struct {
 	Mountpoint string `json:"mountpoint"`
 	Store      string `json:"store"` // credentials redacted
 	Host       string `json:"host"`
-	// Base is the snapshot whose archive is the lower layer (cache/<id>.sqfs).
-	// Empty: the lower layer is empty (first boot on an empty store).
-	Base       string `json:"base,omitempty"`
-	BaseSHA256 string `json:"base_sha256,omitempty"`
+	// Base is the snapshot whose image is the lower layer (its segments
+	// in cache/segments). Empty: the lower layer is empty (first boot on
+	// an empty store).
+	Base string `json:"base,omitempty"`
 	// LastPublished is the newest snapshot this host published (it may
 	// include upper-layer content: Base stays the lower archive until a
 	// clean shutdown rebases onto it).
@@ -75,7 +75,7 @@ func openStateDir(path string) (_ *stateDir, err error) {
 	if s.created, err = mkdirAll(path); err != nil {
 		return nil, fmt.Errorf("state dir %s: %w", path, err)
 	}
-	for _, d := range []string{"cache", "upper", "pack"} {
+	for _, d := range []string{"cache", filepath.Join("cache", "segments"), "upper", "pack"} {
 		made, err := mkdirAll(filepath.Join(path, d))
 		if err != nil {
 			return nil, fmt.Errorf("state dir %s: %w", path, err)

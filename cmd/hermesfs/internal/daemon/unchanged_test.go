@@ -46,7 +46,7 @@ func TestQuerySessionPublishesNothing(t *testing.T) {
 	sock := filepath.Join(state, "control.sock")
 	db := filepath.Join(mp, "data", "state.db")
 	snapshots := func() []string {
-		names, _ := filepath.Glob(filepath.Join(store, "snapshots", "*.sqfs"))
+		names, _ := filepath.Glob(filepath.Join(store, "snapshots", "*.json"))
 		return names
 	}
 
