@@ -283,3 +283,21 @@ func (m Manifest) checkSegments() error {
 	}
 	return nil
 }
+
+// VerifySums checks the object read from r (from its start) against its
+// digests: every chunk, and the whole sha256 when known.
+func VerifySums(r io.Reader, s *Sums) error {
+	m := Manifest{Size: s.Size, ChunkSize: s.ChunkSize, Chunks: s.Chunks}
+	h := sha256.New()
+	v := newChunkVerifier(m)
+	if _, err := io.CopyBuffer(io.MultiWriter(h, v), r, make([]byte, 1<<20)); err != nil {
+		return err
+	}
+	if err := v.Close(); err != nil {
+		return fmt.Errorf("%s: %w", s.Key, err)
+	}
+	if s.SHA256 != "" && hex.EncodeToString(h.Sum(nil)) != s.SHA256 {
+		return fmt.Errorf("%s: sha256 %x, its digests say %s", s.Key, h.Sum(nil), s.SHA256)
+	}
+	return nil
+}

@@ -12,7 +12,9 @@ import (
 
 	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
 	"github.com/hermesfs/hermesfs/fs"
+	"github.com/hermesfs/hermesfs/uploader"
 	"github.com/hermesfs/hermesfs/uploader/crypt"
+	"github.com/hermesfs/hermesfs/uploader/image"
 )
 
 // encryptedHost is a host that encrypts to, and decrypts with, key.
@@ -34,28 +36,37 @@ func newTestKey(t *testing.T) (key, pub string) {
 }
 
 // checkPlaintextCache checks that the completed cache of snapshot id on h
-// is the plaintext archive, recorded in state.json, with no ciphertext or
-// partial file left beside it.
+// holds its segments as plaintext files, with no ciphertext or partial
+// file left beside them, and that state.json names it as the base.
 func checkPlaintextCache(t *testing.T, h *host, id string) {
 	t.Helper()
-	p := filepath.Join(h.state, "cache", id+".sqfs")
-	b, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatal(err)
+	var m uploader.Manifest
+	if err := json.Unmarshal([]byte(mustRead(t, filepath.Join(h.state, "cache", id+".json"))), &m); err != nil {
+		t.Fatalf("cached manifest of %s: %v", id, err)
 	}
-	if crypt.IsEncrypted(b) || len(b) < 4 || string(b[:4]) != "hsqs" {
-		t.Fatalf("the completed cache %s is not a plaintext squashfs archive", p)
+	dir := filepath.Join(h.state, "cache", "segments")
+	for _, r := range m.Segments {
+		p := filepath.Join(dir, image.PlainName(r.Key))
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(b) == 0 || crypt.IsEncrypted(b) {
+			t.Fatalf("the completed cache %s is not plaintext", p)
+		}
 	}
 	var st daemon.PersistedState
 	sj, _ := os.ReadFile(filepath.Join(h.state, "state.json"))
 	if err := json.Unmarshal(sj, &st); err != nil {
 		t.Fatal(err)
 	}
-	if st.Base != id || st.BaseSHA256 != sha256hex(b) {
-		t.Fatalf("state.json: base %s sha256 %s; want %s %s", st.Base, st.BaseSHA256, id, sha256hex(b))
+	if st.Base != id {
+		t.Fatalf("state.json: base %s; want %s", st.Base, id)
 	}
-	if left, _ := filepath.Glob(filepath.Join(h.state, "cache", "*.sqfs.*")); len(left) != 0 {
-		t.Fatalf("cache files left: %v", left)
+	for _, pat := range []string{"*.age", "*.partial", "*.present"} {
+		if left, _ := filepath.Glob(filepath.Join(dir, pat)); len(left) != 0 {
+			t.Fatalf("cache files left: %v", left)
+		}
 	}
 }
 
@@ -179,11 +190,10 @@ func TestE2ELazyEncryptedRefusals(t *testing.T) {
 }
 
 // TestE2ELazyEncryptedDecryptResume: a daemon stopped after its fill
-// completed but before the ciphertext was decrypted (the complete age file
-// in the cache, state.json without the plaintext's sha256) finishes the
-// decryption at the next start without fetching the archive again; a
-// complete ciphertext file that does not match the manifest is not
-// trusted.
+// completed but before the ciphertext was decrypted (each segment's
+// complete age file in the cache, no plaintext) finishes the decryption
+// at the next start without fetching the segments again; a complete
+// ciphertext file that does not match its digests is not trusted.
 func TestE2ELazyEncryptedDecryptResume(t *testing.T) {
 	need(t, "/dev/fuse")
 	t.Parallel()
@@ -192,8 +202,8 @@ func TestE2ELazyEncryptedDecryptResume(t *testing.T) {
 	key, pub := newTestKey(t)
 	want, _ := publishHome(t, encryptedHost(t, store, key, pub))
 	id := localLatest(t, storeDir)
-	stored, err := os.ReadFile(filepath.Join(storeDir, "snapshots", id+".sqfs"))
-	if err != nil {
+	var m uploader.Manifest
+	if err := json.Unmarshal([]byte(mustRead(t, filepath.Join(storeDir, "snapshots", id+".json"))), &m); err != nil {
 		t.Fatal(err)
 	}
 	for _, damaged := range []bool{false, true} {
@@ -204,20 +214,27 @@ func TestE2ELazyEncryptedDecryptResume(t *testing.T) {
 		d.stopOK(t)
 		checkPlaintextCache(t, h, id)
 		// The state a crash between the fill's end and the decryption
-		// leaves.
-		cache := filepath.Join(h.state, "cache", id+".sqfs")
-		ct := append([]byte(nil), stored...)
-		if damaged {
-			ct[len(ct)/2] ^= 1
+		// leaves: each segment's complete ciphertext, no plaintext.
+		var cache string
+		for i, r := range m.Segments {
+			stored, err := os.ReadFile(filepath.Join(storeDir, filepath.FromSlash(r.Key)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			cache = filepath.Join(h.state, "cache", "segments", image.PlainName(r.Key))
+			ct := append([]byte(nil), stored...)
+			if damaged && i == 0 {
+				ct[len(ct)/2] ^= 1
+			}
+			if err := os.WriteFile(cache+".age", ct, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			os.Remove(cache)
 		}
-		if err := os.WriteFile(cache+".age", ct, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		os.Remove(cache)
 		var st daemon.PersistedState
 		sj, _ := os.ReadFile(filepath.Join(h.state, "state.json"))
 		json.Unmarshal(sj, &st)
-		st.BaseSHA256, st.CleanShutdown = "", false
+		st.CleanShutdown = false
 		sj, _ = json.Marshal(st)
 		if err := os.WriteFile(filepath.Join(h.state, "state.json"), sj, 0o600); err != nil {
 			t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	iofs "io/fs"
 	"log/slog"
 	"os"
@@ -27,6 +28,8 @@ import (
 	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
 	"github.com/hermesfs/hermesfs/fs"
 	"github.com/hermesfs/hermesfs/fs/mounttest"
+	"github.com/hermesfs/hermesfs/uploader"
+	"github.com/hermesfs/hermesfs/uploader/crypt"
 	"github.com/hermesfs/hermesfs/uploader/s3test"
 )
 
@@ -404,12 +407,69 @@ func (h *host) statusJSON(mp string) (daemon.StatusReport, int) {
 	return r, code
 }
 
-// localSnapshots lists the snapshot archives of a local store, oldest first.
+// localSnapshots lists the snapshots (their manifests) of a local store,
+// oldest first.
 func localSnapshots(t *testing.T, storeDir string) []string {
 	t.Helper()
-	names, _ := filepath.Glob(filepath.Join(storeDir, "snapshots", "*.sqfs"))
+	names, _ := filepath.Glob(filepath.Join(storeDir, "snapshots", "*.json"))
 	sort.Strings(names)
 	return names
+}
+
+// localImage writes snapshot id of the local store at storeDir as one
+// squashfs image and returns its path: the README's recipe, with nothing
+// but the store's files. A format 4 snapshot is put together from its
+// extents list (each line a range of a segment file; an encrypted
+// segment's plaintext, decrypted with the identity files ids); an older
+// one is its archive object.
+func localImage(t *testing.T, storeDir, id string, ids ...string) string {
+	t.Helper()
+	var m uploader.Manifest
+	if err := json.Unmarshal([]byte(mustRead(t, filepath.Join(storeDir, "snapshots", id+".json"))), &m); err != nil {
+		t.Fatalf("manifest of %s: %v", id, err)
+	}
+	if !m.Segmented() {
+		return filepath.Join(storeDir, filepath.FromSlash(m.Archive))
+	}
+	plain := map[string][]byte{}
+	segment := func(key string) []byte {
+		if b, ok := plain[key]; ok {
+			return b
+		}
+		b, err := os.ReadFile(filepath.Join(storeDir, filepath.FromSlash(key)))
+		if err != nil {
+			t.Fatalf("segment %s of %s: %v", key, id, err)
+		}
+		if crypt.IsEncrypted(b) {
+			ident, err := crypt.LoadIdentities(ids)
+			if err != nil {
+				t.Fatalf("segment %s of %s is encrypted: %v", key, id, err)
+			}
+			r, err := crypt.NewReader(bytes.NewReader(b), ident)
+			if err == nil {
+				b, err = io.ReadAll(r)
+			}
+			if err != nil {
+				t.Fatalf("decrypt segment %s of %s: %v", key, id, err)
+			}
+		}
+		plain[key] = b
+		return b
+	}
+	var img []byte
+	for line := range strings.Lines(mustRead(t, filepath.Join(storeDir, filepath.FromSlash(m.Extents)))) {
+		var key string
+		var off, n int64
+		if _, err := fmt.Sscan(line, &key, &off, &n); err != nil {
+			t.Fatalf("extents of %s: %q: %v", id, line, err)
+		}
+		img = append(img, segment(key)[off:off+n]...)
+	}
+	p := filepath.Join(e2eDir(t, "image"), id+".sqfs")
+	if err := os.WriteFile(p, img, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
 
 func localLatest(t *testing.T, storeDir string) string {
@@ -433,7 +493,7 @@ func (d *daemonProc) stopOK(t *testing.T) {
 // storeDir with the standard tool.
 func unsquashLatest(t *testing.T, storeDir string) string {
 	t.Helper()
-	return unsquash(t, filepath.Join(storeDir, "snapshots", localLatest(t, storeDir)+".sqfs"))
+	return unsquash(t, localImage(t, storeDir, localLatest(t, storeDir)))
 }
 
 // launchS3 runs versitygw on loopback over data (a relaunch on the same

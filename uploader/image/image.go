@@ -351,6 +351,18 @@ func (p *Pool) openSegment(m uploader.Manifest, ref uploader.SegmentRef, sums *u
 	}
 	lo.Hot = hot
 	lo.OnComplete = func(path string) { p.segmentComplete(s, path) }
+	if enc {
+		// A complete ciphertext a crash left before it was decrypted:
+		// trusted only if it is what the digests say.
+		if f, err := os.Open(lo.Path); err == nil {
+			ok := uploader.VerifySums(f, sums) == nil
+			f.Close()
+			if !ok {
+				p.log.Warn("image: a cached ciphertext does not match its digests; fetching it again", "segment", ref.Key, "path", lo.Path)
+				os.Remove(lo.Path)
+			}
+		}
+	}
 	lz, err := lazy.Open(lo)
 	if err != nil {
 		return nil, fmt.Errorf("segment %s: %w", ref.Key, err)
@@ -366,6 +378,9 @@ func (p *Pool) openSegment(m uploader.Manifest, ref uploader.SegmentRef, sums *u
 		return nil, segmentCryptError(m, ref.Key, err)
 	}
 	s.ra, s.size = pr, n
+	if lz.Complete() {
+		p.finishSegment(s, lo.Path) // p.mu is held: no image to tell yet
+	}
 	return s, nil
 }
 
@@ -381,26 +396,11 @@ func segmentCryptError(m uploader.Manifest, key string, err error) error {
 	return fmt.Errorf("segment %s: %w", key, err)
 }
 
-// segmentComplete switches a segment to its complete local file (an
-// encrypted segment's ciphertext is decrypted into the plaintext file
-// first), and tells the images it completes.
+// segmentComplete switches a segment to its complete local file (see
+// finishSegment), and tells the images it completes.
 func (p *Pool) segmentComplete(s *segment, path string) {
-	if s.enc {
-		if err := decryptFile(path, s.plain, p.o.Identities); err != nil {
-			p.log.Warn("image: decrypting a complete segment; reads stay on the ciphertext cache", "segment", s.ref.Key, "err", err)
-			return
-		}
-	}
-	f, err := os.Open(s.plain)
-	if err != nil {
-		p.log.Warn("image: opening a complete segment", "segment", s.ref.Key, "err", err)
+	if !p.finishSegment(s, path) {
 		return
-	}
-	s.mu.Lock()
-	s.file, s.ra, s.done = f, f, true
-	s.mu.Unlock()
-	if s.enc {
-		os.Remove(path)
 	}
 	var done []func()
 	p.mu.Lock()
@@ -421,6 +421,30 @@ func (p *Pool) segmentComplete(s *segment, path string) {
 	for _, fn := range done {
 		fn()
 	}
+}
+
+// finishSegment switches a segment whose range reader completed the cache
+// file at path to its complete plaintext file: an encrypted segment's
+// ciphertext is decrypted into it first. It reports whether it did.
+func (p *Pool) finishSegment(s *segment, path string) bool {
+	if s.enc {
+		if err := decryptFile(path, s.plain, p.o.Identities); err != nil {
+			p.log.Warn("image: decrypting a complete segment; reads stay on the ciphertext cache", "segment", s.ref.Key, "err", err)
+			return false
+		}
+	}
+	f, err := os.Open(s.plain)
+	if err != nil {
+		p.log.Warn("image: opening a complete segment", "segment", s.ref.Key, "err", err)
+		return false
+	}
+	s.mu.Lock()
+	s.file, s.ra, s.done = f, f, true
+	s.mu.Unlock()
+	if s.enc {
+		os.Remove(path)
+	}
+	return true
 }
 
 // decryptFile decrypts the age file src into dst (atomically).
