@@ -18,6 +18,8 @@ import (
 	"github.com/hermesfs/hermesfs/fs/browse"
 	"github.com/hermesfs/hermesfs/uploader"
 	"github.com/hermesfs/hermesfs/uploader/crypt"
+	"github.com/hermesfs/hermesfs/uploader/image"
+	"github.com/hermesfs/hermesfs/uploader/lazy"
 	"github.com/hermesfs/hermesfs/uploader/ranged"
 )
 
@@ -98,7 +100,12 @@ func runBrowse(ctx context.Context, e *env, fset *flag.FlagSet, args []string) e
 		return err
 	}
 	defer cache.Close()
-	src := &catalogSource{cat: cat, open: rangedOpener(cat, cache), log: log}
+	pool, err := image.NewPool(image.Options{Store: cat.Store(), CacheDir: filepath.Join(cache.Dir(), "segments"), Identities: cat.Identities(),
+		Lazy: lazy.Options{ReadTimeout: readTimeout}, Logger: log})
+	if err != nil {
+		return err
+	}
+	src := &catalogSource{cat: cat, open: rangedOpener(cat, cache, pool), log: log}
 	m, err := browse.Mount(ctx, mp, browse.Options{Source: src, RefreshAfter: refresh, Logger: log,
 		Debug: fset.Lookup("debug").Value.String() == "true"})
 	if err != nil {
@@ -132,8 +139,15 @@ type objectOpener func(ctx context.Context, m uploader.Manifest) (io.ReaderAt, i
 // archive's own block checksums catch damage as blocks are read. An
 // encrypted snapshot is decrypted with the catalog's identities, each age
 // chunk authenticated as it is read.
-func rangedOpener(cat *uploader.Catalog, cache *ranged.Cache) objectOpener {
+func rangedOpener(cat *uploader.Catalog, cache *ranged.Cache, pool *image.Pool) objectOpener {
 	return func(ctx context.Context, m uploader.Manifest) (io.ReaderAt, int64, error) {
+		if m.Segmented() {
+			im, err := pool.Open(ctx, m, nil)
+			if err != nil {
+				return nil, 0, daemon.CryptError(err)
+			}
+			return im, im.Size(), nil
+		}
 		d, err := manifestDigests(ctx, cat.Store(), m.ID)
 		if err != nil {
 			return nil, 0, err

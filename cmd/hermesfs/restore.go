@@ -11,6 +11,7 @@ import (
 	"github.com/hermesfs/hermesfs/archive"
 	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
 	"github.com/hermesfs/hermesfs/uploader"
+	"github.com/hermesfs/hermesfs/uploader/image"
 )
 
 func init() {
@@ -36,11 +37,11 @@ With --path, only that file (DIR is then the file to create, or an existing
 directory to create it in) or directory subtree (DIR must be new or empty) is
 extracted, and only the parts of the archive it needs are fetched, by range.
 
-Without hermesfs, the same is (see the README):
-  aws s3 cp s3://my-bucket/alice/LATEST -           # prints the id
-  aws s3 cp s3://my-bucket/alice/snapshots/ID.sqfs .
-  unsquashfs -d ./alice ID.sqfs
-  (encrypted: age -d -i key.txt ID.sqfs > snap.sqfs; unsquashfs snap.sqfs)
+Without hermesfs, the same is: read LATEST for the id, put the image
+together from snapshots/ID.extents (one "segment offset length" a line,
+each a ranged GET of a segment; an encrypted segment through age -d), and
+unsquashfs it; the README shows the commands. 'hermesfs export' writes
+the image whole.
 
 ` + storeHelp,
 		flags: func(fs *flag.FlagSet) {
@@ -94,7 +95,8 @@ func runRestore(ctx context.Context, e *env, fs *flag.FlagSet, args []string) er
 	archivePath := filepath.Join(tmpDir, "snapshot.sqfs")
 
 	p := newProgress(e.stderr, "download")
-	res, err := cat.Restore(ctx, archivePath, uploader.RestoreOptions{ID: id, Verify: verifyArchive, Progress: p.update})
+	res, err := cat.Restore(ctx, archivePath, uploader.RestoreOptions{ID: id, Verify: verifyArchive, Progress: p.update,
+		Image: image.Opener(cat.Store(), cat.Identities(), tmpDir)})
 	p.done()
 	for _, skipped := range res.Skipped {
 		fmt.Fprintf(e.stderr, "WARNING: %v\n", skipped)

@@ -16,13 +16,8 @@ import (
 	"github.com/hermesfs/hermesfs/archive"
 	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
 	"github.com/hermesfs/hermesfs/uploader"
-	"github.com/hermesfs/hermesfs/uploader/ranged"
+	"github.com/hermesfs/hermesfs/uploader/image"
 )
-
-// restorePathChunk is the unit of ranged reads of restore --path (for
-// archives without chunk digests): small, since one file of a home is
-// usually small; a large one is read ahead sequentially.
-const restorePathChunk = 64 << 10
 
 // restorePath extracts the file or directory rel of snapshot id (LATEST's
 // if "") to dest, reading only what it needs of the archive by range.
@@ -44,14 +39,19 @@ func restorePath(ctx context.Context, e *env, fset *flag.FlagSet, id, rel, dest 
 	if err != nil {
 		return snapshotError(fmt.Errorf("restore from %s: %w", loc, err))
 	}
-	cache, err := ranged.New(cat.Store(), ranged.Options{ChunkSize: restorePathChunk, Logger: cliLogger(e)})
+	tmp, err := os.MkdirTemp("", "hermesfs-restore-")
 	if err != nil {
 		return err
 	}
-	defer cache.Close()
-	r, err := openSnapshotReader(ctx, rangedOpener(cat, cache), m)
+	defer os.RemoveAll(tmp)
+	im, err := image.Open(ctx, m, image.Options{Store: cat.Store(), CacheDir: tmp, Identities: cat.Identities(), Logger: cliLogger(e)})
 	if err != nil {
-		return snapshotError(err)
+		return snapshotError(daemon.CryptError(err))
+	}
+	defer im.Close()
+	r, err := archive.Open(im, im.Size(), archive.ReaderOptions{Name: m.ID})
+	if err != nil {
+		return snapshotError(daemon.ArchiveError(fmt.Errorf("open snapshot %s: %w", m.ID, err)))
 	}
 	a, err := lookupArchivePath(r, rel)
 	if err != nil {
@@ -93,9 +93,9 @@ func restorePath(ctx context.Context, e *env, fset *flag.FlagSet, id, rel, dest 
 	if err != nil {
 		return snapshotError(daemon.ArchiveError(fmt.Errorf("extract %s of snapshot %s into %s: %w", rel, m.ID, target, err)))
 	}
-	st := cache.Stats()
-	fmt.Fprintf(e.stdout, "restored %s of snapshot %s into %s (fetched %s of the %s archive)\n",
-		rel, m.ID, target, daemon.HumanBytes(st.BytesFetched), daemon.HumanBytes(m.Size))
+	st := im.Stats()
+	fmt.Fprintf(e.stdout, "restored %s of snapshot %s into %s (fetched %s of the %s image)\n",
+		rel, m.ID, target, daemon.HumanBytes(st.PresentBytes), daemon.HumanBytes(im.Size()))
 	return nil
 }
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
 	"github.com/hermesfs/hermesfs/uploader"
+	"github.com/hermesfs/hermesfs/uploader/image"
 )
 
 // verifySnapshot verifies the snapshot with the given id in the store named by
@@ -29,12 +30,18 @@ func verifySnapshot(ctx context.Context, e *env, fs *flag.FlagSet, id string) er
 	}
 	defer os.RemoveAll(tmp)
 	p := newProgress(e.stderr, "download "+id)
-	res, err := cat.Restore(ctx, filepath.Join(tmp, id+uploader.ArchiveExt), uploader.RestoreOptions{ID: id, Verify: verifyArchive, Progress: p.update})
+	res, err := cat.Restore(ctx, filepath.Join(tmp, id+uploader.ArchiveExt), uploader.RestoreOptions{ID: id, Verify: verifyArchive, Progress: p.update,
+		Image: image.Opener(cat.Store(), cat.Identities(), tmp)})
 	p.done()
 	if err != nil {
 		return snapshotError(fmt.Errorf("snapshot %s in %s: %w", id, loc, err))
 	}
 	m := res.Manifest
+	if m.Segmented() {
+		fmt.Fprintf(e.stdout, "snapshot %s: ok (%s image of %d segments, %s, every chunk and every block checked)\n",
+			m.ID, daemon.HumanBytes(m.Size), len(m.Segments), filesOrEncrypted(m))
+		return nil
+	}
 	if m.Encryption != nil {
 		fmt.Fprintf(e.stdout, "snapshot %s: ok (%s, %s, ciphertext sha256 %s, every chunk authenticated and every block checked)\n",
 			m.ID, daemon.HumanBytes(m.Size), filesOrEncrypted(m), m.SHA256)
