@@ -240,11 +240,15 @@ func TestE2ELazyEncryptedDecryptResume(t *testing.T) {
 			t.Fatal(err)
 		}
 		d = h.mount(mp, "--interval", "0")
-		waitLazyComplete(t, h, mp)
-		r, _ := h.statusJSON(mp)
-		fetched := r.Lazy.OnDemandChunks + r.Lazy.FillChunks
-		if damaged && fetched == 0 || !damaged && fetched != 0 {
-			t.Errorf("damaged %v: %d chunks fetched from the store", damaged, fetched)
+		if r, _ := h.statusJSON(mp); damaged || r.Lazy != nil {
+			// The damaged segment is fetched again; the intact one is
+			// decrypted at boot, and the image is complete from the cache.
+			waitLazyComplete(t, h, mp)
+			r, _ = h.statusJSON(mp)
+			fetched := r.Lazy.OnDemandChunks + r.Lazy.FillChunks
+			if damaged && fetched == 0 || !damaged && fetched != 0 {
+				t.Errorf("damaged %v: %d chunks fetched from the store", damaged, fetched)
+			}
 		}
 		if diff := diffTrees(want, snapshotTree(t, mp)); diff != "" {
 			t.Fatalf("tree differs:\n%s", diff)

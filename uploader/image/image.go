@@ -127,6 +127,9 @@ type segment struct {
 	file *os.File     // the complete plaintext file, once open
 	lz   *lazy.Reader // the range reader, while incomplete
 	done bool
+	// closed: no image uses it any more (a completion after that opens
+	// nothing).
+	closed bool
 }
 
 // PlainName is the base name of segment key's plaintext in a cache
@@ -180,12 +183,18 @@ func (p *Pool) Open(ctx context.Context, m uploader.Manifest, onComplete func())
 		if s == nil {
 			var err error
 			if s, err = p.openSegment(m, ref, sums[i], enc, im.hotChunks(ref.Key, sums[i])); err != nil {
-				im.releaseLocked()
+				gone := im.releaseLocked()
+				p.mu.Unlock()
+				closeSegments(gone)
+				p.mu.Lock()
 				return nil, err
 			}
 			p.segs[ref.Key] = s
 		} else if s.enc != enc {
-			im.releaseLocked()
+			gone := im.releaseLocked()
+			p.mu.Unlock()
+			closeSegments(gone)
+			p.mu.Lock()
 			return nil, &uploader.CorruptError{ID: m.ID, Err: fmt.Errorf("segment %s is used encrypted and plaintext", ref.Key)}
 		}
 		s.users++
@@ -198,7 +207,10 @@ func (p *Pool) Open(ctx context.Context, m uploader.Manifest, onComplete func())
 	}
 	for _, x := range im.ext.List() {
 		if s := im.segs[x.Key]; x.Offset+x.Length > s.size {
-			im.releaseLocked()
+			gone := im.releaseLocked()
+			p.mu.Unlock()
+			closeSegments(gone)
+			p.mu.Lock()
 			return nil, &uploader.CorruptError{ID: m.ID, Err: fmt.Errorf("extent %s %d %d past the segment's %d bytes", x.Key, x.Offset, x.Length, s.size)}
 		}
 	}
@@ -207,19 +219,31 @@ func (p *Pool) Open(ctx context.Context, m uploader.Manifest, onComplete func())
 	return im, nil
 }
 
-// releaseLocked gives back the image's segments; the last user of a
-// segment closes it. p.mu is held.
-func (im *Image) releaseLocked() {
+// releaseLocked gives back the image's segments and returns those it was
+// the last user of, for the caller to close once p.mu is released (a
+// range reader's Close waits for its fill, which may be waiting for p.mu
+// to tell the images of a completed segment). p.mu is held.
+func (im *Image) releaseLocked() []*segment {
 	p := im.pool
+	var gone []*segment
 	for _, s := range im.order {
 		if s.users--; s.users > 0 {
 			continue
 		}
 		delete(p.segs, s.ref.Key)
-		s.close()
+		gone = append(gone, s)
 	}
 	im.order = nil
 	delete(p.images, im)
+	return gone
+}
+
+func closeSegments(segs []*segment) error {
+	var errs []error
+	for _, s := range segs {
+		errs = append(errs, s.close())
+	}
+	return errors.Join(errs...)
 }
 
 func (s *segment) close() error {
@@ -228,6 +252,7 @@ func (s *segment) close() error {
 		errs = append(errs, s.lz.Close())
 	}
 	s.mu.Lock()
+	s.closed = true
 	if s.file != nil {
 		errs = append(errs, s.file.Close())
 		s.file = nil
@@ -390,8 +415,11 @@ func segmentCryptError(m uploader.Manifest, key string, err error) error {
 	if ke, ok := errors.AsType[*crypt.KeyError](err); ok {
 		return &uploader.KeyError{ID: m.ID, Err: ke}
 	}
-	if errors.Is(err, crypt.ErrAuth) || errors.Is(err, crypt.ErrHeader) {
+	switch {
+	case errors.Is(err, crypt.ErrAuth) || errors.Is(err, crypt.ErrHeader) || errors.Is(err, lazy.ErrDigest):
 		return &uploader.CorruptError{ID: m.ID, Err: fmt.Errorf("segment %s: %w", key, err)}
+	case errors.Is(err, iofs.ErrNotExist):
+		return &uploader.SegmentGoneError{Key: key, Err: err}
 	}
 	return fmt.Errorf("segment %s: %w", key, err)
 }
@@ -439,6 +467,11 @@ func (p *Pool) finishSegment(s *segment, path string) bool {
 		return false
 	}
 	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		f.Close()
+		return false
+	}
 	s.file, s.ra, s.done = f, f, true
 	s.mu.Unlock()
 	if s.enc {
@@ -564,13 +597,19 @@ func (im *Image) readExtent(dst []byte, x uploader.Extent) error {
 	if err == nil || err == io.EOF {
 		err = io.ErrUnexpectedEOF
 	}
-	err = fmt.Errorf("image %s: read %d bytes of segment %s at %d: %w", im.m.ID, len(dst), x.Key, x.Offset, err)
+	return im.classify(x.Key, fmt.Errorf("image %s: read %d bytes of segment %s at %d: %w", im.m.ID, len(dst), x.Key, x.Offset, err))
+}
+
+// classify marks what a segment's reads found: a segment gone from the
+// store (SegmentGoneError), or bytes that are not what the manifest
+// describes (CorruptError); other errors (the store failing) stay as they
+// are.
+func (im *Image) classify(key string, err error) error {
 	switch {
-	case errors.Is(err, uploader.ErrCorrupt):
+	case err == nil || errors.Is(err, uploader.ErrCorrupt):
 	case errors.Is(err, iofs.ErrNotExist):
-		err = &uploader.SegmentGoneError{Key: x.Key, Err: err}
+		err = &uploader.SegmentGoneError{Key: key, Err: err}
 	case errors.Is(err, lazy.ErrDigest) || errors.Is(err, crypt.ErrAuth):
-		// What the store holds is not what the manifest describes.
 		err = &uploader.CorruptError{ID: im.m.ID, Err: err}
 	}
 	return err
@@ -595,9 +634,12 @@ func (im *Image) Prefetch(ctx context.Context, off, end int64) error {
 			// Decrypting reads them: the chunks are authenticated.
 			wg.Go(func() {
 				b := make([]byte, x.Length)
-				if _, err := s.ra.ReadAt(b, x.Offset); err != nil {
+				if n, err := s.ra.ReadAt(b, x.Offset); n < len(b) || err != nil && err != io.EOF {
+					if err == nil || err == io.EOF {
+						err = io.ErrUnexpectedEOF
+					}
 					mu.Lock()
-					errs = append(errs, err)
+					errs = append(errs, im.classify(x.Key, err))
 					mu.Unlock()
 				}
 			})
@@ -606,7 +648,7 @@ func (im *Image) Prefetch(ctx context.Context, off, end int64) error {
 		wg.Go(func() {
 			if err := lz.Prefetch(ctx, lo, hi); err != nil {
 				mu.Lock()
-				errs = append(errs, err)
+				errs = append(errs, im.classify(x.Key, err))
 				mu.Unlock()
 			}
 		})
@@ -646,7 +688,7 @@ func (im *Image) Stats() lazy.Stats {
 		s.mu.RLock()
 		lz, done := s.lz, s.done
 		s.mu.RUnlock()
-		if lz == nil || done {
+		if lz == nil {
 			t.TotalBytes += s.ref.Size
 			t.PresentBytes += s.ref.Size
 			continue
@@ -654,6 +696,9 @@ func (im *Image) Stats() lazy.Stats {
 		st := lz.Stats()
 		t.TotalBytes += st.TotalBytes
 		t.PresentBytes += st.PresentBytes
+		if done {
+			st.Complete, t.PresentBytes = true, t.PresentBytes-st.PresentBytes+st.TotalBytes
+		}
 		t.OnDemandChunks += st.OnDemandChunks
 		t.FillChunks += st.FillChunks
 		t.Waiting += st.Waiting
@@ -682,13 +727,14 @@ func (im *Image) SegmentPath(key string) (string, bool) {
 func (im *Image) Close() error {
 	p := im.pool
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if im.closed {
+		p.mu.Unlock()
 		return nil
 	}
 	im.closed = true
-	im.releaseLocked()
-	return nil
+	gone := im.releaseLocked()
+	p.mu.Unlock()
+	return closeSegments(gone)
 }
 
 // Complete reports whether every segment of the image is complete locally.

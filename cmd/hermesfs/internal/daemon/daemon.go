@@ -492,7 +492,7 @@ func (d *daemon) seed(ctx context.Context) (string, error) {
 	if err := d.adoptSegment(out, pr); err != nil {
 		return "", err
 	}
-	if _, err := d.bootImage(ctx, pr.ID, &pr.Manifest); err != nil {
+	if _, _, err := d.bootImage(ctx, pr.ID, &pr.Manifest); err != nil {
 		return "", err
 	}
 	d.log.Info("seeded the store from the existing directory", "id", pr.ID, "files", ps.Files,
@@ -545,7 +545,7 @@ func (d *daemon) baseFile(ctx context.Context, base string) (string, error) {
 // hermesfs's) is downloaded whole into the cache first.
 func (d *daemon) openBase(ctx context.Context, id string) (*openImage, error) {
 	t0 := time.Now()
-	o, err := d.bootImage(ctx, id, nil)
+	o, complete, err := d.bootImage(ctx, id, nil)
 	if errors.Is(err, image.ErrNoDigests) {
 		m, merr := d.cachedManifest(ctx, id)
 		if merr != nil {
@@ -557,21 +557,27 @@ func (d *daemon) openBase(ctx context.Context, id string) (*openImage, error) {
 			return nil, err
 		}
 		d.verifyBase = true
-		o, err = d.bootImage(ctx, id, &m)
+		o, complete, err = d.bootImage(ctx, id, &m)
 	}
 	if err != nil {
-		return nil, err
+		return nil, bootError(err)
 	}
 	st := o.im.Stats()
-	d.lazyBoot = !o.im.Complete()
+	man := o.im.Manifest()
+	d.lazyBoot = !complete
 	if !d.cfg.Lazy && d.lazyBoot {
 		d.verifyBase = true
 	}
 	d.lowMu.Lock()
 	d.lowerImage = o
 	d.lowMu.Unlock()
-	d.log.Info("base snapshot open", "id", id, "size", o.im.Size(), "present_bytes", st.PresentBytes,
-		"complete", o.im.Complete(), "took", time.Since(t0).Round(time.Millisecond))
+	if d.lazyBoot && d.cfg.Lazy {
+		d.log.Info("booting lazily: data is fetched as it is read and filled in the background", "id", id, "size", o.im.Size(),
+			"segments", len(man.Segments), "present_bytes", st.PresentBytes, "metadata_fetch", time.Since(t0).Round(time.Millisecond),
+			"hot_chunks", len(man.Hot), "encrypted", man.Encryption != nil)
+	} else {
+		d.log.Info("base snapshot open", "id", id, "size", o.im.Size(), "in_cache", complete, "took", time.Since(t0).Round(time.Millisecond))
+	}
 	return o, nil
 }
 
@@ -597,7 +603,7 @@ func (d *daemon) bootNewest(ctx context.Context, id string) (string, error) {
 			return cand, nil
 		}
 		if isKeyError(err) || !errors.Is(err, uploader.ErrCorrupt) && !errors.Is(err, archive.ErrCorrupt) {
-			return "", err
+			return "", bootError(err)
 		}
 		d.closeImage(cand)
 		skipped = append(skipped, err)
@@ -1097,4 +1103,16 @@ func (d *daemon) lowerID() string {
 		return ""
 	}
 	return o.im.Manifest().ID
+}
+
+// bootError gives what failed opening a snapshot its exit code: an
+// encrypted snapshot the identities do not open (6), damage (3).
+func bootError(err error) error {
+	switch {
+	case isKeyError(err):
+		return CryptError(err)
+	case errors.Is(err, uploader.ErrCorrupt) || errors.Is(err, archive.ErrCorrupt):
+		return withCode(exitCorrupt, err)
+	}
+	return CryptError(err)
 }

@@ -290,33 +290,33 @@ func (d *daemon) cleanCache(keep ...string) {
 
 // bootImage opens snapshot id's image as the mount's base and fetches
 // what opening its archive reads (the first chunk and the metadata tail);
-// with lazy boot off, it fetches all of it first.
-func (d *daemon) bootImage(ctx context.Context, id string, m *uploader.Manifest) (*openImage, error) {
-	o, err := d.image(ctx, id, m)
-	if err != nil {
-		return nil, err
+// with lazy boot off, it fetches all of it first. complete: the image was
+// local already when opened.
+func (d *daemon) bootImage(ctx context.Context, id string, m *uploader.Manifest) (o *openImage, complete bool, err error) {
+	if o, err = d.image(ctx, id, m); err != nil {
+		return nil, false, err
 	}
 	im := o.im
-	man := im.Manifest()
-	tail := man.MetaOffset
+	complete = im.Complete()
+	tail := im.Manifest().MetaOffset
 	if tail <= 0 {
 		tail = max(im.Size()-1, 0)
 	}
 	if err := im.Prefetch(ctx, 0, min(uploader.DefaultChunkSize, im.Size())); err != nil {
-		return nil, fmt.Errorf("fetch the image's superblock: %w", err)
+		return nil, false, fmt.Errorf("fetch the image's superblock: %w", err)
 	}
 	if err := im.Prefetch(ctx, tail, im.Size()); err != nil {
-		return nil, fmt.Errorf("fetch the image's metadata: %w", err)
+		return nil, false, fmt.Errorf("fetch the image's metadata: %w", err)
 	}
 	if _, err := o.archive(); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if !d.cfg.Lazy && !im.Complete() {
 		if err := d.fetchWhole(ctx, im); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 	}
-	return o, nil
+	return o, complete, nil
 }
 
 // fetchWhole fetches every byte of im into the cache and waits for it.

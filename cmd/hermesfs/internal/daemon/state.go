@@ -190,6 +190,13 @@ func sameFile(f *os.File, path string) (bool, error) {
 // with the lock held.
 func (s *stateDir) removeCreated() {
 	for i := len(s.created) - 1; i >= 0; i-- {
+		if s.created[i] == s.segmentsDir() {
+			// Made by this boot: what it holds (a manifest's segment
+			// digests, fetched before the mount was refused) is only a
+			// cache.
+			os.RemoveAll(s.created[i])
+			continue
+		}
 		os.Remove(s.created[i]) // a directory only if empty
 	}
 	s.created = nil
