@@ -130,4 +130,16 @@ func printPrune(e *env, res uploader.PruneResult, policy uploader.RetentionPolic
 		verb = "would delete"
 	}
 	fmt.Fprintf(e.stdout, "policy %s: kept %d snapshots, %s %d\n", policy, len(res.Kept), verb, len(res.Deleted))
+	if verbose {
+		for _, k := range res.SegmentsDeleted {
+			fmt.Fprintf(e.stdout, "%-7s %s  (no snapshot left uses it)\n", removed, k)
+		}
+	}
+	switch {
+	case res.GCSkipped != "":
+		fmt.Fprintf(e.stdout, "segments not collected: %s\n", res.GCSkipped)
+	case len(res.SegmentsDeleted) > 0 || verbose:
+		fmt.Fprintf(e.stdout, "segments: %s %d (%s), %d stay (%s stored)\n", verb, len(res.SegmentsDeleted),
+			daemon.HumanBytes(res.FreedBytes), res.Segments, daemon.HumanBytes(res.StoredBytes))
+	}
 }

@@ -95,6 +95,8 @@ type daemon struct {
 
 	// roBase is the snapshot a read-only mount shows.
 	roBase string
+	// lastPrune is when the last prune after a snapshot started.
+	lastPrune time.Time
 	// imgs are the snapshot images open (daemon_images.go); the lower
 	// layer is lowerImage, read through lowerReader. lazyBoot: the base
 	// was not complete in the cache at boot; verifyBase: it was fetched

@@ -108,16 +108,38 @@ func (d *daemon) snapshotLocked(ctx context.Context, reason string) (snapshotRes
 	d.met.snapshotPublished(r)
 	sdNotify(d.e.Getenv, "STATUS=snapshot "+r.ID+" published")
 
+	d.maybePrune(ctx, reason)
+	return r.snapshotResult, nil
+}
+
+// pruneEvery is the least time between two prunes after write-back
+// snapshots: a prune lists the store twice and deletes, which snapshots
+// seconds apart need not pay each time (retention counts hours and days).
+const pruneEvery = 10 * time.Minute
+
+// maybePrune applies the retention policy after a snapshot: after a
+// write-back snapshot at most once per pruneEvery, never after the final
+// snapshot of a stop (the stop's time is for getting the change into the
+// store; the next snapshot prunes). The lower layer's segments are still
+// read from the store: the writer lease names it, and prune keeps it (and
+// LATEST).
+func (d *daemon) maybePrune(ctx context.Context, reason string) {
+	d.mu.Lock()
+	due := reason != "final" && (reason != "write-back" || d.lastPrune.IsZero() || time.Since(d.lastPrune) >= pruneEvery)
+	if due {
+		d.lastPrune = time.Now()
+	}
+	d.mu.Unlock()
+	if !due {
+		return
+	}
 	t := time.Now()
-	// The lower layer's segments are still read from the store: the
-	// writer lease names it, and prune keeps it (and LATEST).
 	if err := contain(func() error { return d.cat.Prune(ctx, d.cfg.Retention) }); err != nil {
 		d.log.Warn("prune", "err", err, "took", time.Since(t).Round(time.Millisecond))
 		if stack := panicStack(err); stack != nil {
 			d.log.Error("prune failed on a panic", "err", err, "stack", string(stack))
 		}
 	}
-	return r.snapshotResult, nil
 }
 
 // ratio is part/whole rounded to three places, 0 for an empty whole.
