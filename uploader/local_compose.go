@@ -14,7 +14,7 @@ func (l *Local) CanCompose() bool { return true }
 
 // PutComposed implements Composer for the ranges the caller does not hold
 // at hand (ComposeRange.Unchecked): those bytes are read from the source
-// object, the store's own file, the rest from local. Copying gains
+// objects, the store's own files, the rest from local. Copying gains
 // nothing on a local disk otherwise, so without such a range it puts
 // local plainly.
 func (l *Local) PutComposed(ctx context.Context, key string, local io.ReaderAt, size int64, src ComposeSource, ranges []ComposeRange, opts PutOptions) (ComposeResult, error) {
@@ -23,38 +23,43 @@ func (l *Local) PutComposed(ctx context.Context, key string, local io.ReaderAt, 
 	}
 	var readers []io.Reader
 	var pos, copied int64
-	sf := (*os.File)(nil)
+	open := map[string]*os.File{}
 	defer func() {
-		if sf != nil {
-			sf.Close()
+		for _, f := range open {
+			f.Close()
 		}
 	}()
+	source := func(s ComposeSource) (*os.File, error) {
+		if f := open[s.Key]; f != nil {
+			return f, nil
+		}
+		f, err := os.Open(l.path(s.Key))
+		if err != nil {
+			return nil, fmt.Errorf("source %s: %w", s.Key, Permanent(notExist(err)))
+		}
+		open[s.Key] = f
+		st, err := f.Stat()
+		if err != nil {
+			return nil, err
+		}
+		if st.Size() != s.Size || s.ETag != "" && fdETag(f, st) != s.ETag {
+			return nil, fmt.Errorf("source %s changed: %w", s.Key, Permanent(ErrPrecondition))
+		}
+		return f, nil
+	}
 	for _, r := range ranges {
 		if !r.Unchecked {
 			continue
 		}
-		if sf == nil {
-			f, err := os.Open(l.path(src.Key))
-			if err != nil {
-				return ComposeResult{}, fmt.Errorf("local: put %s: source %s: %w", key, src.Key, Permanent(notExist(err)))
-			}
-			sf = f
-			st, err := f.Stat()
-			if err != nil {
-				return ComposeResult{}, fmt.Errorf("local: put %s: %w", key, err)
-			}
-			if st.Size() != src.Size || fdETag(f, st) != src.ETag {
-				return ComposeResult{}, fmt.Errorf("local: put %s: source %s changed: %w", key, src.Key, Permanent(ErrPrecondition))
-			}
+		sf, err := source(r.SourceOf(src))
+		if err != nil {
+			return ComposeResult{}, fmt.Errorf("local: put %s: %w", key, err)
 		}
 		if r.Offset > pos {
 			readers = append(readers, io.NewSectionReader(local, pos, r.Offset-pos))
 		}
 		readers = append(readers, io.NewSectionReader(sf, r.SourceOffset, r.Length))
 		pos, copied = r.Offset+r.Length, copied+r.Length
-	}
-	if sf == nil {
-		readers = nil
 	}
 	if pos < size {
 		readers = append(readers, io.NewSectionReader(local, pos, size-pos))

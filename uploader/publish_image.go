@@ -46,6 +46,15 @@ type ImageInput struct {
 	// DefaultChunkSize) a boot should fetch first.
 	Hot       []int64
 	ChunkSize int64
+	// Standalone also stores the whole image as one object,
+	// snapshots/<id>.sqfs, that unsquashfs reads straight from the
+	// bucket: composed by the store from the segments' ranges where it
+	// can copy (S3: part copies of extents of 5 MiB or more; a local
+	// store: its own files), the rest read from Image. Encrypted, it is
+	// one age file of the image, uploaded whole. Image is the image's
+	// plaintext (required with Standalone).
+	Standalone bool
+	Image      io.ReaderAt
 }
 
 // publishSegment is the new segment as uploaded.
@@ -155,6 +164,14 @@ func (c *Catalog) PublishImage(ctx context.Context, in ImageInput) (Published, e
 	}
 	if err := c.createSmall(ctx, m.Extents, text); err != nil {
 		return Published{}, fmt.Errorf("publish %s: upload extents: %w", id, err)
+	}
+	if in.Standalone {
+		sent, err := c.putStandalone(ctx, ArchiveKey(id), ext, in.Image)
+		if err != nil {
+			return Published{}, fmt.Errorf("publish %s: standalone image: %w", id, err)
+		}
+		m.Standalone, m.Archive = true, ArchiveKey(id)
+		p.Sent += sent
 	}
 	mj, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {
@@ -344,4 +361,59 @@ func (c *Catalog) putSegment(ctx context.Context, key, path string, n int64) (*p
 	}
 	sum := sha256.Sum256(b)
 	return &publishSegment{ref: SegmentRef{Key: key, Size: size, SumsSHA256: hex.EncodeToString(sum[:])}, sums: b, sent: size + int64(len(b))}, nil
+}
+
+// putStandalone stores the image laid out by ext (its plaintext readable
+// from image) as the one object key, and returns the bytes sent.
+func (c *Catalog) putStandalone(ctx context.Context, key string, ext *Extents, image io.ReaderAt) (int64, error) {
+	if image == nil {
+		return 0, errors.New("no image to read")
+	}
+	size := ext.Size()
+	if r := c.opts.Recipients; r != nil {
+		// One age file of the whole image: nothing of it is in the store.
+		pr, pw := io.Pipe()
+		go func() {
+			pw.CloseWithError(crypt.Seal(pw, &ctxReader{ctx: ctx, r: io.NewSectionReader(image, 0, size)}, r))
+		}()
+		cw := &countWriter{w: io.Discard}
+		info, err := c.store.Put(ctx, key, io.TeeReader(pr, cw), -1, PutOptions{IfNoneMatch: true})
+		pr.Close()
+		if err != nil {
+			return 0, err
+		}
+		return info.Size, nil
+	}
+	comp, ok := c.store.(Composer)
+	if ok && comp.CanCompose() {
+		var ranges []ComposeRange
+		sources := map[string]*ComposeSource{}
+		var at int64
+		for _, x := range ext.List() {
+			src := sources[x.Key]
+			if src == nil {
+				info, err := c.store.Stat(ctx, x.Key)
+				if err != nil {
+					return 0, fmt.Errorf("segment %s: %w", x.Key, err)
+				}
+				src = &ComposeSource{Key: x.Key, ETag: info.ETag, Size: info.Size}
+				sources[x.Key] = src
+			}
+			ranges = append(ranges, ComposeRange{Offset: at, SourceOffset: x.Offset, Length: x.Length, Source: src, Unchecked: true})
+			at += x.Length
+		}
+		res, err := comp.PutComposed(ctx, key, image, size, ComposeSource{}, ranges, PutOptions{IfNoneMatch: true})
+		if err == nil {
+			return res.Sent, nil
+		}
+		if ctx.Err() != nil {
+			return 0, err
+		}
+		c.log.Warn("publish: the store could not put the standalone image together from the segments; uploading it whole", "key", key, "err", err)
+	}
+	info, err := c.store.Put(ctx, key, io.NewSectionReader(image, 0, size), size, PutOptions{IfNoneMatch: true})
+	if err != nil {
+		return 0, err
+	}
+	return info.Size, nil
 }

@@ -1,8 +1,11 @@
 package uploader_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -254,4 +257,78 @@ func TestLegacyArchiveKeptWhileUsedAsSegment(t *testing.T) {
 	if slices.Contains(keys, old.Archive) || slices.Contains(keys, ownSegment(m)) {
 		t.Fatal("segments no snapshot uses survived")
 	}
+}
+
+func TestPublishStandalone(t *testing.T) {
+	// The whole image also as one object: composed by the store from the
+	// segments (S3 copies the 6 MiB extent as a part), byte for byte the
+	// image, kept by prune while its snapshot is.
+	eachStore(t, func(t *testing.T, s uploader.Store) {
+		ctx := t.Context()
+		clk := newClock()
+		c := catalog(s, "h", clk)
+		a := publishImage(t, c, 6<<20)
+		segA := readObject(t, s, ownSegment(a))
+		fresh := make([]byte, 100_000)
+		rand.Read(fresh)
+		p := filepath.Join(t.TempDir(), "seg")
+		os.WriteFile(p, fresh, 0o600)
+		want := append(append([]byte{}, segA...), fresh...)
+		img := bytesReaderAt(want)
+		res, err := c.PublishImage(ctx, uploader.ImageInput{Segment: p, Sources: []uploader.Manifest{a}, Parent: a.ID, Expect: a.ID,
+			Extents:    []uploader.Extent{{Key: ownSegment(a), Offset: 0, Length: int64(len(segA))}, {Length: int64(len(fresh))}},
+			Standalone: true, Image: img})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := c.Manifest(ctx, res.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !m.Standalone || m.Archive != uploader.ArchiveKey(res.ID) {
+			t.Fatalf("manifest: standalone %v archive %q", m.Standalone, m.Archive)
+		}
+		if got := readObject(t, s, m.Archive); !bytes.Equal(got, want) {
+			t.Fatalf("the standalone object (%d bytes) is not the image (%d bytes)", len(got), len(want))
+		}
+		if res.Sent > int64(len(fresh))+(6<<20)/2 && strings.Contains(fmt.Sprintf("%T", s), "s3") {
+			t.Errorf("S3 sent %d bytes: the 6 MiB extent should have been copied by the store", res.Sent)
+		}
+		clk.Add(2 * time.Hour)
+		if _, err := c.PruneWith(ctx, uploader.PruneOptions{Policy: uploader.RetentionPolicy{Last: 1}}); err != nil {
+			t.Fatal(err)
+		}
+		keys := keysOf(t, s)
+		if !slices.Contains(keys, m.Archive) || !slices.Contains(keys, ownSegment(a)) {
+			t.Fatal("prune deleted the standalone image or a segment it uses")
+		}
+		everyManifestComplete(t, c)
+	})
+}
+
+func readObject(t *testing.T, s uploader.Store, key string) []byte {
+	t.Helper()
+	rc, _, err := s.Get(t.Context(), key, 0, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+type bytesReaderAt []byte
+
+func (b bytesReaderAt) ReadAt(p []byte, off int64) (int, error) {
+	if off >= int64(len(b)) {
+		return 0, io.EOF
+	}
+	n := copy(p, b[off:])
+	if n < len(p) {
+		return n, io.EOF
+	}
+	return n, nil
 }

@@ -186,9 +186,12 @@ type ComposeSource struct {
 }
 
 // ComposeRange says that local's bytes [Offset, Offset+Length) are the
-// source's bytes [SourceOffset, SourceOffset+Length).
+// source's bytes [SourceOffset, SourceOffset+Length): the source the call
+// names, or Source when set (an image put together from the ranges of
+// several segments).
 type ComposeRange struct {
 	Offset, SourceOffset, Length int64
+	Source                       *ComposeSource
 	// Unchecked: local does not hold these bytes at hand (reading them
 	// there may fetch them from afar), so the store copies them without
 	// comparing them with local's. Whoever relies on the copy checks it
@@ -215,15 +218,29 @@ func CheckComposeArgs(key string, size int64, src ComposeSource, ranges []Compos
 	if err := checkPutArgs(key, opts); err != nil {
 		return err
 	}
-	if err := ValidKey(src.Key); err != nil {
-		return Permanent(err)
+	if src.Key != "" {
+		if err := ValidKey(src.Key); err != nil {
+			return Permanent(err)
+		}
 	}
 	var end int64
 	for _, r := range ranges {
-		if r.Length <= 0 || r.Offset < end || r.Offset+r.Length > size || r.SourceOffset < 0 || r.SourceOffset+r.Length > src.Size {
-			return Permanent(fmt.Errorf("put %s: copy range %+v out of order or out of bounds (size %d, source %d)", key, r, size, src.Size))
+		from := r.SourceOf(src)
+		if from.Key == "" || ValidKey(from.Key) != nil {
+			return Permanent(fmt.Errorf("put %s: copy range %+v: no valid source", key, r))
+		}
+		if r.Length <= 0 || r.Offset < end || r.Offset+r.Length > size || r.SourceOffset < 0 || r.SourceOffset+r.Length > from.Size {
+			return Permanent(fmt.Errorf("put %s: copy range %+v out of order or out of bounds (size %d, source %d)", key, r, size, from.Size))
 		}
 		end = r.Offset + r.Length
 	}
 	return nil
+}
+
+// SourceOf is the object range r copies from: its own Source, else src.
+func (r ComposeRange) SourceOf(src ComposeSource) ComposeSource {
+	if r.Source != nil {
+		return *r.Source
+	}
+	return src
 }

@@ -89,6 +89,7 @@ var envFlags = map[string]string{
 	"HERMESFS_WRITE_PASSTHROUGH_MAX": "write-passthrough-max",
 	"HERMESFS_METRICS_ADDR":          "metrics-addr",
 	"HERMESFS_LAZY":                  "lazy",
+	"HERMESFS_STANDALONE":            "standalone",
 	"HERMESFS_READ_TIMEOUT":          "read-timeout",
 }
 
@@ -114,6 +115,7 @@ func (c *mountConfig) addFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.WritePassthroughMax, "write-passthrough-max", c.WritePassthroughMax, "largest file written by the kernel straight to local disk (FUSE passthrough; root, Linux >= 6.9), e.g. 32M; 0 for none. Larger files are written through the daemon. Each snapshot stops such files' writes while it copies them (env HERMESFS_WRITE_PASSTHROUGH_MAX)")
 	fs.BoolVar(&c.Debug, "debug", c.Debug, "log every FUSE request")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", c.MetricsAddr, "serve Prometheus metrics at http://HOST:PORT/metrics (port 0: any free one, logged); off by default (env HERMESFS_METRICS_ADDR)")
+	fs.BoolVar(&c.Standalone, "standalone", c.Standalone, "also store each snapshot's image whole, as snapshots/<id>.sqfs that unsquashfs reads straight from the bucket, composed by the store from the segments where it can copy (costs a whole image of storage per snapshot; encrypted: one age file uploaded whole) (env HERMESFS_STANDALONE)")
 	fs.BoolVar(&c.Lazy, "lazy", c.Lazy, "boot without downloading the snapshot first: fetch its data as it is read and fill the cache in the background; --lazy=false downloads it whole before mounting (env HERMESFS_LAZY)")
 	fs.DurationVar(&c.ReadTimeout, "read-timeout", c.ReadTimeout, "how long a lazy read retries data the store does not deliver before it fails with EIO (env HERMESFS_READ_TIMEOUT)")
 	fs.StringVar(&c.OwnerSpec, "owner", c.OwnerSpec, "USER[:GROUP] the mount serves when the daemon runs as root: the mount root becomes theirs, and other users may use the mount as the modes allow (allow_other); files belong to whoever creates them (env HERMESFS_OWNER)")

@@ -43,7 +43,8 @@ type composedPart struct {
 	off, n    int64
 	copy      bool
 	src       int64
-	unchecked bool // a copy not compared with local (ComposeRange.Unchecked)
+	unchecked bool                   // a copy not compared with local (ComposeRange.Unchecked)
+	from      *uploader.ComposeSource // the range's own source, if it names one
 }
 
 // planParts cuts an object of size bytes into parts, copying what ranges
@@ -55,7 +56,7 @@ type composedPart struct {
 func planParts(size int64, ranges []uploader.ComposeRange, minPart, partSize int64) (parts []composedPart, sent, copied int64) {
 	var kept []composedPart // the copies, trimmed
 	for _, r := range ranges {
-		c := composedPart{off: r.Offset, n: r.Length, copy: true, src: r.SourceOffset, unchecked: r.Unchecked}
+		c := composedPart{off: r.Offset, n: r.Length, copy: true, src: r.SourceOffset, unchecked: r.Unchecked, from: r.Source}
 		var prev *composedPart
 		end := int64(0)
 		if len(kept) > 0 {
@@ -110,7 +111,7 @@ func planParts(size int64, ranges []uploader.ComposeRange, minPart, partSize int
 		}
 		for i := range k {
 			lo, hi := s.n*i/k, s.n*(i+1)/k
-			p := composedPart{off: s.off + lo, n: hi - lo, copy: s.copy, unchecked: s.unchecked}
+			p := composedPart{off: s.off + lo, n: hi - lo, copy: s.copy, unchecked: s.unchecked, from: s.from}
 			if s.copy {
 				p.src = s.src + lo
 			}
@@ -158,7 +159,11 @@ func (s *Store) PutComposed(ctx context.Context, key string, local io.ReaderAt, 
 				return io.NewSectionReader(local, p.off, p.n), p.n, func() {}, nil
 			})(i)
 		}
-		return s.copyPart(key, local, src, p), nil
+		from := src
+		if p.from != nil {
+			from = *p.from
+		}
+		return s.copyPart(key, local, from, p), nil
 	}
 	info, err := s.multipartChecked(ctx, key, next, opts, func() error { return nil })
 	if err != nil {

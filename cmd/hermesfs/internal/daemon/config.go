@@ -78,6 +78,11 @@ type Config struct {
 	// MetricsAddr, if set, is the HOST:PORT where Prometheus metrics are
 	// served (/metrics). Env HERMESFS_METRICS_ADDR.
 	MetricsAddr string
+	// Standalone also stores each snapshot's image whole, as one object
+	// standard tools read straight from the bucket (see
+	// uploader.ImageInput.Standalone): at the storage cost of a whole
+	// image per snapshot. Env HERMESFS_STANDALONE.
+	Standalone bool
 	// Lazy boots from a snapshot whose manifest has chunk digests without
 	// downloading it first: ready after its metadata, data fetched as it
 	// is read and filled in the background. Env HERMESFS_LAZY.

@@ -482,9 +482,17 @@ func (d *daemon) seed(ctx context.Context) (string, error) {
 	t1 := time.Now()
 	var pr uploader.Published
 	err = contain(func() (err error) {
-		pr, err = d.cat.PublishImage(ctx, uploader.ImageInput{
-			Segment: out, Extents: ps.Extents, Files: ps.Files, MetaOffset: ps.MetaOffset,
-		})
+		in := uploader.ImageInput{Segment: out, Extents: ps.Extents, Files: ps.Files, MetaOffset: ps.MetaOffset}
+		if d.cfg.Standalone {
+			// The first image is its one segment.
+			f, err := os.Open(out)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			in.Standalone, in.Image = true, f
+		}
+		pr, err = d.cat.PublishImage(ctx, in)
 		return err
 	})
 	if err != nil {

@@ -248,13 +248,18 @@ func (d *daemon) snapshotOnce(ctx context.Context, parent, expect string, onBase
 	if _, lower := d.lowerArchive(); lower != nil && lower != base {
 		in.Sources = append(in.Sources, lower.im.Manifest())
 	}
-	if d.hot != nil {
-		if comp, err := d.imgs.pool.Compose(ps.Extents, out); err == nil {
-			in.Hot = d.hotSet(comp, ps.Size)
-			comp.Close()
-		} else {
-			d.log.Warn("no hot set for the new snapshot", "err", err)
+	if d.hot != nil || d.cfg.Standalone {
+		// The new image, read from the new segment and the segments
+		// open in the pool.
+		comp, err := d.imgs.pool.Compose(ps.Extents, out)
+		if err != nil {
+			return r, fmt.Errorf("read the new image: %w", err)
 		}
+		defer comp.Close()
+		if d.hot != nil {
+			in.Hot = d.hotSet(comp, ps.Size)
+		}
+		in.Standalone, in.Image = d.cfg.Standalone, comp
 	}
 	pr, err := d.cat.PublishImage(ctx, in)
 	if err != nil {
