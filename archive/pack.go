@@ -57,16 +57,6 @@ type PackOptions struct {
 	// new data at Base's compression ratio. 0 means DefaultMaxGarbage; a
 	// negative value never appends.
 	MaxGarbage float64
-	// PrefixHole, when positive (a power of two), leaves the shared
-	// prefix's whole PrefixHole-aligned slices past the first one as a
-	// hole in the destination when appending to Base: those bytes of
-	// Base are neither read nor written (their checksums and sums come
-	// from Base's trailer), and PackResult.Hole says where they are. The
-	// destination must then be an *os.File, and PackResult.SHA256 is not
-	// computed. This is how a snapshot is packed on a base that is still
-	// being fetched: whoever publishes the archive takes the hole's bytes
-	// from where Base came from.
-	PrefixHole int64
 	// Segment makes the destination receive only the image's new bytes:
 	// every block copied from another archive (Base, a file's
 	// BlockSource or PartialSource) is neither read nor written, and
@@ -109,10 +99,6 @@ type PackResult struct {
 	// GarbageBytes are the bytes of the shared prefix that no file uses
 	// any more; GarbageBytes/Size is what compaction bounds.
 	GarbageBytes int64
-	// Hole is the range of the archive that may have been left unwritten
-	// (PrefixHole), aligned to PrefixHole: Base's bytes at the same
-	// offsets belong there. Empty: none.
-	Hole Hole
 
 	// Runs lay the image out when packed with PackOptions.Segment, in
 	// order; SegmentSize is the bytes the destination received.
@@ -128,11 +114,6 @@ type Run struct {
 	Offset, Length int64
 }
 
-// Hole is the byte range [From, To) of a packed archive left unwritten.
-type Hole struct{ From, To int64 }
-
-// Len is the hole's length.
-func (h Hole) Len() int64 { return h.To - h.From }
 
 // BlockSource is an optional interface of the files Pack opens from its
 // source FS. A file that is byte-for-byte the content of inode ino of the
@@ -218,7 +199,6 @@ func Pack(ctx context.Context, w io.Writer, src iofs.FS, opts PackOptions) (Pack
 	}
 	defer os.Remove(tmp.Name())
 	defer tmp.Close()
-	p.opts.PrefixHole = 0 // w receives every byte
 	res, err := p.packTo(ctx, tmp)
 	if err != nil {
 		return res, err
@@ -484,7 +464,6 @@ type output struct {
 	ext    []extent
 	sums   []sum // per data extent
 	copies []CopyRange
-	hole   Hole // left unwritten (PackOptions.PrefixHole)
 	err    error
 
 	// PackOptions.Segment: the image's runs, and the bytes written.
@@ -567,39 +546,12 @@ func (o *output) appendExtent(b []byte, kind extentKind, crc uint32, s sum) {
 	}
 }
 
-// holeExtent accounts for one block of another archive left unwritten,
-// whose checksum (and sum) that archive recorded, of length n.
-func (o *output) holeExtent(n uint32, kind extentKind, crc uint32, s sum) {
-	o.pos += uint64(n)
-	o.ext = append(o.ext, extent{length: n, kind: kind, crc: crc})
-	if kind == kindData {
-		o.sums = append(o.sums, s)
-	}
-}
-
 // name names the archive being written in errors.
 func (o *output) name() string {
 	if f, ok := o.f.(interface{ Name() string }); ok {
 		return f.Name()
 	}
 	return "(being packed)"
-}
-
-// seekHole flushes what is buffered and moves the destination's write
-// position past the n bytes of the hole just accounted for.
-func (o *output) seekHole(n int64) {
-	if o.err != nil {
-		return
-	}
-	if o.err = o.bw.Flush(); o.err != nil {
-		return
-	}
-	s, ok := o.f.(io.Seeker)
-	if !ok {
-		o.err = errors.New("internal error: a prefix hole needs a seekable destination")
-		return
-	}
-	_, o.err = s.Seek(n, io.SeekCurrent)
 }
 
 // copied records that n bytes at dst are the base's bytes at src.
@@ -662,7 +614,7 @@ func (p *packer) packTo(ctx context.Context, f packFile) (res PackResult, err er
 		out.write(blk, kindCompOpts, 0)
 	}
 	if b := p.base; b != nil && b.appending {
-		if err := b.copyPrefix(ctx, out, p.opts.PrefixHole); err != nil {
+		if err := b.copyPrefix(ctx, out); err != nil {
 			return res, err
 		}
 		p.log.Debug("pack: base copied", "bytes", b.end-b.start, "elapsed", time.Since(start))
@@ -710,8 +662,6 @@ func (p *packer) packTo(ctx context.Context, f packFile) (res PackResult, err er
 	switch {
 	case out.segment:
 		p.res.Runs, p.res.SegmentSize = out.runs, out.spos
-	case out.hole.Len() > 0:
-		p.res.Hole = out.hole
 	default:
 		h := sha256.New()
 		if _, err := io.CopyBuffer(h, io.NewSectionReader(f, base, total), make([]byte, 1<<20)); err != nil {

@@ -331,10 +331,8 @@ func (d *dataWriter) inPlace(n *node, fd *fileData) error {
 
 // copyPrefix writes the base's data region into the new archive, checking
 // every block against the base's checksums on the way, and records it as
-// copied. out must stand at the region's start. align > 0 leaves the
-// blocks wholly inside the region's align-sized slices past the first as
-// a hole (PackOptions.PrefixHole).
-func (b *baseState) copyPrefix(ctx context.Context, out *output, align int64) error {
+// copied. out must stand at the region's start.
+func (b *baseState) copyPrefix(ctx context.Context, out *output) error {
 	if out.pos != b.start {
 		return fmt.Errorf("internal error: prefix starts at %d, output at %d", b.start, out.pos)
 	}
@@ -342,43 +340,15 @@ func (b *baseState) copyPrefix(ctx context.Context, out *output, align int64) er
 	ex := &r.tr.ext
 	i := ex.find(b.start)
 	buf := make([]byte, 4<<20)
-	// The hole: whole align-sized slices past the first, which holds the
-	// superblock and is written anyway.
-	var holeFrom, holeTo uint64
-	if _, ok := out.f.(io.Seeker); ok && align > 0 && align&(align-1) == 0 {
-		holeFrom, holeTo = max(uint64(align), b.start), b.end/uint64(align)*uint64(align)
-	}
 	for off := b.start; off < b.end; {
 		if err := ctx.Err(); err != nil {
 			return err
-		}
-		if off >= holeFrom && ex.off[i+1] <= holeTo {
-			// Blocks wholly inside the hole: accounted for, not read.
-			j := i
-			for j < len(ex.len) && ex.off[j] < b.end && ex.off[j+1] <= holeTo {
-				var s sum
-				if r.tr.blockSums != nil {
-					s = r.tr.blockSums[j]
-				}
-				out.holeExtent(uint32(ex.off[j+1]-ex.off[j]), ex.kind[j], ex.crc[j], s)
-				j++
-			}
-			// Reported as the aligned range: the blocks that straddle its
-			// ends are written.
-			out.hole = Hole{From: int64(holeFrom), To: int64(holeTo)}
-			out.seekHole(int64(ex.off[j] - off))
-			if out.err != nil {
-				return out.err
-			}
-			i, off = j, ex.off[j]
-			continue
 		}
 		// Whole extents, up to the buffer's size (one extent may be
 		// bigger only if it is a whole block larger than the buffer,
 		// which blocks never are).
 		j := i
-		for j < len(ex.len) && ex.off[j+1] <= b.end && ex.off[j+1]-off <= uint64(len(buf)) &&
-			!(j > i && ex.off[j] >= holeFrom && ex.off[j+1] <= holeTo) {
+		for j < len(ex.len) && ex.off[j+1] <= b.end && ex.off[j+1]-off <= uint64(len(buf)) {
 			j++
 		}
 		if j == i {

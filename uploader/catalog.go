@@ -86,7 +86,7 @@ type Manifest struct {
 	// first.
 	Hot []int64 `json:"hot,omitempty"`
 	// SharedPrefix is how many leading bytes of the archive are the bytes
-	// of the Delta source's archive at the same offsets (0: none known).
+	// of the archive it was packed on (format 2 and 3; 0: none known).
 	SharedPrefix int64 `json:"shared_prefix,omitempty"`
 	// Encryption is set when the archive object is encrypted (see
 	// encrypt.go); Size and SHA256 are then the ciphertext's. In format 4
@@ -346,44 +346,19 @@ type PublishInput struct {
 	Compression string
 	// Lease, if set, must still be held when LATEST is about to move.
 	Lease *Lease
-	// Delta, if set, says which byte ranges of the archive are copies of
-	// an earlier snapshot's archive; a store that can copy (Composer)
-	// then receives only the rest.
-	Delta *Delta
 	// ChunkSize of the chunk digests recorded (default DefaultChunkSize).
 	ChunkSize int64
 	// Hot is recorded in the manifest (see Manifest.Hot); indexes that
 	// name no chunk of this archive are dropped.
 	Hot []int64
-	// Hole, when not empty, is a range of whole chunks (past the first) of
-	// the file at Path left unwritten: the Delta source's bytes at the same
-	// offsets belong there (archive.PackResult.Hole). Publish takes their
-	// chunk digests from the source's manifest, lets the store copy them,
-	// and reads them from Fill only for what the store must receive; the
-	// manifest then has no whole-archive sha256. See hole.go.
-	Hole Hole
-	// Fill reads the Delta source's archive (a reader that verifies what
-	// it fetches); required with Hole.
-	Fill io.ReaderAt
-}
-
-// Delta says which byte ranges of an archive to publish are copies of the
-// archive of snapshot Source (archive.PackResult.Copies, when it was packed
-// on that archive): Offset in the archive to publish, SourceOffset in
-// Source's.
-type Delta struct {
-	Source string
-	Ranges []ComposeRange
 }
 
 // Published is a published snapshot and what uploading it cost.
 type Published struct {
 	Manifest
-	// Sent is the bytes of the archive sent to the store, Copied the bytes
-	// the store copied from the Delta's source instead; Sent+Copied is the
-	// archive's size. For an image (PublishImage): Sent is every byte put
-	// (segment, digests, extents list, manifest), Copied the image bytes
-	// taken from older segments.
+	// Sent is every byte put (for an image: segment, digests, extents
+	// list, manifest); Copied the image bytes taken from older segments
+	// (PublishImage).
 	Sent, Copied int64
 	// PublishImage: the new segment's key ("" if the image had no new
 	// bytes), its digests object and the extents list as stored, so the
@@ -393,92 +368,48 @@ type Published struct {
 	ExtentsList []byte
 }
 
-// Publish uploads the archive, then its manifest, then moves LATEST to it
-// with a conditional write against the LATEST it read. A crash or error at
-// any step leaves LATEST on the previous complete snapshot; what was
-// uploaded stays until Prune removes it. The returned manifest is the new
-// snapshot's. The store should be wrapped in WithRetry: Publish itself
-// does not retry.
+// Publish uploads the archive whole as one object, then its manifest
+// (format 2), then moves LATEST to it with a conditional write against the
+// LATEST it read: how snapshots were stored before format 4 (PublishImage).
+// hermesfs publishes images; this stays for tools and tests that need a
+// store as an older hermesfs left it. A crash or error at any step leaves
+// LATEST on the previous complete snapshot. The store should be wrapped in
+// WithRetry: Publish itself does not retry.
 func (c *Catalog) Publish(ctx context.Context, in PublishInput) (Manifest, error) {
-	p, err := c.PublishReport(ctx, in)
-	return p.Manifest, err
-}
-
-// PublishReport is Publish, reporting what the upload cost too.
-//
-// With a Delta whose source snapshot is still in the store as its
-// manifest describes it, and a store that implements Composer, the
-// archive is put together from the source's ranges (copied by the store)
-// and the rest of the local file. Whatever goes wrong on that path (a
-// store that cannot, a source gone or changed, copied bytes that do not
-// match) falls back to a plain upload: a delta only ever saves bytes. The
-// manifest's sha256 is always the local file's, which the restore path
-// checks against what it downloads.
-func (c *Catalog) PublishReport(ctx context.Context, in PublishInput) (Published, error) {
 	latest, etag, err := c.readLatest(ctx)
 	if err != nil {
-		return Published{}, fmt.Errorf("publish: %w", err)
+		return Manifest{}, fmt.Errorf("publish: %w", err)
 	}
 	if latest != in.Expect {
-		return Published{}, &ConflictError{Expected: in.Expect, Latest: latest}
-	}
-	if in.Hole.Len() > 0 && c.opts.Recipients != nil {
-		// The ciphertext is made of every plaintext byte.
-		if err := fillHole(ctx, in.Path, in.Hole, in.Fill); err != nil {
-			return Published{}, fmt.Errorf("publish: %w", err)
-		}
-		in.Hole = Hole{}
+		return Manifest{}, &ConflictError{Expected: in.Expect, Latest: latest}
 	}
 	enc, cleanup, err := c.sealInput(ctx, latest, &in)
 	if err != nil {
-		return Published{}, fmt.Errorf("publish: %w", err)
+		return Manifest{}, fmt.Errorf("publish: %w", err)
 	}
 	defer cleanup()
 	f, err := os.Open(in.Path)
 	if err != nil {
-		return Published{}, fmt.Errorf("publish: %w", err)
+		return Manifest{}, fmt.Errorf("publish: %w", err)
 	}
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
-		return Published{}, fmt.Errorf("publish: %w", err)
+		return Manifest{}, fmt.Errorf("publish: %w", err)
 	}
 	if in.SHA256 != "" && in.Size != st.Size() {
-		return Published{}, fmt.Errorf("publish: %s has %d bytes, the packer reported %d", in.Path, st.Size(), in.Size)
+		return Manifest{}, fmt.Errorf("publish: %s has %d bytes, the packer reported %d", in.Path, st.Size(), in.Size)
 	}
-	cs := in.ChunkSize
-	if cs == 0 {
-		cs = DefaultChunkSize
-	}
-	// One pass gives the chunk digests and the whole file's sha256.
-	var (
-		sum     string
-		chunks  []string
-		n       int64
-		metaOff int64
-		local   io.ReaderAt = f
-	)
-	if in.Hole.Len() > 0 {
-		if in.SHA256 != "" {
-			return Published{}, errors.New("publish: an archive with a hole has no sha256 to check")
-		}
-		digests, err := c.holeDigests(ctx, in, cs)
-		if err != nil {
-			return Published{}, fmt.Errorf("publish: %w", err)
-		}
-		if chunks, metaOff, err = holeChunkSums(ctx, f, st.Size(), cs, in.Hole, digests); err != nil {
-			return Published{}, fmt.Errorf("publish: %w", err)
-		}
-		n = st.Size()
-		local = holeReader{f: f, fill: in.Fill, hole: in.Hole}
-	} else if sum, chunks, n, metaOff, err = fileChunkSums(ctx, in.Path, cs); err != nil {
-		return Published{}, fmt.Errorf("publish: %w", err)
+	cs := cmp64(in.ChunkSize, DefaultChunkSize)
+	sum, chunks, n, metaOff, err := fileChunkSums(ctx, in.Path, cs)
+	if err != nil {
+		return Manifest{}, fmt.Errorf("publish: %w", err)
 	}
 	if n != st.Size() {
-		return Published{}, fmt.Errorf("publish: %s changed while it was hashed (%d bytes, then %d)", in.Path, st.Size(), n)
+		return Manifest{}, fmt.Errorf("publish: %s changed while it was hashed (%d bytes, then %d)", in.Path, st.Size(), n)
 	}
 	if in.SHA256 != "" && in.SHA256 != sum {
-		return Published{}, fmt.Errorf("publish: %s has sha256 %s, the packer reported %s", in.Path, sum, in.SHA256)
+		return Manifest{}, fmt.Errorf("publish: %s has sha256 %s, the packer reported %s", in.Path, sum, in.SHA256)
 	}
 	id := c.newID(latest, in.Parent)
 	m := Manifest{
@@ -505,120 +436,31 @@ func (c *Catalog) PublishReport(ctx context.Context, in PublishInput) (Published
 		// chunks the session read are the plaintext archive's.
 		m.MetaOffset, m.Hot = 0, nil
 	}
-	if sum == "" {
-		m.Format = manifestFormatHole
-	}
-	if d := in.Delta; d != nil && len(d.Ranges) > 0 {
-		// The copied range that keeps its offsets, up to where it ends;
-		// the bytes before it (the superblock) are checked chunk by chunk
-		// by whoever relies on this.
-		if r := d.Ranges[0]; r.Offset == r.SourceOffset && r.Offset <= cs {
-			m.SharedPrefix = r.Offset + r.Length
-		}
-	}
-	start := time.Now()
-	p := Published{Manifest: m}
-	var info ObjectInfo
-	if in.Delta != nil && len(in.Delta.Ranges) > 0 {
-		var res ComposeResult
-		d := in.Delta
-		var hole func(context.Context) (string, error)
-		if in.Hole.Len() > 0 {
-			// The store copies the hole from what Fill vouches for, or
-			// not at all.
-			d = &Delta{Source: d.Source, Ranges: splitHole(d.Ranges, in.Hole)}
-			hole = func(ctx context.Context) (string, error) { return holeSource(ctx, in) }
-		}
-		res, err = c.putComposed(ctx, m, local, d, hole)
-		info, p.Sent, p.Copied = res.ObjectInfo, res.Sent, res.Copied
-		if err != nil && ctx.Err() == nil {
-			if !errors.Is(err, errors.ErrUnsupported) {
-				c.log.Warn("publish: could not copy from the previous archive; uploading it whole", "id", id, "source", in.Delta.Source, "err", err)
-			}
-			info, err = c.store.Put(ctx, m.Archive, wholeBody(f, local, m.Size), m.Size, PutOptions{})
-			p.Sent, p.Copied = m.Size, 0
-		}
-	} else {
-		info, err = c.store.Put(ctx, m.Archive, wholeBody(f, local, m.Size), m.Size, PutOptions{})
-		p.Sent = m.Size
-	}
+	info, err := c.store.Put(ctx, m.Archive, f, m.Size, PutOptions{})
 	if err != nil {
-		return Published{}, fmt.Errorf("publish %s: upload archive: %w", id, err)
+		return Manifest{}, fmt.Errorf("publish %s: upload archive: %w", id, err)
 	}
 	if info.Size != m.Size {
-		return Published{}, fmt.Errorf("publish %s: store holds %d bytes of the %d-byte archive", id, info.Size, m.Size)
+		return Manifest{}, fmt.Errorf("publish %s: store holds %d bytes of the %d-byte archive", id, info.Size, m.Size)
 	}
 	mj, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {
-		return Published{}, err
+		return Manifest{}, err
 	}
 	mj = append(mj, '\n')
 	if _, err := c.store.Put(ctx, ManifestKey(id), bytes.NewReader(mj), int64(len(mj)), PutOptions{}); err != nil {
-		return Published{}, fmt.Errorf("publish %s: upload manifest: %w", id, err)
+		return Manifest{}, fmt.Errorf("publish %s: upload manifest: %w", id, err)
 	}
 	if in.Lease != nil {
 		if err := in.Lease.Err(); err != nil {
-			return Published{}, fmt.Errorf("publish %s: uploaded but not published: %w", id, err)
+			return Manifest{}, fmt.Errorf("publish %s: uploaded but not published: %w", id, err)
 		}
 	}
 	if err := c.moveLatest(ctx, id, latest, etag); err != nil {
-		return Published{}, err
+		return Manifest{}, err
 	}
-	c.log.Info("published snapshot", "id", id, "parent", in.Parent, "size", m.Size, "sent", p.Sent, "copied", p.Copied,
-		"files", m.Files, "encrypted", enc != nil, "took", time.Since(start).Round(time.Millisecond))
-	return p, nil
-}
-
-// wholeBody is the archive to put whole: the file f, or local standing
-// in for it when the file has a hole.
-func wholeBody(f *os.File, local io.ReaderAt, size int64) io.Reader {
-	if local != io.ReaderAt(f) {
-		return io.NewSectionReader(local, 0, size)
-	}
-	if _, err := f.Seek(0, io.SeekStart); err != nil {
-		return io.NewSectionReader(f, 0, size)
-	}
-	return f
-}
-
-// putComposed uploads the archive as ranges of the delta's source plus
-// the rest of f, if the store can and the source is as its manifest says.
-// A delta with a hole (unchecked ranges) copies only from the source
-// object whose ETag hole vouches for (the one whose chunks the hole's
-// reader found intact), asked once the store can copy at all.
-func (c *Catalog) putComposed(ctx context.Context, m Manifest, f io.ReaderAt, d *Delta, hole func(context.Context) (string, error)) (ComposeResult, error) {
-	comp, ok := c.store.(Composer)
-	if !ok || !comp.CanCompose() {
-		return ComposeResult{}, fmt.Errorf("store cannot copy: %w", errors.ErrUnsupported)
-	}
-	sm, err := c.Manifest(ctx, d.Source)
-	if err != nil {
-		return ComposeResult{}, fmt.Errorf("source snapshot: %w", err)
-	}
-	info, err := c.store.Stat(ctx, sm.Archive)
-	if err != nil {
-		return ComposeResult{}, fmt.Errorf("source archive: %w", err)
-	}
-	if info.Size != sm.Size {
-		return ComposeResult{}, fmt.Errorf("source archive %s holds %d bytes, its manifest says %d: %w", sm.Archive, info.Size, sm.Size, ErrPrecondition)
-	}
-	vouched := ""
-	if hole != nil {
-		if vouched, err = hole(ctx); err != nil {
-			return ComposeResult{}, err
-		}
-	}
-	if vouched != "" && info.ETag != vouched {
-		return ComposeResult{}, fmt.Errorf("source archive %s has ETag %s, the chunks of it read and checked came from ETag %s: %w",
-			sm.Archive, info.ETag, vouched, ErrPrecondition)
-	}
-	for _, r := range d.Ranges {
-		if r.Unchecked && vouched == "" {
-			return ComposeResult{}, fmt.Errorf("no checked read vouches for source archive %s: %w", sm.Archive, ErrPrecondition)
-		}
-	}
-	src := ComposeSource{Key: sm.Archive, ETag: info.ETag, Size: info.Size}
-	return comp.PutComposed(ctx, m.Archive, f, m.Size, src, d.Ranges, PutOptions{})
+	c.log.Info("published snapshot", "id", id, "parent", in.Parent, "size", m.Size, "files", m.Files, "encrypted", enc != nil)
+	return m, nil
 }
 
 // moveLatest points LATEST at id if it still is the object read as prev

@@ -127,10 +127,7 @@ func (c *Catalog) sealInput(ctx context.Context, latest string, in *PublishInput
 		return nil, noop, err
 	}
 	c.log.Debug("encrypted the archive", "recipients", r.Len(), "size", cw.n, "took", time.Since(start).Round(time.Millisecond))
-	if in.Delta != nil {
-		c.log.Debug("encrypted archive: uploading it whole (a fresh file key shares no bytes with the previous archive)")
-	}
-	in.Path, in.SHA256, in.Size, in.Delta, in.Files = tmp.Name(), hex.EncodeToString(h.Sum(nil)), cw.n, nil, 0
+	in.Path, in.SHA256, in.Size, in.Files = tmp.Name(), hex.EncodeToString(h.Sum(nil)), cw.n, 0
 	return &Encryption{Scheme: crypt.Scheme, RecipientTypes: r.Types()}, cleanup, nil
 }
 

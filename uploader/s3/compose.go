@@ -43,7 +43,7 @@ type composedPart struct {
 	off, n    int64
 	copy      bool
 	src       int64
-	unchecked bool                   // a copy not compared with local (ComposeRange.Unchecked)
+	unchecked bool                    // a copy not compared with local (ComposeRange.Unchecked)
 	from      *uploader.ComposeSource // the range's own source, if it names one
 }
 

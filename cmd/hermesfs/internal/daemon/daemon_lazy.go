@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -139,11 +138,6 @@ func (d *daemon) openLower(path string) (io.ReaderAt, int64, io.Closer, error) {
 type nopCloser struct{}
 
 func (nopCloser) Close() error { return nil }
-
-func fileExists(p string) bool {
-	_, err := os.Stat(p)
-	return err == nil
-}
 
 // lazyLookup returns the image standing in for the archive at path.
 func lazyLookup(path string) (sizedReaderAt, bool) {

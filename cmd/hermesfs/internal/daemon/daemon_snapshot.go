@@ -142,14 +142,6 @@ func (d *daemon) maybePrune(ctx context.Context, reason string) {
 	}
 }
 
-// ratio is part/whole rounded to three places, 0 for an empty whole.
-func ratio(part, whole int64) float64 {
-	if whole <= 0 {
-		return 0
-	}
-	return float64(part*1000/whole) / 1000
-}
-
 // snapshotDone is a published snapshot, with the figures only the log
 // line shows.
 type snapshotDone struct {
