@@ -444,14 +444,21 @@ func dataBytes(t *testing.T, dir, suffix string) int64 {
 // bytes cached in all segments' files within it; what was evicted is
 // fetched again when read, and checked again.
 func TestPoolBudget(t *testing.T) {
-	f := newFixture(t, false)
+	for _, enc := range []bool{false, true} {
+		t.Run(map[bool]string{false: "plaintext", true: "encrypted"}[enc], func(t *testing.T) { testPoolBudget(t, enc) })
+	}
+}
+
+func testPoolBudget(t *testing.T, enc bool) {
+	f := newFixture(t, enc)
 	a, b, wantA, wantB := twoImages(t, f)
 	cg := &countGets{Store: f.store, n: map[string]int{}}
 	const max = 1 << 20
 	budget := lazy.NewBudget(max)
 	cache := t.TempDir()
 	// No read-ahead: once the reads return, no fetch is in flight.
-	pool, err := NewPool(Options{Store: cg, CacheDir: cache, Lazy: lazy.Options{ReadTimeout: 10 * time.Second, ReadAhead: -1, Budget: budget}})
+	pool, err := NewPool(Options{Store: cg, CacheDir: cache, Identities: f.ids,
+		Lazy: lazy.Options{ReadTimeout: 10 * time.Second, ReadAhead: -1, Budget: budget}})
 	if err != nil {
 		t.Fatal(err)
 	}
