@@ -2,14 +2,14 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hermesfs/hermesfs/archive"
@@ -17,10 +17,8 @@ import (
 	"github.com/hermesfs/hermesfs/fs"
 	"github.com/hermesfs/hermesfs/fs/browse"
 	"github.com/hermesfs/hermesfs/uploader"
-	"github.com/hermesfs/hermesfs/uploader/crypt"
 	"github.com/hermesfs/hermesfs/uploader/image"
 	"github.com/hermesfs/hermesfs/uploader/lazy"
-	"github.com/hermesfs/hermesfs/uploader/ranged"
 )
 
 func init() {
@@ -37,8 +35,9 @@ func init() {
 
 The root is listed from the store's listing alone: no archive is read until
 a snapshot is entered, and then only the parts read (metadata first, then
-the blocks of the files opened), by ranged GETs through a local cache of at
-most --cache-size bytes (least recently used out first). Writes fail with
+the blocks of the files opened), by ranged GETs of verified chunks through
+one local cache of at most --cache-size bytes for all the snapshots entered
+(least recently used out first). Writes fail with
 EROFS. Runs in the foreground; Ctrl-C, SIGTERM or 'hermesfs umount
 MOUNTPOINT' unmounts it.
 
@@ -51,10 +50,10 @@ Examples:
 		flags: func(fs *flag.FlagSet) {
 			addStoreFlags(fs)
 			addIdentityFlag(fs)
-			fs.String("cache-size", "1G", "bound on the local cache of archive chunks")
-			fs.String("chunk-size", "256K", "unit of the ranged reads and of the cache, for archives whose manifest has no chunk digests")
+			fs.String("cache-size", "1G", "bound on the local cache of snapshot chunks, all snapshots together")
+			fs.String("chunk-size", "256K", "unit of the ranged reads of format 1 snapshots (no chunk digests; others are read in their digests' chunks)")
 			fs.String("cache-dir", "", "where to make the cache's directory, removed at exit (default: the temporary directory)")
-			fs.Duration("read-timeout", ranged.DefaultFetchTimeout, "give up on a chunk the store has not delivered in this long (retries included): the read fails with EIO")
+			fs.Duration("read-timeout", lazy.DefaultReadTimeout, "give up on a chunk the store has not delivered in this long (retries included): the read fails with EIO")
 			fs.Duration("refresh", 30*time.Second, "list the store again when the root is read after this long")
 			fs.Bool("debug", false, "log every FUSE request")
 		},
@@ -94,18 +93,22 @@ func runBrowse(ctx context.Context, e *env, fset *flag.FlagSet, args []string) e
 		return err
 	}
 	log := cliLogger(e).With("component", "browse")
-	cache, err := ranged.New(cat.Store(), ranged.Options{Dir: fset.Lookup("cache-dir").Value.String(), MaxBytes: size, ChunkSize: chunk,
-		FetchTimeout: readTimeout, Logger: log})
+	dir, err := browseCacheDir(fset.Lookup("cache-dir").Value.String())
 	if err != nil {
 		return err
 	}
-	defer cache.Close()
-	pool, err := image.NewPool(image.Options{Store: cat.Store(), CacheDir: filepath.Join(cache.Dir(), "segments"), Identities: cat.Identities(),
-		Lazy: lazy.Options{ReadTimeout: readTimeout}, Logger: log})
+	defer os.RemoveAll(dir)
+	var count requestCounter
+	budget := lazy.NewBudget(size)
+	pool, err := image.NewPool(image.Options{
+		Store: uploader.WithObserver(cat.Store(), &count), CacheDir: dir, Identities: cat.Identities(),
+		Lazy: lazy.Options{ReadTimeout: readTimeout, Budget: budget}, NoDigestsChunkSize: chunk, Logger: log,
+	})
 	if err != nil {
 		return err
 	}
-	src := &catalogSource{cat: cat, open: rangedOpener(cat, cache, pool), log: log}
+	src := &catalogSource{cat: cat, pool: pool, log: log}
+	defer src.close()
 	m, err := browse.Mount(ctx, mp, browse.Options{Source: src, RefreshAfter: refresh, Logger: log,
 		Debug: fset.Lookup("debug").Value.String() == "true"})
 	if err != nil {
@@ -119,98 +122,52 @@ func runBrowse(ctx context.Context, e *env, fset *flag.FlagSet, args []string) e
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	err = m.Unmount(uctx)
-	st := cache.Stats()
-	log.Info("stopped", "gets", st.Gets, "bytes_fetched", st.BytesFetched, "cache_hits", st.Hits, "cache_misses", st.Misses)
+	st := budget.Stats()
+	log.Info("stopped", "gets", count.gets.Load(), "bytes_fetched", count.bytes.Load(), "cached_bytes", st.Used, "evicted_chunks", st.Evicted)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(e.stdout, "unmounted %s (fetched %s in %d requests)\n", mp, daemon.HumanBytes(st.BytesFetched), st.Gets)
+	fmt.Fprintf(e.stdout, "unmounted %s (fetched %s in %d requests)\n", mp, daemon.HumanBytes(count.bytes.Load()), count.gets.Load())
 	return nil
 }
 
-// objectOpener gives random access to a snapshot's archive (its size too:
-// an encrypted object is larger than the archive it holds) without
-// downloading it whole. It is the seam where another reader of store
-// objects (a persistent lazy cache) can replace the ranged cache.
-type objectOpener func(ctx context.Context, m uploader.Manifest) (io.ReaderAt, int64, error)
-
-// rangedOpener reads archives by range through cache, checking each chunk
-// against the manifest's chunk digests when it has them; without them the
-// archive's own block checksums catch damage as blocks are read. An
-// encrypted snapshot is decrypted with the catalog's identities, each age
-// chunk authenticated as it is read.
-func rangedOpener(cat *uploader.Catalog, cache *ranged.Cache, pool *image.Pool) objectOpener {
-	return func(ctx context.Context, m uploader.Manifest) (io.ReaderAt, int64, error) {
-		if m.Segmented() {
-			im, err := pool.Open(ctx, m, nil)
-			if err != nil {
-				return nil, 0, daemon.CryptError(err)
-			}
-			return im, im.Size(), nil
+// browseCacheDir makes the directory of a browse tree's cache, under
+// parent ("": the temporary directory); the caller removes it.
+func browseCacheDir(parent string) (string, error) {
+	if parent != "" {
+		if err := os.MkdirAll(parent, 0o700); err != nil {
+			return "", fmt.Errorf("--cache-dir: %w", err)
 		}
-		d, err := manifestDigests(ctx, cat.Store(), m.ID)
-		if err != nil {
-			return nil, 0, err
-		}
-		ra, err := cache.Object(m.Archive, m.Size, d)
-		if err != nil || m.Encryption == nil {
-			return ra, m.Size, err
-		}
-		ids := cat.Identities()
-		if ids == nil {
-			return nil, 0, daemon.CryptError(&uploader.KeyError{ID: m.ID, Err: &crypt.KeyError{Types: m.Encryption.RecipientTypes, Err: crypt.ErrNoIdentity}})
-		}
-		plain, n, err := crypt.Open(ra, m.Size, ids)
-		if err != nil {
-			return nil, 0, daemon.LazyCryptError(m, err)
-		}
-		return plain, n, nil
 	}
+	dir, err := os.MkdirTemp(parent, "hermesfs-browse-")
+	if err != nil {
+		return "", fmt.Errorf("--cache-dir: %w", err)
+	}
+	return dir, nil
 }
 
-// manifestDigests reads the optional per-chunk digests of a snapshot's
-// manifest ("chunk_size", "chunks"); a manifest without them gives none.
-func manifestDigests(ctx context.Context, store uploader.Store, id string) (ranged.Digests, error) {
-	rc, _, err := store.Get(ctx, uploader.ManifestKey(id), 0, 16<<20)
-	if err != nil {
-		return ranged.Digests{}, fmt.Errorf("read manifest of %s: %w", id, err)
-	}
-	defer rc.Close()
-	var v struct {
-		ChunkSize int64    `json:"chunk_size"`
-		Chunks    []string `json:"chunks"`
-	}
-	if err := json.NewDecoder(rc).Decode(&v); err != nil {
-		return ranged.Digests{}, &uploader.CorruptError{ID: id, Err: fmt.Errorf("manifest: %w", err)}
-	}
-	if len(v.Chunks) == 0 {
-		return ranged.Digests{}, nil
-	}
-	if v.ChunkSize == 0 {
-		v.ChunkSize = ranged.DefaultChunkSize
-	}
-	return ranged.Digests{ChunkSize: v.ChunkSize, SHA256: v.Chunks}, nil
-}
+// requestCounter counts the GETs of a store and the bytes they returned.
+type requestCounter struct{ gets, bytes atomic.Int64 }
 
-// openSnapshotReader opens snapshot m's archive for random access through
-// open. Its block cache is small: a browse mount may have many open.
-func openSnapshotReader(ctx context.Context, open objectOpener, m uploader.Manifest) (*archive.Reader, error) {
-	ra, size, err := open(ctx, m)
-	if err != nil {
-		return nil, err
+func (c *requestCounter) StoreRequest(op, _ string, _ time.Duration) {
+	if op == "get" {
+		c.gets.Add(1)
 	}
-	r, err := archive.Open(ra, size, archive.ReaderOptions{Name: m.ID, CacheBytes: 8 << 20})
-	if err != nil {
-		return nil, daemon.ArchiveError(fmt.Errorf("open snapshot %s: %w", m.ID, err))
-	}
-	return r, nil
 }
+func (c *requestCounter) StoreRetry(string) {}
+func (c *requestCounter) StoreRead(n int64) { c.bytes.Add(n) }
 
-// catalogSource is the store's catalog as a browse tree sees it.
+// catalogSource is the store's catalog as a browse tree sees it: each
+// snapshot entered is an image of the pool, read by range through the
+// segments' range readers (which share the pool's cache budget) and
+// checked block by block by the archive reader.
 type catalogSource struct {
 	cat  *uploader.Catalog
-	open objectOpener
+	pool *image.Pool
 	log  *slog.Logger
+
+	mu     sync.Mutex
+	images []*image.Image
 }
 
 func (s *catalogSource) Snapshots(ctx context.Context) ([]browse.Snapshot, error) {
@@ -230,14 +187,45 @@ func (s *catalogSource) Open(ctx context.Context, id string) (fs.Lower, error) {
 	if err != nil {
 		return nil, err
 	}
-	r, err := openSnapshotReader(ctx, s.open, m)
+	im, err := s.pool.Open(ctx, m, nil)
 	if err != nil {
+		return nil, daemon.CryptError(err)
+	}
+	// A small block cache: a browse tree may have many snapshots open.
+	r, err := archive.Open(im, im.Size(), archive.ReaderOptions{Name: m.ID, CacheBytes: 8 << 20})
+	if err != nil {
+		im.Close()
+		return nil, daemon.ArchiveError(fmt.Errorf("open snapshot %s: %w", m.ID, err))
+	}
+	if err := checkedByRange(m, r); err != nil {
+		im.Close()
 		return nil, err
 	}
-	if !r.Checksummed() {
-		s.log.Warn("snapshot archive carries no block checksums; its bytes are not verified", "id", id)
-	}
+	s.mu.Lock()
+	s.images = append(s.images, im)
+	s.mu.Unlock()
 	return r, nil
+}
+
+// checkedByRange refuses a snapshot whose bytes nothing would check when
+// read by range: a format 1 archive (no chunk digests) without the
+// archive's block checksums.
+func checkedByRange(m uploader.Manifest, r *archive.Reader) error {
+	if r.Checksummed() || m.Segmented() || m.Lazy() {
+		return nil
+	}
+	return fmt.Errorf("snapshot %s has neither chunk digests (manifest format 1) nor block checksums, so nothing checks the bytes read of it by range; "+
+		"restore it whole instead ('hermesfs restore --snapshot %s DIR' checks its sha256)", m.ID, m.ID)
+}
+
+// close closes the images opened (once the tree is unmounted).
+func (s *catalogSource) close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, im := range s.images {
+		im.Close()
+	}
+	s.images = nil
 }
 
 // isBrowseMount reports whether path is the mountpoint of a browse tree

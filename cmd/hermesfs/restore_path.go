@@ -19,6 +19,11 @@ import (
 	"github.com/hermesfs/hermesfs/uploader/image"
 )
 
+// restorePathChunk is the unit of ranged reads of a format 1 snapshot (no
+// chunk digests) by restore --path: small, since one file of a home is
+// usually small; a large one is read ahead sequentially.
+const restorePathChunk = 64 << 10
+
 // restorePath extracts the file or directory rel of snapshot id (LATEST's
 // if "") to dest, reading only what it needs of the archive by range.
 func restorePath(ctx context.Context, e *env, fset *flag.FlagSet, id, rel, dest string) error {
@@ -44,7 +49,8 @@ func restorePath(ctx context.Context, e *env, fset *flag.FlagSet, id, rel, dest 
 		return err
 	}
 	defer os.RemoveAll(tmp)
-	im, err := image.Open(ctx, m, image.Options{Store: cat.Store(), CacheDir: tmp, Identities: cat.Identities(), Logger: cliLogger(e)})
+	im, err := image.Open(ctx, m, image.Options{Store: cat.Store(), CacheDir: tmp, Identities: cat.Identities(),
+		NoDigestsChunkSize: restorePathChunk, Logger: cliLogger(e)})
 	if err != nil {
 		return snapshotError(daemon.CryptError(err))
 	}
@@ -52,6 +58,9 @@ func restorePath(ctx context.Context, e *env, fset *flag.FlagSet, id, rel, dest 
 	r, err := archive.Open(im, im.Size(), archive.ReaderOptions{Name: m.ID})
 	if err != nil {
 		return snapshotError(daemon.ArchiveError(fmt.Errorf("open snapshot %s: %w", m.ID, err)))
+	}
+	if err := checkedByRange(m, r); err != nil {
+		return err
 	}
 	a, err := lookupArchivePath(r, rel)
 	if err != nil {

@@ -22,10 +22,21 @@
 //	X.etag      the object they came from
 //	B.sums      the segment's digests (checked against the manifest)
 //
+// A cache bounded in bytes (hermesfs browse, which keeps every snapshot it
+// entered open): give the pool's Options.Lazy a lazy.Budget. The chunks
+// of all its segments then share that bound, least recently used out
+// first, and the caches are temporary (no present logs; see lazy.Budget).
+//
 // A segment that is gone from the store (its snapshots pruned) fails the
-// reads that need its bytes with an error naming it; bytes of another
-// object are never served, because keys are never reused and every chunk
-// is checked.
+// reads that need bytes of it not cached, at the first answer that it is
+// missing, with an *uploader.SegmentGoneError naming it (transient
+// failures are retried up to the read timeout); bytes of another object
+// are never served, because keys are never reused and every chunk is
+// checked.
+//
+// A format 1 snapshot's archive has no chunk digests: it opens only with
+// Options.NoDigestsChunkSize, and then its reader relies on the archive's
+// block checksums.
 package image
 
 import (
@@ -47,9 +58,10 @@ import (
 	"github.com/hermesfs/hermesfs/uploader/lazy"
 )
 
-// ErrNoDigests is a snapshot of manifest format 1 (an older hermesfs's):
-// no chunk digests, so it cannot be read by range; download it whole into
-// the cache directory (its plain name), and it opens from there.
+// ErrNoDigests is a snapshot of manifest format 1 (an older hermesfs's)
+// opened without Options.NoDigestsChunkSize: no chunk digests to check
+// ranged reads against; download it whole into the cache directory (its
+// plain name), and it opens from there.
 var ErrNoDigests = errors.New("no chunk digests to read it by range (a format 1 snapshot): download it whole")
 
 // Options configure Open.
@@ -60,10 +72,19 @@ type Options struct {
 	// Identities open encrypted segments.
 	Identities *crypt.Identities
 	// Lazy is the template of every segment's range reader: ReadTimeout,
-	// Retry, parallelism, Logger. Store, Key, Size, digests, Path, Hot and
-	// OnComplete are set per segment.
-	Lazy   lazy.Options
-	Logger *slog.Logger
+	// Retry, parallelism, Logger, and Budget: one budget given to a pool
+	// bounds the bytes all its segments' caches hold together (browse).
+	// Store, Key, Size, digests, Path, Hot and OnComplete are set per
+	// segment.
+	Lazy lazy.Options
+	// NoDigestsChunkSize, if set, reads the archive of a format 1
+	// snapshot (no chunk digests) by range in chunks of this size (4 KiB
+	// to 64 MiB), unchecked chunk by chunk (lazy.Options.NoDigests): the
+	// archive reader above must check each block it reads against the
+	// archive's own checksums. 0: such a snapshot fails to open with
+	// ErrNoDigests.
+	NoDigestsChunkSize int64
+	Logger             *slog.Logger
 	// OnComplete is called (on a fill goroutine) when every segment of
 	// the image is complete locally.
 	OnComplete func()
@@ -357,16 +378,24 @@ func (p *Pool) openSegment(m uploader.Manifest, ref uploader.SegmentRef, sums *u
 		p.log.Warn("image: a cached segment has the wrong size; fetching it again", "segment", ref.Key, "path", s.plain)
 		os.Remove(s.plain)
 	}
-	if sums == nil {
-		return nil, fmt.Errorf("segment %s: %w", ref.Key, ErrNoDigests)
-	}
 	lo := p.o.Lazy
 	lo.Store = p.o.Store
 	lo.Key = ref.Key
-	lo.Size = sums.Size
-	lo.ChunkSize = sums.ChunkSize
-	lo.Chunks = sums.Chunks
-	lo.SHA256 = sums.SHA256
+	switch {
+	case sums != nil:
+		lo.Size = sums.Size
+		lo.ChunkSize = sums.ChunkSize
+		lo.Chunks = sums.Chunks
+		lo.SHA256 = sums.SHA256
+	case m.Segmented() || enc || p.o.NoDigestsChunkSize <= 0:
+		return nil, fmt.Errorf("segment %s: %w", ref.Key, ErrNoDigests)
+	default:
+		// A format 1 archive: checked block by block by its reader.
+		lo.Size = m.Size
+		lo.ChunkSize = p.o.NoDigestsChunkSize
+		lo.SHA256 = m.SHA256
+		lo.NoDigests = true
+	}
 	lo.Path = s.plain
 	if enc {
 		lo.Path = s.plain + uploader.EncryptedExt
@@ -394,10 +423,10 @@ func (p *Pool) openSegment(m uploader.Manifest, ref uploader.SegmentRef, sums *u
 	}
 	s.lz = lz
 	if !enc {
-		s.ra, s.size = lz, sums.Size
+		s.ra, s.size = lz, lo.Size
 		return s, nil
 	}
-	pr, n, err := crypt.Open(lz, sums.Size, p.o.Identities)
+	pr, n, err := crypt.Open(lz, lo.Size, p.o.Identities)
 	if err != nil {
 		lz.Close()
 		return nil, segmentCryptError(m, ref.Key, err)
@@ -704,6 +733,7 @@ func (im *Image) Stats() lazy.Stats {
 		t.Waiting += st.Waiting
 		t.Errors += st.Errors
 		t.LocalChunks += st.LocalChunks
+		t.Evicted += st.Evicted
 		t.Complete = t.Complete && st.Complete
 	}
 	return t

@@ -3,6 +3,7 @@ package image
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -15,6 +16,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/hermesfs/hermesfs/uploader"
 	"github.com/hermesfs/hermesfs/uploader/crypt"
@@ -397,4 +400,238 @@ func TestPoolSharesSegments(t *testing.T) {
 		t.Fatal("B differs once A is closed")
 	}
 	imB.Close()
+}
+
+// dataBytes is the bytes of the data extents of the files in dir whose
+// names end in suffix (SEEK_DATA, SEEK_HOLE: a punched hole holds none).
+func dataBytes(t *testing.T, dir, suffix string) int64 {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, e := range ents {
+		if !strings.HasSuffix(e.Name(), suffix) {
+			continue
+		}
+		f, err := os.Open(filepath.Join(dir, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for off := int64(0); ; {
+			start, err := unix.Seek(int(f.Fd()), off, unix.SEEK_DATA)
+			if errors.Is(err, unix.ENXIO) {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			end, err := unix.Seek(int(f.Fd()), start, unix.SEEK_HOLE)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n += end - start
+			off = end
+		}
+		f.Close()
+	}
+	return n
+}
+
+// Images of one pool with a budget (browse) share segments and one bound:
+// reading both images whole, again and again and concurrently, keeps the
+// bytes cached in all segments' files within it; what was evicted is
+// fetched again when read, and checked again.
+func TestPoolBudget(t *testing.T) {
+	for _, enc := range []bool{false, true} {
+		t.Run(map[bool]string{false: "plaintext", true: "encrypted"}[enc], func(t *testing.T) { testPoolBudget(t, enc) })
+	}
+}
+
+func testPoolBudget(t *testing.T, enc bool) {
+	f := newFixture(t, enc)
+	a, b, wantA, wantB := twoImages(t, f)
+	cg := &countGets{Store: f.store, n: map[string]int{}}
+	const max = 1 << 20
+	budget := lazy.NewBudget(max)
+	cache := t.TempDir()
+	// No read-ahead: once the reads return, no fetch is in flight.
+	pool, err := NewPool(Options{Store: cg, CacheDir: cache, Identities: f.ids,
+		Lazy: lazy.Options{ReadTimeout: 10 * time.Second, ReadAhead: -1, Budget: budget}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	am, _ := f.cat.Manifest(t.Context(), a.ID)
+	bm, _ := f.cat.Manifest(t.Context(), b.ID)
+	imA, err := pool.Open(t.Context(), am, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer imA.Close()
+	imB, err := pool.Open(t.Context(), bm, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer imB.Close()
+	gets := func() int {
+		cg.mu.Lock()
+		defer cg.mu.Unlock()
+		return cg.n[ownKey(a)] + cg.n[ownKey(b)]
+	}
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			im, want := imA, wantA
+			if w%2 == 1 {
+				im, want = imB, wantB
+			}
+			for range 3 {
+				got := make([]byte, im.Size())
+				for off := int64(0); off < im.Size(); off += 100_000 {
+					n := min(100_000, im.Size()-off)
+					if _, err := im.ReadAt(got[off:off+n], off); err != nil && err != io.EOF {
+						t.Errorf("read %d+%d: %v", off, n, err)
+						return
+					}
+				}
+				if !bytes.Equal(got, want) {
+					t.Error("an image read through the budget differs")
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	st := budget.Stats()
+	onDisk := dataBytes(t, cache, ".partial")
+	t.Logf("3 passes over 2 images (%d + %d bytes) by 4 readers in a %d-byte budget: %d GETs, %d bytes on disk, %+v",
+		imA.Size(), imB.Size(), max, gets(), onDisk, st)
+	if st.Evicted == 0 {
+		t.Fatal("nothing evicted: the images fit the budget, the test proves nothing")
+	}
+	if onDisk > max || st.Used > max {
+		t.Fatalf("the segments' cache files hold %d bytes; the budget is %d", onDisk, max)
+	}
+	// A's bytes at 1 MiB, which B does not use, are evicted by a read of
+	// B whole (more than the budget); read again, they are fetched again,
+	// and checked: the store's damage is an error, never the bytes.
+	const at = 1 << 20
+	buf := make([]byte, 1000)
+	if _, err := imA.ReadAt(buf, at); err != nil || !bytes.Equal(buf, wantA[at:at+1000]) {
+		t.Fatalf("A at 1 MiB: %v", err)
+	}
+	if got := readAll(t, imB); !bytes.Equal(got, wantB) {
+		t.Fatal("B differs")
+	}
+	p := filepath.Join(f.store.Root(), filepath.FromSlash(ownKey(a)))
+	seg, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := bytes.Clone(seg)
+	bad[at+100] ^= 1
+	if err := os.WriteFile(p, bad, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	before := gets()
+	if _, err := imA.ReadAt(buf, at); err == nil || !errors.Is(err, uploader.ErrCorrupt) {
+		t.Fatalf("a damaged refetch of an evicted chunk: %v; want a corrupt-snapshot error", err)
+	}
+	if gets() == before {
+		t.Fatal("the evicted bytes of A were not fetched again")
+	}
+	if err := os.WriteFile(p, seg, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := imA.ReadAt(buf, at); err != nil || !bytes.Equal(buf, wantA[at:at+1000]) {
+		t.Fatalf("A at 1 MiB once the store holds it again: %v", err)
+	}
+}
+
+// A segment deleted from the store under an open image (its snapshots
+// pruned) fails a read of bytes not cached at the store's first "no such
+// key", with a SegmentGoneError; it is not retried until the read timeout.
+func TestSegmentGoneFailsAtOnce(t *testing.T) {
+	f := newFixture(t, false)
+	a, b, _, wantB := twoImages(t, f)
+	cg := &countGets{Store: f.store, n: map[string]int{}}
+	bm, _ := f.cat.Manifest(t.Context(), b.ID)
+	// Retried, a read would send many GETs within the timeout.
+	im, err := Open(t.Context(), bm, Options{Store: cg, CacheDir: t.TempDir(),
+		Lazy: lazy.Options{ReadTimeout: 5 * time.Second, ReadAhead: -1, Retry: uploader.RetryPolicy{Base: 5 * time.Millisecond, Cap: 50 * time.Millisecond}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer im.Close()
+	buf := make([]byte, 1000)
+	if _, err := im.ReadAt(buf, 0); err != nil || !bytes.Equal(buf, wantB[:1000]) {
+		t.Fatalf("read before the prune: %v", err)
+	}
+	segA := ownKey(a)
+	if err := f.store.Delete(t.Context(), segA); err != nil {
+		t.Fatal(err)
+	}
+	cg.mu.Lock()
+	before := cg.n[segA]
+	cg.mu.Unlock()
+	// B's bytes at 1 MiB come from A's segment, far from what was read.
+	_, err = im.ReadAt(buf, 1<<20)
+	var gone *uploader.SegmentGoneError
+	if !errors.As(err, &gone) || gone.Key != segA || !errors.Is(err, iofs.ErrNotExist) {
+		t.Fatalf("read of a pruned segment: %v; want a SegmentGoneError naming %s", err, segA)
+	}
+	cg.mu.Lock()
+	n := cg.n[segA] - before
+	cg.mu.Unlock()
+	if n != 1 {
+		t.Fatalf("the read of a pruned segment sent %d GETs; want 1: a missing key does not come back", n)
+	}
+	// The bytes cached are still served.
+	if _, err := im.ReadAt(buf, 0); err != nil || !bytes.Equal(buf, wantB[:1000]) {
+		t.Fatalf("cached bytes after the prune: %v", err)
+	}
+}
+
+// A format 1 snapshot (no chunk digests) opens only when the caller reads
+// such archives by range (NoDigestsChunkSize), and then reads right.
+func TestFormat1ByRange(t *testing.T) {
+	f := newFixture(t, false)
+	data := noise(1<<20+4321, 9)
+	p := filepath.Join(f.dir, "v1.sqfs")
+	if err := os.WriteFile(p, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m, err := f.cat.Publish(t.Context(), uploader.PublishInput{Path: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Format, m.ChunkSize, m.Chunks, m.MetaOffset = 1, 0, nil, 0
+	mj, _ := json.Marshal(m)
+	if _, err := f.store.Put(t.Context(), uploader.ManifestKey(m.ID), bytes.NewReader(mj), int64(len(mj)), uploader.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	m, err = f.cat.Manifest(t.Context(), m.ID)
+	if err != nil || m.Lazy() {
+		t.Fatalf("format 1 manifest read back: %v, chunk digests %d", err, len(m.Chunks))
+	}
+	if _, err := Open(t.Context(), m, Options{Store: f.store, CacheDir: t.TempDir()}); !errors.Is(err, ErrNoDigests) {
+		t.Fatalf("format 1 without NoDigestsChunkSize: %v; want ErrNoDigests", err)
+	}
+	cg := &countGets{Store: f.store, n: map[string]int{}}
+	im, err := Open(t.Context(), m, Options{Store: cg, CacheDir: t.TempDir(), NoDigestsChunkSize: 64 << 10, Lazy: lazy.Options{ReadAhead: -1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer im.Close()
+	buf := make([]byte, 100)
+	if _, err := im.ReadAt(buf, 500_000); err != nil || !bytes.Equal(buf, data[500_000:500_100]) {
+		t.Fatalf("format 1 by range: %v", err)
+	}
+	if st := im.Stats(); st.PresentBytes != 64<<10 || cg.n[m.Archive] != 1 {
+		t.Fatalf("a 100-byte read of a format 1 archive: %d GETs, %+v; want one 64 KiB chunk", cg.n[m.Archive], st)
+	}
+	if got := readAll(t, im); !bytes.Equal(got, data) {
+		t.Fatal("format 1 by range differs")
+	}
 }

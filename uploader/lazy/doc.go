@@ -15,6 +15,16 @@
 // until the chunk arrived damaged three times in a row); then that read
 // fails with an error that satisfies errors.Is(err, syscall.EIO), logged
 // once per chunk until the chunk arrives, and the next read tries again.
+// A store that says the object does not exist is not asked again: keys
+// are never reused, so a missing object (a segment whose snapshots were
+// pruned under the reader) fails the read at once with a
+// *uploader.SegmentGoneError (also EIO), and the fill stops.
+//
+// An object without chunk digests (Options.NoDigests: the archive of a
+// format 1 snapshot) is read in chunks of the size given and nothing is
+// checked per chunk: the archive reader above checks each block it reads
+// against the archive's own checksums, and a complete cache against the
+// whole sha256.
 //
 // # The cache on disk
 //
@@ -29,6 +39,18 @@
 // is checked against the manifest's, the partial file is renamed to Path
 // and the log removed: the cache is then exactly what a full download
 // leaves.
+//
+// # A bounded cache
+//
+// Readers given one Budget (hermesfs browse: a reader per segment of every
+// snapshot entered) keep at most its bytes in their cache files together.
+// A chunk is charged before it is written; when the readers hold more, the
+// least recently used chunks of any of them are evicted: marked absent
+// and punched out of the sparse file (fallocate PUNCH_HOLE), so a later
+// read fetches them again, checked like any miss. Reads and writes of a
+// chunk in the file pin it, and eviction passes over pinned chunks. Such a
+// cache is temporary: no present log (it would have to record absence),
+// no fill, and Close removes the file.
 //
 // # Scheduling
 //

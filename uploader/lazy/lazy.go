@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	iofs "io/fs"
 	"log/slog"
 	"math/rand/v2"
 	"os"
@@ -64,6 +65,20 @@ type Options struct {
 	// ReadTimeout bounds the attempts).
 	Retry uploader.RetryPolicy
 
+	// Budget, if set, bounds the bytes this reader and the others of the
+	// budget keep cached, together (see Budget: such a reader's cache is
+	// temporary).
+	Budget *Budget
+	// NoDigests reads an object that has no chunk digests (the archive
+	// of a format 1 snapshot): Chunks is empty and ChunkSize any size
+	// from 4 KiB to 64 MiB. Nothing is checked chunk by chunk: whoever
+	// reads must check what it reads (the archive reader checks every
+	// block against the archive's own checksums); SHA256 is required and
+	// checks the complete file. The cache starts empty (an earlier
+	// partial file is discarded: its bytes could not be checked) and
+	// keeps no present log, as with a Budget.
+	NoDigests bool
+
 	// Hot chunks are fetched first by Fill.
 	Hot []int64
 	// HotWindow is how long reads are recorded for Hot (default
@@ -97,7 +112,7 @@ type Options struct {
 const maxDigestFails = 3
 
 // ErrDigest is a chunk whose bytes do not have the manifest's digest.
-var ErrDigest = errors.New("chunk sha256 does not match the manifest")
+var ErrDigest = errors.New("chunk sha256 does not match the manifest's chunk digest")
 
 // ChunkError is a chunk the store did not deliver intact within the read
 // timeout. It satisfies errors.Is(err, syscall.EIO).
@@ -126,6 +141,8 @@ type Stats struct {
 	Errors         int64 `json:"errors"`
 	// LocalChunks came from Options.Seed, not the store.
 	LocalChunks int64 `json:"local_chunks"`
+	// Evicted counts the chunks dropped to keep within Options.Budget.
+	Evicted int64 `json:"evicted_chunks,omitempty"`
 }
 
 type kind int
@@ -240,12 +257,26 @@ type Reader struct {
 	// distrust holds the ETags of objects that delivered a chunk fetch
 	// found damaged (CheckSource).
 	distrust map[string]bool
+	// gone is the store's answer that the object does not exist: keys are
+	// never reused, so it will not come back; the fill stops.
+	gone error
+
+	// With a Budget: the reads and writes in progress of each chunk in
+	// the cache file (it is not evicted under them), and the chunks
+	// charged to the budget.
+	pins        []int32
+	held        []*held
+	punchFailed bool
 }
 
 // Open opens (or resumes) the cache of the object described by o. It does
 // no store request; reads and Fill do.
 func Open(o Options) (*Reader, error) {
-	if !uploader.ValidChunkSize(o.ChunkSize) || len(o.Chunks) != uploader.NumChunks(o.Size, o.ChunkSize) || o.Size <= 0 {
+	if o.NoDigests {
+		if o.ChunkSize < 4<<10 || o.ChunkSize > 64<<20 || len(o.Chunks) > 0 || o.Size <= 0 || len(o.SHA256) != 64 || o.Seed != nil {
+			return nil, fmt.Errorf("lazy %s: reading without chunk digests needs a chunk size from 4 KiB to 64 MiB, the object's size and sha256, and no seed", o.Key)
+		}
+	} else if !uploader.ValidChunkSize(o.ChunkSize) || len(o.Chunks) != uploader.NumChunks(o.Size, o.ChunkSize) || o.Size <= 0 {
 		return nil, fmt.Errorf("lazy %s: %d chunk digests of %d bytes for %d bytes: not a lazily readable manifest", o.Key, len(o.Chunks), o.ChunkSize, o.Size)
 	}
 	if o.ReadTimeout <= 0 {
@@ -273,7 +304,7 @@ func Open(o Options) (*Reader, error) {
 		o.writeAt = (*os.File).WriteAt
 	}
 	r := &Reader{
-		o: o, log: o.Logger, n: len(o.Chunks),
+		o: o, log: o.Logger, n: uploader.NumChunks(o.Size, o.ChunkSize),
 		hot:      newHotRecorder(nil, o.ChunkSize, uploader.HotLimit(o.Size, o.ChunkSize), o.HotWindow),
 		demand:   make(chan struct{}, o.Parallel),
 		ahead:    make(chan struct{}, max(1, o.Parallel/2)),
@@ -287,11 +318,18 @@ func Open(o Options) (*Reader, error) {
 	r.stats.TotalBytes = o.Size
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	r.fillCtx, r.fillCancel = context.WithCancel(r.ctx)
-	if err := r.openCache(); err != nil {
+	if r.o.Budget != nil {
+		r.pins, r.held = make([]int32, r.n), make([]*held, r.n)
+	}
+	open := r.openCache
+	if r.ephemeral() {
+		open = r.openEmpty
+	}
+	if err := open(); err != nil {
 		r.cancel()
 		return nil, err
 	}
-	if !r.complete {
+	if !r.complete && r.plog != nil {
 		r.wg.Add(1)
 		go r.persist()
 	}
@@ -301,6 +339,41 @@ func Open(o Options) (*Reader, error) {
 func (r *Reader) partial() string  { return r.o.Path + ".partial" }
 func (r *Reader) logPath() string  { return r.o.Path + ".present" }
 func (r *Reader) etagPath() string { return r.o.Path + ".etag" }
+
+// ephemeral reports whether the cache is kept in memory only, without a
+// present log (Budget, NoDigests).
+func (r *Reader) ephemeral() bool { return r.o.Budget != nil || r.o.NoDigests }
+
+// openEmpty opens a cache that starts empty and keeps no present log
+// (ephemeral): a complete file at Path is used as it is, anything partial
+// there is discarded.
+func (r *Reader) openEmpty() error {
+	r.present, r.checked = make([]bool, r.n), make([]bool, r.n)
+	if f, err := os.Open(r.o.Path); err == nil {
+		if fi, err := f.Stat(); err == nil && fi.Size() == r.o.Size {
+			r.f, r.complete, r.completed = f, true, true
+			for i := range r.present {
+				r.present[i], r.checked[i] = true, true
+			}
+			r.have, r.stats.PresentBytes, r.stats.Complete = r.n, r.o.Size, true
+			return nil
+		}
+		f.Close()
+	}
+	os.Remove(r.logPath())
+	os.Remove(r.etagPath())
+	f, err := os.OpenFile(r.partial(), os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err == nil {
+		if err = f.Truncate(r.o.Size); err != nil {
+			f.Close()
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("lazy cache: %w", err)
+	}
+	r.f = f
+	return nil
+}
 
 func (r *Reader) openCache() error {
 	if f, err := os.Open(r.o.Path); err == nil {
@@ -427,38 +500,61 @@ func (r *Reader) ReadAt(p []byte, off int64) (int, error) {
 		}
 	}
 	r.mu.Unlock()
-	var firstErr error
 	for i := first; i <= last; i++ {
 		cs := int64(i) * r.o.ChunkSize
 		lo, hi := max(off, cs), min(end, cs+r.chunkLen(i))
-		dst := p[lo-off : hi-off]
-		if c := calls[i]; c != nil {
-			c, err := r.wait(r.ctx, i, c)
-			if err != nil {
-				return int(lo - off), fmt.Errorf("lazy %s: closed", r.o.Key)
-			}
-			if c.err != nil {
-				if firstErr == nil {
-					firstErr = c.err
-				}
-				break
-			}
-			if c.data != nil {
-				copy(dst, c.data[lo-cs:hi-cs])
-				continue
-			}
+		if err := r.readChunk(i, calls[i], p[lo-off:hi-off], lo-cs); err != nil {
+			return 0, err
 		}
-		if _, err := r.f.ReadAt(dst, lo); err != nil {
-			return int(lo - off), fmt.Errorf("lazy %s: read cache %s at %d: %w", r.o.Key, r.f.Name(), lo, err)
-		}
-	}
-	if firstErr != nil {
-		return 0, firstErr
 	}
 	if end-off < int64(len(p)) {
 		return int(end - off), io.EOF
 	}
 	return len(p), nil
+}
+
+// readChunk copies chunk i's bytes from in on into dst: from what call c
+// (nil: none was needed) delivered, or from the cache file. A chunk read
+// from the file is pinned there meanwhile (Budget); one evicted since it
+// was found present is fetched again.
+func (r *Reader) readChunk(i int, c *call, dst []byte, in int64) error {
+	for {
+		if c != nil {
+			var err error
+			if c, err = r.wait(r.ctx, i, c); err != nil {
+				return fmt.Errorf("lazy %s: closed", r.o.Key)
+			}
+			if c.err != nil {
+				return c.err
+			}
+			if c.data != nil {
+				copy(dst, c.data[in:])
+				return nil
+			}
+		}
+		// Without a budget a chunk in the file stays there.
+		if r.o.Budget == nil {
+			return r.readFile(i, dst, in)
+		}
+		r.mu.Lock()
+		if r.completed || r.present[i] && r.checked[i] {
+			r.pinLocked(i)
+			r.mu.Unlock()
+			err := r.readFile(i, dst, in)
+			r.unpin(i)
+			return err
+		}
+		c = r.startLocked(i, onDemand)
+		r.mu.Unlock()
+	}
+}
+
+func (r *Reader) readFile(i int, dst []byte, in int64) error {
+	off := int64(i)*r.o.ChunkSize + in
+	if _, err := r.f.ReadAt(dst, off); err != nil {
+		return fmt.Errorf("lazy %s: read cache %s at %d: %w", r.o.Key, r.f.Name(), off, err)
+	}
+	return nil
 }
 
 // wait waits for call c of chunk i and returns the call that delivered it.
@@ -698,6 +794,10 @@ func (r *Reader) fetchRetry(ctx context.Context, i int, demand bool) ([]byte, st
 		if err == nil {
 			return data, etag, nil
 		}
+		if errors.Is(err, iofs.ErrNotExist) {
+			// Keys are never reused: the object will not come back.
+			return nil, etag, &ChunkError{Key: r.o.Key, Chunk: i, Off: int64(i) * r.o.ChunkSize, Len: r.chunkLen(i), Err: r.setGone(err)}
+		}
 		giveUp := false
 		if errors.Is(err, ErrDigest) {
 			digestFails++
@@ -821,6 +921,9 @@ func (r *Reader) probeChunk() int {
 
 // verify checks b against chunk i's digest.
 func (r *Reader) verify(i int, b []byte) error {
+	if r.o.NoDigests {
+		return nil
+	}
 	if sum := sha256.Sum256(b); hex.EncodeToString(sum[:]) != r.o.Chunks[i] {
 		return fmt.Errorf("%w: got %x, want %s", ErrDigest, sum, r.o.Chunks[i])
 	}
@@ -833,6 +936,9 @@ func (r *Reader) verify(i int, b []byte) error {
 func (r *Reader) fromCache(i int) []byte {
 	r.mu.Lock()
 	present := r.present[i]
+	if present {
+		r.pinLocked(i)
+	}
 	r.mu.Unlock()
 	if !present {
 		return nil
@@ -840,8 +946,8 @@ func (r *Reader) fromCache(i int) []byte {
 	off, n := int64(i)*r.o.ChunkSize, r.chunkLen(i)
 	buf := make([]byte, n)
 	_, err := r.f.ReadAt(buf, off)
-	sum := sha256.Sum256(buf)
-	ok := err == nil && hex.EncodeToString(sum[:]) == r.o.Chunks[i]
+	ok := err == nil && r.verify(i, buf) == nil
+	r.unpin(i)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if ok {
@@ -867,7 +973,7 @@ func (r *Reader) fromSeed(i int) ([]byte, error) {
 	if _, err := r.o.Seed.ReadAt(buf, off); err != nil {
 		return nil, nil
 	}
-	if sum := sha256.Sum256(buf); hex.EncodeToString(sum[:]) != r.o.Chunks[i] {
+	if r.verify(i, buf) != nil {
 		return nil, nil
 	}
 	return buf, nil
@@ -879,9 +985,16 @@ func (r *Reader) fromSeed(i int) ([]byte, error) {
 // reports whether the chunk's bytes are in the cache file now (written
 // here or before), fresh whether this call put them there.
 func (r *Reader) store(i int, data []byte) (inFile, fresh bool) {
+	b := r.o.Budget
 	r.mu.Lock()
 	noWrite := r.noWrite != nil
 	have := r.present[i] && r.checked[i] || r.completed
+	if !have && !noWrite && b != nil {
+		// Charged before it is written: the budget bounds the bytes on
+		// disk. Pinned while it is written.
+		r.pins[i]++
+		b.addLocked(r, i)
+	}
 	r.mu.Unlock()
 	if have || noWrite {
 		return have, false
@@ -892,6 +1005,9 @@ func (r *Reader) store(i int, data []byte) (inFile, fresh bool) {
 			r.noWrite = err
 			r.log.Error("cannot write the archive cache; the background fill stops and reads are served from the store", "path", r.partial(), "err", err)
 		}
+		if b != nil {
+			r.pins[i]--
+		}
 		r.mu.Unlock()
 		return false, false
 	}
@@ -900,11 +1016,20 @@ func (r *Reader) store(i int, data []byte) (inFile, fresh bool) {
 		r.present[i], r.checked[i] = true, true
 		r.have++
 		r.stats.PresentBytes += int64(len(data))
-		r.durable = append(r.durable, i)
+		if r.plog != nil {
+			r.durable = append(r.durable, i)
+		}
 		fresh = true
 	}
 	r.checked[i] = true
+	if b != nil {
+		r.pins[i]--
+	}
 	r.mu.Unlock()
+	if b != nil {
+		b.reclaim()
+		return true, fresh
+	}
 	select {
 	case r.flush <- struct{}{}:
 	default:
@@ -1009,8 +1134,12 @@ func (r *Reader) Prefetch(ctx context.Context, off, end int64) error {
 // most uploader.HotLimit of them), then in order, yielding to on-demand
 // misses throughout; failed chunks are tried again on later passes after a
 // pause. When all are present it verifies the whole file and completes the
-// cache (see the package doc). It returns at once; Close stops it.
+// cache (see the package doc). It returns at once; Close stops it. A
+// reader with a Budget does not fill: it would only evict what it fetched.
 func (r *Reader) Fill() {
+	if r.o.Budget != nil {
+		return
+	}
 	r.wg.Add(1)
 	go func() {
 		defer r.wg.Done()
@@ -1044,6 +1173,10 @@ func (r *Reader) fill() {
 		for k := 0; k < len(order); k++ {
 			i := order[k]
 			if r.ctx.Err() != nil || r.stopped() || r.fillOff.Load() {
+				return
+			}
+			if err := r.goneErr(); err != nil {
+				r.failFill(err)
 				return
 			}
 			// On-demand misses go first: the fill, the hot set included,
@@ -1117,6 +1250,10 @@ func (r *Reader) fill() {
 			continue // chunks from an earlier run were damaged: fetch them
 		}
 		if r.stopped() {
+			return
+		}
+		if err := r.goneErr(); err != nil {
+			r.failFill(err)
 			return
 		}
 		d := r.o.Retry.Delay(pass, rand.Float64())
@@ -1212,6 +1349,10 @@ func (r *Reader) runStream(first int, calls []*call, s *stream) {
 			attempt = 0
 		}
 		next += n
+		if errors.Is(err, iofs.ErrNotExist) {
+			err = r.setGone(err)
+			break
+		}
 		if err == nil || next == len(calls) || ctx.Err() != nil || r.stopped() {
 			break
 		}
@@ -1370,6 +1511,27 @@ func (r *Reader) chunkDone(i int, c *call, b []byte, cause error) {
 	close(c.done)
 }
 
+// setGone records that the store says the object does not exist, and
+// returns the error that says so: a *uploader.SegmentGoneError, marked
+// permanent.
+func (r *Reader) setGone(err error) error {
+	gone := uploader.Permanent(&uploader.SegmentGoneError{Key: r.o.Key, Err: err})
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.gone == nil {
+		r.gone = gone
+		r.log.Error("the object is gone from the store; reads of chunks not cached fail", "key", r.o.Key, "err", err)
+	}
+	return gone
+}
+
+// goneErr is the error setGone recorded, if any.
+func (r *Reader) goneErr() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.gone
+}
+
 func (r *Reader) stopped() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -1428,7 +1590,9 @@ func (r *Reader) finish(t0 time.Time) {
 	pl := r.plog
 	r.plog = nil
 	r.mu.Unlock()
-	pl.Close()
+	if pl != nil {
+		pl.Close()
+	}
 	os.Remove(r.logPath())
 	os.Remove(r.etagPath())
 	r.log.Info("archive fully fetched and verified", "key", r.o.Key, "size", r.o.Size, "took", time.Since(t0).Round(time.Millisecond))
@@ -1465,18 +1629,28 @@ func (r *Reader) StopFill() {
 }
 
 // Close stops the fill and fetches in flight, records what was written and
-// closes the files. Reads after Close fail.
+// closes the files. Reads after Close fail. An ephemeral cache (Budget,
+// NoDigests) is removed unless it is complete, and its chunks are taken
+// off the budget.
 func (r *Reader) Close() error {
 	r.cancel()
 	r.wg.Wait()
 	r.mu.Lock()
 	pl := r.plog
 	r.plog = nil
+	if r.o.Budget != nil {
+		r.releaseBudgetLocked()
+	}
+	completed := r.completed
 	r.mu.Unlock()
 	if pl != nil {
 		pl.Close()
 	}
-	return r.f.Close()
+	err := r.f.Close()
+	if r.ephemeral() && !completed {
+		os.Remove(r.partial())
+	}
+	return err
 }
 
 // identity names the object in the present log: its sha256, else a digest
