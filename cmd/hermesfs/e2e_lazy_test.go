@@ -313,8 +313,10 @@ func TestE2ELazyHotAndStop(t *testing.T) {
 	}
 	waitLazyComplete(t, a, mpA)
 	r, _ := a.statusJSON(mpA)
-	if r.Lazy.LocalChunks == 0 {
-		t.Fatalf("no chunk was taken from the older local archive: %+v", *r.Lazy)
+	// Host a's cache holds the older segments the new image shares: only
+	// the new segment's chunks come from the store.
+	if fetched := r.Lazy.OnDemandChunks + r.Lazy.FillChunks; fetched*256<<10 >= r.Lazy.TotalBytes/2 {
+		t.Fatalf("host a fetched %d chunks of a %d-byte image whose older segments it holds: %+v", fetched, r.Lazy.TotalBytes, *r.Lazy)
 	}
 	da.stopOK(t)
 }

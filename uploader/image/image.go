@@ -732,7 +732,6 @@ func (im *Image) Stats() lazy.Stats {
 		t.FillChunks += st.FillChunks
 		t.Waiting += st.Waiting
 		t.Errors += st.Errors
-		t.LocalChunks += st.LocalChunks
 		t.Evicted += st.Evicted
 		t.Complete = t.Complete && st.Complete
 	}

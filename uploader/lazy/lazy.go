@@ -85,11 +85,6 @@ type Options struct {
 	// DefaultHotWindow).
 	HotWindow time.Duration
 
-	// Seed, if set, is an older local copy whose first SeedLen bytes may
-	// equal this object's (a snapshot packed on it): chunks within them
-	// are taken from it when their digest matches, instead of the store.
-	Seed    io.ReaderAt
-	SeedLen int64
 
 	// OnComplete is called once (on the fill's goroutine) when the cache
 	// is complete and verified, with the path of the complete file.
@@ -139,8 +134,6 @@ type Stats struct {
 	FillChunks     int64 `json:"fill_chunks"`
 	Waiting        int64 `json:"waiting"`
 	Errors         int64 `json:"errors"`
-	// LocalChunks came from Options.Seed, not the store.
-	LocalChunks int64 `json:"local_chunks"`
 	// Evicted counts the chunks dropped to keep within Options.Budget.
 	Evicted int64 `json:"evicted_chunks,omitempty"`
 }
@@ -254,9 +247,6 @@ type Reader struct {
 	fillErr                  error
 	completed                bool
 
-	// distrust holds the ETags of objects that delivered a chunk fetch
-	// found damaged (CheckSource).
-	distrust map[string]bool
 	// gone is the store's answer that the object does not exist: keys are
 	// never reused, so it will not come back; the fill stops.
 	gone error
@@ -273,7 +263,7 @@ type Reader struct {
 // no store request; reads and Fill do.
 func Open(o Options) (*Reader, error) {
 	if o.NoDigests {
-		if o.ChunkSize < 4<<10 || o.ChunkSize > 64<<20 || len(o.Chunks) > 0 || o.Size <= 0 || len(o.SHA256) != 64 || o.Seed != nil {
+		if o.ChunkSize < 4<<10 || o.ChunkSize > 64<<20 || len(o.Chunks) > 0 || o.Size <= 0 || len(o.SHA256) != 64 {
 			return nil, fmt.Errorf("lazy %s: reading without chunk digests needs a chunk size from 4 KiB to 64 MiB, the object's size and sha256, and no seed", o.Key)
 		}
 	} else if !uploader.ValidChunkSize(o.ChunkSize) || len(o.Chunks) != uploader.NumChunks(o.Size, o.ChunkSize) || o.Size <= 0 {
@@ -726,12 +716,9 @@ func (r *Reader) run(i int, c *call, k kind) {
 	defer cancel()
 	var data []byte
 	var err error
-	local := false
 	cached := false
 	if data = r.fromCache(i); data != nil {
 		cached = true
-	} else if data, err = r.fromSeed(i); err == nil && data != nil {
-		local = true
 	} else {
 		data, _, err = r.fetchRetry(ctx, i, k == onDemand)
 	}
@@ -760,8 +747,6 @@ func (r *Reader) run(i int, c *call, k kind) {
 			r.log.Info("chunk fetched after earlier failures", "key", r.o.Key, "chunk", i)
 		}
 		switch {
-		case local:
-			r.stats.LocalChunks++
 		case k == fill:
 			r.stats.FillChunks++
 		default:
@@ -820,7 +805,6 @@ func (r *Reader) fetchRetry(ctx context.Context, i int, demand bool) ([]byte, st
 }
 
 // fetchFrom is fetch, returning the ETag of the object that answered too.
-// An object that delivers a damaged chunk is remembered (CheckSource).
 func (r *Reader) fetchFrom(ctx context.Context, i int) ([]byte, string, error) {
 	off, n := int64(i)*r.o.ChunkSize, r.chunkLen(i)
 	rc, info, err := r.o.Store.Get(ctx, r.o.Key, off, n)
@@ -838,21 +822,9 @@ func (r *Reader) fetchFrom(ctx context.Context, i int) ([]byte, string, error) {
 		return nil, info.ETag, fmt.Errorf("got %d of %d bytes: %w%s", got, n, err, changed)
 	}
 	if err := r.verify(i, buf); err != nil {
-		r.distrustETag(info.ETag)
 		return nil, info.ETag, fmt.Errorf("%w%s", err, changed)
 	}
 	return buf, info.ETag, nil
-}
-
-// distrustETag remembers that the object with etag delivered a damaged
-// chunk: CheckSource vouches for it no more.
-func (r *Reader) distrustETag(etag string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.distrust == nil {
-		r.distrust = map[string]bool{}
-	}
-	r.distrust[etag] = true
 }
 
 // checkObject checks what the store says of the object answering a Get:
@@ -874,50 +846,6 @@ func (r *Reader) checkObject(info uploader.ObjectInfo) (changed string, err erro
 	return changed, nil
 }
 
-// CheckSource implements uploader.SourceChecker: it returns the ETag of
-// the store's object once it has fetched one chunk of it that it lacks
-// (outside the seed) and found it intact, keeping it. That object must be
-// the one this reader has read from all along (the first ETag it saw;
-// after a restart on a partial cache, reads are served from there and the
-// check is the first request), and none of its chunks may have arrived
-// damaged: a store may then copy from it what this reader would fetch.
-func (r *Reader) CheckSource(ctx context.Context) (string, error) {
-	i := r.probeChunk()
-	ctx, cancel := context.WithTimeout(ctx, r.o.ReadTimeout)
-	defer cancel()
-	data, etag, err := r.fetchRetry(ctx, i, false)
-	if err != nil {
-		return "", err
-	}
-	r.mu.Lock()
-	first, bad := r.etag, r.distrust[etag]
-	r.mu.Unlock()
-	switch {
-	case bad:
-		return "", fmt.Errorf("lazy %s: the store's object (ETag %s) delivered chunks that do not match the manifest", r.o.Key, etag)
-	case etag != first:
-		return "", fmt.Errorf("lazy %s: the object changed in the store while it was read (ETag %s, was %s)", r.o.Key, etag, first)
-	}
-	if _, fresh := r.store(i, data); fresh {
-		r.mu.Lock()
-		r.stats.OnDemandChunks++
-		r.mu.Unlock()
-	}
-	return etag, nil
-}
-
-// probeChunk is the chunk CheckSource fetches: the first one absent and
-// outside the seed, else the last one.
-func (r *Reader) probeChunk() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for i := range r.n {
-		if !r.present[i] && !r.seeded(i) {
-			return i
-		}
-	}
-	return r.n - 1
-}
 
 // verify checks b against chunk i's digest.
 func (r *Reader) verify(i int, b []byte) error {
@@ -963,21 +891,6 @@ func (r *Reader) fromCache(i int) []byte {
 	return nil
 }
 
-// fromSeed returns chunk i from the seed if it is there intact, else nil.
-func (r *Reader) fromSeed(i int) ([]byte, error) {
-	off, n := int64(i)*r.o.ChunkSize, r.chunkLen(i)
-	if r.o.Seed == nil || off+n > r.o.SeedLen {
-		return nil, nil
-	}
-	buf := make([]byte, n)
-	if _, err := r.o.Seed.ReadAt(buf, off); err != nil {
-		return nil, nil
-	}
-	if r.verify(i, buf) != nil {
-		return nil, nil
-	}
-	return buf, nil
-}
 
 // store writes a verified chunk to the cache and marks it present (the
 // durable mark follows the data's fsync, in persist). A failed write stops
@@ -1198,7 +1111,7 @@ func (r *Reader) fill() {
 			r.mu.Lock()
 			if f := r.followLocked(span); f >= 0 && !inHot {
 				j := f + 1
-				for j < r.n && j-f < span && !r.present[j] && r.inflight[j] == nil && !r.seeded(j) {
+				for j < r.n && j-f < span && !r.present[j] && r.inflight[j] == nil {
 					j++
 				}
 				r.runLocked(f, j, false)
@@ -1211,15 +1124,10 @@ func (r *Reader) fill() {
 				<-r.filling
 				continue
 			}
-			if r.seeded(i) {
-				r.startLocked(i, fill)
-				r.mu.Unlock()
-				continue
-			}
 			// One request for the run of absent chunks from i (in the
 			// fill's order), at most span of them.
 			j := i + 1
-			for j < r.n && j-i < span && k+1 < len(order) && order[k+1] == j && !r.present[j] && r.inflight[j] == nil && !r.seeded(j) {
+			for j < r.n && j-i < span && k+1 < len(order) && order[k+1] == j && !r.present[j] && r.inflight[j] == nil {
 				j++
 				k++
 			}
@@ -1293,18 +1201,13 @@ func (r *Reader) followLocked(span int) int {
 		return -1
 	}
 	for i := r.seqNext; i < min(r.n, r.seqNext+r.o.FillParallel*span); i++ {
-		if !r.present[i] && r.inflight[i] == nil && !r.seeded(i) {
+		if !r.present[i] && r.inflight[i] == nil {
 			return i
 		}
 	}
 	return -1
 }
 
-// seeded reports whether chunk i lies within Options.Seed's bytes. r.mu
-// need not be held.
-func (r *Reader) seeded(i int) bool {
-	return r.o.Seed != nil && int64(i)*r.o.ChunkSize+r.chunkLen(i) <= r.o.SeedLen
-}
 
 // runStream fetches the run of chunks from first, one call each, with one
 // ranged Get (more after a failure, for the rest of the run), verifying
@@ -1411,7 +1314,6 @@ func (r *Reader) receive(ctx context.Context, first int, calls []*call, s *strea
 			return x, fmt.Errorf("chunk %d: got %d of %d bytes: %w%s", i, got, len(b), err, changed)
 		}
 		if err := r.verify(i, b); err != nil {
-			r.distrustETag(info.ETag)
 			// The next chunks are still where they belong in the body.
 			r.chunkDone(i, c, nil, fmt.Errorf("%w%s", err, changed))
 			continue

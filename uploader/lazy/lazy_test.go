@@ -359,21 +359,6 @@ func TestDiskFullStopsFillKeepsServing(t *testing.T) {
 	waitComplete(t, r2)
 }
 
-func TestSeedChunksTakenLocally(t *testing.T) {
-	t.Parallel()
-	o := putObject(t, localStore(t), 8*testChunk)
-	seed := append([]byte(nil), o.data...)
-	seed[5*testChunk+1] ^= 1 // the old archive differs in chunk 5
-	opts := o.options(t.TempDir())
-	opts.Seed, opts.SeedLen = bytes.NewReader(seed), int64(len(seed))
-	r := open(t, opts)
-	r.Fill()
-	waitComplete(t, r)
-	st := r.Stats()
-	if st.LocalChunks != 7 || o.store.gets.Load() != 1 {
-		t.Fatalf("seeded fill: %+v, %d gets (want 7 local chunks, 1 get)", st, o.store.gets.Load())
-	}
-}
 
 func TestHotChunksFirst(t *testing.T) {
 	t.Parallel()

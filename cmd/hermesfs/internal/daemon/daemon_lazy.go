@@ -159,9 +159,6 @@ func LazyLine(l *lazy.Stats) string {
 		s += ", complete and verified"
 	}
 	s += fmt.Sprintf("; chunks fetched on demand %d, by the fill %d", l.OnDemandChunks, l.FillChunks)
-	if l.LocalChunks > 0 {
-		s += fmt.Sprintf(", from an older local archive %d", l.LocalChunks)
-	}
 	if l.Waiting > 0 {
 		s += fmt.Sprintf("; %d reads waiting", l.Waiting)
 	}
