@@ -54,7 +54,11 @@ type listEntry struct {
 	// Encryption is the scheme and recipient types of an encrypted
 	// snapshot; absent for plaintext.
 	Encryption *uploader.Encryption `json:"encryption,omitempty"`
-	Error      string               `json:"error,omitempty"`
+	// New is the bytes the snapshot's own segment added to the store (its
+	// image's new bytes: what it cost); Segments how many its image uses.
+	New      int64  `json:"new_bytes"`
+	Segments int    `json:"segments,omitempty"`
+	Error    string `json:"error,omitempty"`
 }
 
 func runList(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error {
@@ -72,7 +76,11 @@ func runList(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error
 	entries := make([]listEntry, 0, len(snaps))
 	for _, s := range snaps {
 		le := listEntry{ID: s.ID, Created: s.Created, Size: s.Size, Files: s.Files, Host: s.Host, Parent: s.Parent,
-			SHA256: s.SHA256, Latest: s.Latest, Incomplete: s.Incomplete, Encryption: s.Encryption}
+			SHA256: s.SHA256, Latest: s.Latest, Incomplete: s.Incomplete, Encryption: s.Encryption, New: s.NewBytes,
+			Segments: len(s.Segments)}
+		if !s.Segmented() {
+			le.New = s.Size // a whole archive of an older hermesfs
+		}
 		if le.Created.IsZero() {
 			le.Created = s.ModTime.UTC()
 		}
@@ -91,7 +99,7 @@ func runList(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error
 		return nil
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "  ID\tCREATED (UTC)\tSIZE\tFILES\tHOST\tENCRYPTION")
+	fmt.Fprintln(tw, "  ID\tCREATED (UTC)\tSIZE\tNEW\tFILES\tHOST\tENCRYPTION")
 	for _, le := range entries {
 		mark := " "
 		if le.Latest {
@@ -108,8 +116,8 @@ func runList(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error
 		if le.Encryption != nil {
 			files, enc = "-", le.Encryption.Scheme+": "+strings.Join(le.Encryption.RecipientTypes, ",")
 		}
-		fmt.Fprintf(tw, "%s %s\t%s\t%s\t%s\t%s\t%s%s\n", mark, le.ID, le.Created.UTC().Format("2006-01-02 15:04:05"),
-			daemon.HumanBytes(le.Size), files, le.Host, enc, note)
+		fmt.Fprintf(tw, "%s %s\t%s\t%s\t%s\t%s\t%s\t%s%s\n", mark, le.ID, le.Created.UTC().Format("2006-01-02 15:04:05"),
+			daemon.HumanBytes(le.Size), daemon.HumanBytes(le.New), files, le.Host, enc, note)
 	}
 	return tw.Flush()
 }
