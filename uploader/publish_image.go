@@ -31,6 +31,12 @@ type ImageInput struct {
 	// store holds under those keys. A format 2 or 3 snapshot's archive is
 	// used as a segment; its digests object is written on first use.
 	Sources []Manifest
+	// Local, if set, returns a complete local copy of a source's archive
+	// object (key). A format 1 snapshot's manifest has no chunk digests:
+	// its archive is used as a segment only if Local has it, its digests
+	// computed from that copy (which must have the manifest's sha256).
+	// (Format 1 predates encryption: such an archive is plaintext.)
+	Local func(key string) (path string, ok bool)
 
 	// Parent is recorded in the manifest; Expect is what LATEST must still
 	// name ("" = no LATEST) for the publish to win.
@@ -89,7 +95,7 @@ func (c *Catalog) PublishImage(ctx context.Context, in ImageInput) (Published, e
 	if err != nil {
 		return Published{}, fmt.Errorf("publish: %w", err)
 	}
-	refs, err := c.sourceRefs(ctx, in.Sources, enc != nil)
+	refs, err := c.sourceRefs(ctx, in.Sources, enc != nil, in.Local)
 	if err != nil {
 		return Published{}, fmt.Errorf("publish: %w", err)
 	}
@@ -243,10 +249,10 @@ func (c *Catalog) checkEncryption(ctx context.Context, latest string) (*Encrypti
 // when not) are left out: the caller rewrites their bytes into the new
 // segment.
 func (c *Catalog) SourceSegments(ctx context.Context, sources []Manifest, encrypted bool) (map[string]SegmentRef, error) {
-	return c.sourceRefs(ctx, sources, encrypted)
+	return c.sourceRefs(ctx, sources, encrypted, nil)
 }
 
-func (c *Catalog) sourceRefs(ctx context.Context, sources []Manifest, encrypted bool) (map[string]SegmentRef, error) {
+func (c *Catalog) sourceRefs(ctx context.Context, sources []Manifest, encrypted bool, local func(string) (string, bool)) (map[string]SegmentRef, error) {
 	refs := map[string]SegmentRef{}
 	for _, m := range sources {
 		if (m.Encryption != nil) != encrypted {
@@ -262,9 +268,20 @@ func (c *Catalog) sourceRefs(ctx context.Context, sources []Manifest, encrypted 
 			}
 			continue
 		}
+		if _, ok := refs[m.Archive]; ok {
+			continue // named by a newer source already
+		}
 		s := LegacySums(m)
 		if s == nil {
-			continue // format 1: no digests to read it by range
+			// Format 1: no digests to read it by range, unless a local
+			// copy gives them.
+			var err error
+			if s, err = localSums(ctx, m, local); err != nil {
+				return nil, err
+			}
+			if s == nil {
+				continue
+			}
 		}
 		b := s.marshal()
 		if err := c.createSmall(ctx, SumsKey(s.Key), b); err != nil {
@@ -286,6 +303,33 @@ func (c *Catalog) sourceRefs(ctx context.Context, sources []Manifest, encrypted 
 		refs[s.Key] = SegmentRef{Key: s.Key, Size: s.Size, SumsSHA256: hex.EncodeToString(sum[:])}
 	}
 	return refs, nil
+}
+
+// localSums computes the digests of format 1 snapshot m's archive from
+// the local copy local has of it (nil if it has none), checked against the
+// manifest's size and sha256.
+func localSums(ctx context.Context, m Manifest, local func(string) (string, bool)) (*Sums, error) {
+	if local == nil || m.Encryption != nil {
+		return nil, nil
+	}
+	path, ok := local(m.Archive)
+	if !ok {
+		return nil, nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("digests of %s: %w", m.Archive, err)
+	}
+	defer f.Close()
+	whole, chunks, n, err := ChunkSums(ctx, f, DefaultChunkSize)
+	if err != nil {
+		return nil, fmt.Errorf("digests of %s: %w", m.Archive, err)
+	}
+	if n != m.Size || whole != m.SHA256 {
+		return nil, fmt.Errorf("digests of %s: the local copy %s (%d bytes, sha256 %s) is not the archive of its manifest (%d bytes, sha256 %s)",
+			m.Archive, path, n, whole, m.Size, m.SHA256)
+	}
+	return &Sums{Key: m.Archive, Size: m.Size, ChunkSize: DefaultChunkSize, Chunks: chunks, SHA256: whole}, nil
 }
 
 // createSmall puts b under key, create-only. A create that finds the key

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,13 +14,15 @@ import (
 	"github.com/hermesfs/hermesfs/fs"
 	"github.com/hermesfs/hermesfs/uploader"
 	"github.com/hermesfs/hermesfs/uploader/crypt"
+	"github.com/hermesfs/hermesfs/uploader/image"
 )
 
 // TestE2EEncrypted runs the encrypted life cycle through the binary: a
-// home published encrypted, read back by the age CLI and unsquashfs, by
-// verify and restore with the key, refused with exit 6 and nothing
-// mounted without it, and a writer that forgot --encrypt-to refused
-// before it mounts.
+// home published encrypted (every segment an age file; no plaintext, no
+// file name anywhere in the store), read back by the age CLI and
+// unsquashfs, by export, verify and restore with the key, refused with
+// exit 6 and nothing mounted without it, and a writer that forgot
+// --encrypt-to refused before it mounts.
 func TestE2EEncrypted(t *testing.T) {
 	need(t, "/dev/fuse", "sqlite3", "unsquashfs")
 	storeDir := e2eDir(t, "store")
@@ -43,34 +47,64 @@ func TestE2EEncrypted(t *testing.T) {
 	want := snapshotTree(t, mp)
 	d.stopOK(t)
 	id := localLatest(t, storeDir)
-	obj := filepath.Join(storeDir, "snapshots", id+".sqfs")
-	b, err := os.ReadFile(obj)
-	if err != nil || !crypt.IsEncrypted(b) || strings.Contains(string(b), "OPENAI_API_KEY") {
-		t.Fatalf("the stored object is not an age file (%v)", err)
+	m := readManifest(t, storeDir, id)
+	if !m.Segmented() || m.Encryption == nil {
+		t.Fatalf("the final snapshot: format %d, encryption %+v", m.Format, m.Encryption)
 	}
-	var m map[string]any
-	mj, _ := os.ReadFile(filepath.Join(storeDir, "snapshots", id+".json"))
-	if err := json.Unmarshal(mj, &m); err != nil {
+	// Every object of the store: segments are age files; nothing holds
+	// the home's plaintext or its file names.
+	secrets := []string{"OPENAI_API_KEY", "sk-test", "likes tea", ".env", "MEMORY.md", "sessions", "state.db", "renamed.json"}
+	err := filepath.WalkDir(storeDir, func(p string, de os.DirEntry, err error) error {
+		if err != nil || de.IsDir() {
+			return err
+		}
+		rel, _ := filepath.Rel(storeDir, p)
+		key := filepath.ToSlash(rel)
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		if strings.HasPrefix(key, uploader.SegmentsPrefix) && !strings.HasSuffix(key, uploader.SumsExt) {
+			if !strings.HasSuffix(key, uploader.SegmentExt+uploader.EncryptedExt) || !crypt.IsEncrypted(b) {
+				t.Errorf("segment %s of an encrypted store is not an age file", key)
+			}
+		}
+		for _, s := range secrets {
+			if strings.Contains(string(b), s) {
+				t.Errorf("%s holds %q", key, s)
+			}
+		}
+		return nil
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := m["files"]; ok || m["encryption"] == nil || strings.Contains(string(mj), "AGE-SECRET") {
-		t.Errorf("manifest: %s", mj)
+	for _, r := range m.Segments {
+		if !strings.HasSuffix(r.Key, uploader.SegmentExt+uploader.EncryptedExt) {
+			t.Errorf("the encrypted snapshot uses segment %s", r.Key)
+		}
+	}
+	var mj map[string]any
+	if err := json.Unmarshal([]byte(mustRead(t, filepath.Join(storeDir, "snapshots", id+".json"))), &mj); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := mj["files"]; ok || mj["encryption"] == nil || strings.Contains(fmt.Sprint(mj), "AGE-SECRET") {
+		t.Errorf("manifest: %v", mj)
 	}
 
-	// Interop: the age CLI and unsquashfs alone recover the tree.
+	// Interop: the age CLI decrypts each segment, the extents list puts
+	// the image together, and unsquashfs reads it.
 	if strict() {
 		need(t, "age") // scripts/deps.sh installs it
 	}
+	var plain string
 	if _, err := exec.LookPath("age"); err == nil {
-		plain := filepath.Join(e2eDir(t, "age"), "snap.sqfs")
-		if out, err := exec.Command("age", "-d", "-i", key, "-o", plain, obj).CombinedOutput(); err != nil {
-			t.Fatalf("age -d: %v\n%s", err, out)
-		}
+		plain = ageImage(t, storeDir, m, key)
 		if diff := diffTrees(want, snapshotTree(t, unsquash(t, plain))); diff != "" {
 			t.Errorf("age -d | unsquashfs differs:\n%s", diff)
 		}
-		// And the other way: an archive the age CLI encrypted (to an
-		// SSH key here) reads through hermesfs's decrypting ReaderAt.
+		// And the other way: an image the age CLI encrypted (to an SSH
+		// key here) reads through hermesfs's decrypting ReaderAt.
 		sshKey := filepath.Join(keys, "id_ed25519")
 		if out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", sshKey).CombinedOutput(); err != nil {
 			t.Logf("ssh-keygen: %v %s: SSH interop not checked", err, out)
@@ -93,8 +127,24 @@ func TestE2EEncrypted(t *testing.T) {
 	if code, out, errs := a.run("verify", id); code != 0 || !strings.Contains(out, "ok") {
 		t.Errorf("verify with the key: %d %s %s", code, out, errs)
 	}
-	// A local copy of the object: verify and unpack read it through the
-	// decrypting ReaderAt.
+	// The snapshot exported whole, as an age file: verify and unpack read
+	// it through the decrypting ReaderAt, and age -d gives the image.
+	obj := filepath.Join(e2eDir(t, "export"), id+".sqfs.age")
+	if code, out, errs := a.run("export", "--snapshot", id, "--encrypt-to", pub, obj); code != 0 {
+		t.Fatalf("export --encrypt-to: %d %s %s", code, out, errs)
+	}
+	if b, err := os.ReadFile(obj); err != nil || !crypt.IsEncrypted(b) {
+		t.Fatalf("export with --encrypt-to did not write an age file (%v)", err)
+	}
+	if plain != "" {
+		back := obj + ".plain"
+		if out, err := exec.Command("age", "-d", "-i", key, "-o", back, obj).CombinedOutput(); err != nil {
+			t.Fatalf("age -d of the export: %v\n%s", err, out)
+		}
+		if mustRead(t, back) != mustRead(t, plain) {
+			t.Errorf("the exported image is not the image the extents put together")
+		}
+	}
 	if code, _, errs := a.run("verify", obj); code != 0 {
 		t.Errorf("verify FILE with the key: %d %s", code, errs)
 	}
@@ -110,7 +160,41 @@ func TestE2EEncrypted(t *testing.T) {
 	} else if diff := diffTrees(want, snapshotTree(t, rdir)); diff != "" {
 		t.Errorf("restore differs:\n%s", diff)
 	}
+}
 
+// ageImage puts snapshot m's image together from the local store at
+// storeDir with standard tools only: age -d of each segment it uses, then
+// the extents list's ranges of the plaintexts, in order.
+func ageImage(t *testing.T, storeDir string, m uploader.Manifest, key string) string {
+	t.Helper()
+	dir := e2eDir(t, "age")
+	plain := map[string]string{}
+	for _, r := range m.Segments {
+		p := filepath.Join(dir, image.PlainName(r.Key))
+		if out, err := exec.Command("age", "-d", "-i", key, "-o", p, filepath.Join(storeDir, filepath.FromSlash(r.Key))).CombinedOutput(); err != nil {
+			t.Fatalf("age -d %s: %v\n%s", r.Key, err, out)
+		}
+		plain[r.Key] = p
+	}
+	img := filepath.Join(dir, m.ID+".sqfs")
+	f, err := os.Create(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, x := range storeExtents(t, storeDir, m).List() {
+		// dd's byte offsets: what a shell recipe does.
+		cmd := exec.Command("dd", "if="+plain[x.Key], "iflag=skip_bytes,count_bytes", fmt.Sprintf("skip=%d", x.Offset), fmt.Sprintf("count=%d", x.Length), "bs=1M", "status=none")
+		var errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = f, &errb
+		if err := cmd.Run(); err != nil {
+			t.Fatalf("dd %s %d %d: %v %s", x.Key, x.Offset, x.Length, err, errb.String())
+		}
+	}
+	if fi, err := f.Stat(); err != nil || fi.Size() != m.Size {
+		t.Fatalf("the image put together has %v bytes, the manifest says %d (%v)", fi.Size(), m.Size, err)
+	}
+	return img
 }
 
 // TestE2EEncryptedRefusals: without the key (or with another), mount and

@@ -71,22 +71,28 @@ func checkPlaintextCache(t *testing.T, h *host, id string) {
 }
 
 // TestE2ELazyEncrypted boots a new host lazily from an encrypted snapshot
-// over a slow link: ready before the archive is fetched, every file reads
-// back, the completed cache is the plaintext archive (a reboot makes no
-// archive GET); a second new host is killed mid-fill and finishes after a
-// restart.
+// over a slow link: ready before the segments are fetched, every file reads
+// back, the completed cache is the plaintext of every segment (a reboot
+// makes no segment GET); a second new host is killed mid-fill, its
+// partial cache ciphertext, and finishes after a restart.
 func TestE2ELazyEncrypted(t *testing.T) {
 	need(t, "/dev/fuse")
 	s3 := startS3Rig(t)
-	g := &archiveGets{}
+	g := &segmentGets{}
 	s3.faults.SetRule(g.rule)
 	store := s3.url(s3.faults.URL, "lazyenc")
+	storeDir := filepath.Join(s3.data, s3.bucket, "lazyenc")
 	key, pub := newTestKey(t)
 	want, _ := publishHome(t, encryptedHost(t, store, key, pub))
-	id := strings.TrimSpace(mustRead(t, filepath.Join(s3.data, s3.bucket, "lazyenc", "LATEST")))
-	stored, err := os.ReadFile(filepath.Join(s3.data, s3.bucket, "lazyenc", "snapshots", id+".sqfs"))
-	if err != nil || !crypt.IsEncrypted(stored) {
-		t.Fatalf("the stored archive is not encrypted (%v)", err)
+	id := localLatest(t, storeDir)
+	m := readManifest(t, storeDir, id)
+	var stored int64
+	for _, r := range m.Segments {
+		b, err := os.ReadFile(filepath.Join(storeDir, filepath.FromSlash(r.Key)))
+		if err != nil || !strings.HasSuffix(r.Key, uploader.EncryptedExt) || !crypt.IsEncrypted(b) {
+			t.Fatalf("segment %s of %s is not an age file (%v)", r.Key, id, err)
+		}
+		stored += int64(len(b))
 	}
 
 	g.set(10 * time.Millisecond)
@@ -97,20 +103,20 @@ func TestE2ELazyEncrypted(t *testing.T) {
 		t.Fatalf("did not boot lazily:\n%s", log)
 	}
 	r, _ := b.statusJSON(mp)
-	if r.Lazy == nil || r.Lazy.TotalBytes != int64(len(stored)) {
-		t.Fatalf("status --json: lazy %+v, want the ciphertext's %d bytes", r.Lazy, len(stored))
+	if r.Lazy == nil || r.Lazy.TotalBytes != stored {
+		t.Fatalf("status --json: lazy %+v, want the ciphertext's %d bytes", r.Lazy, stored)
 	}
 	if diff := diffTrees(want, snapshotTree(t, mp)); diff != "" {
 		t.Fatalf("lazily booted encrypted tree differs:\n%s", diff)
 	}
-	waitLazyComplete(t, b, mp)
+	waitLazyComplete(t, b, d)
 	d.stopOK(t)
 	checkPlaintextCache(t, b, id)
 
 	before := g.set(0)
 	d = b.mount(mp, "--interval", "0")
 	if n := g.count() - before; n != 0 {
-		t.Errorf("reboot with a complete cache made %d archive GETs", n)
+		t.Errorf("reboot with a complete cache made %d segment GETs", n)
 	}
 	if got := mustRead(t, filepath.Join(mp, "config.yaml")); !strings.HasPrefix(got, "model: test") {
 		t.Fatalf("config.yaml after the reboot: %q", got)
@@ -125,14 +131,24 @@ func TestE2ELazyEncrypted(t *testing.T) {
 	if code := dc.stop(syscall.SIGKILL); code != 128+int(syscall.SIGKILL) {
 		t.Fatalf("kill -9: exit %d", code)
 	}
-	if partials, _ := filepath.Glob(filepath.Join(c.state, "cache", "*.sqfs.age.partial")); len(partials) != 1 {
+	cache := filepath.Join(c.state, "cache", "segments")
+	if plain, _ := filepath.Glob(filepath.Join(cache, "*.seg.partial")); len(plain) != 0 {
+		t.Fatalf("plaintext partial caches of encrypted segments: %v", plain)
+	}
+	if partials, _ := filepath.Glob(filepath.Join(cache, "*.seg.age.partial")); len(partials) == 0 {
 		t.Logf("no partial cache after kill -9 (the fill finished first?)")
-	} else if pb, _ := os.ReadFile(partials[0]); !crypt.IsEncrypted(pb) {
-		t.Fatalf("the partial cache %s is not ciphertext", partials[0])
+	} else {
+		for _, p := range partials {
+			// The header chunk is fetched at boot: the file starts
+			// with age's.
+			if pb, _ := os.ReadFile(p); !crypt.IsEncrypted(pb) {
+				t.Fatalf("the partial cache %s is not ciphertext", p)
+			}
+		}
 	}
 	g.set(0)
 	dc = c.mount(mpC, "--interval", "0")
-	waitLazyComplete(t, c, mpC)
+	waitLazyComplete(t, c, dc)
 	if diff := diffTrees(want, snapshotTree(t, mpC)); diff != "" {
 		t.Fatalf("tree after a restart mid-fill differs:\n%s", diff)
 	}
@@ -143,8 +159,8 @@ func TestE2ELazyEncrypted(t *testing.T) {
 // TestE2ELazyEncryptedRefusals: without an identity a lazy boot of an
 // encrypted snapshot exits 6 before fetching anything, with nothing
 // mounted and nothing written in the state dir; a flipped ciphertext byte
-// in the store is never served: reads of it fail with EIO and the log
-// names the chunk and the digest mismatch.
+// in a segment in the store is never served: reads of it fail with EIO
+// and the log names the segment, the chunk and the digest mismatch.
 func TestE2ELazyEncryptedRefusals(t *testing.T) {
 	need(t, "/dev/fuse")
 	t.Parallel()
@@ -165,27 +181,24 @@ func TestE2ELazyEncryptedRefusals(t *testing.T) {
 		t.Errorf("a refused mount wrote %d entries in the cache", len(ents))
 	}
 
+	// The first snapshot's segment is its whole image: its middle is
+	// file data, which no boot reads.
 	m := readManifest(t, storeDir, id)
-	p := filepath.Join(storeDir, "snapshots", id+".sqfs")
-	b, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatal(err)
+	seg := wholeSegment(t, storeDir, m)
+	sums := storeSums(t, storeDir, seg)
+	flip := seg.Size / 2
+	if c := flip / sums.ChunkSize; c == 0 || c >= int64(len(sums.Chunks))-2 {
+		t.Fatalf("segment of %d chunks: want the flipped byte (chunk %d) in the data", len(sums.Chunks), c)
 	}
-	flip := m.Size / 2
-	if c := flip / m.ChunkSize; c == 0 || c >= int64(len(m.Chunks))-2 {
-		t.Fatalf("archive of %d chunks: want the flipped byte (chunk %d) in the data", len(m.Chunks), c)
-	}
-	b[flip] ^= 0x10
-	if err := os.WriteFile(p, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	flipStored(t, storeDir, seg.Key, flip, 0x10)
 	h := encryptedHost(t, store, key, pub)
 	mpH := e2eDir(t, "homeB")
 	d := h.mount(mpH, "--interval", "0", "--read-timeout", "500ms")
 	readDamaged(t, mpH, want)
 	d.stop(syscall.SIGTERM)
-	if log := d.stderr.String(); !strings.Contains(log, "chunk sha256 does not match the manifest") || !strings.Contains(log, "chunk "+fmt.Sprint(flip/m.ChunkSize)) {
-		t.Fatalf("log does not name the damaged chunk:\n%s", log)
+	chunk := fmt.Sprintf("%s chunk %d", seg.Key, flip/sums.ChunkSize)
+	if log := d.stderr.String(); !strings.Contains(log, "chunk sha256 does not match") || !strings.Contains(log, chunk) {
+		t.Fatalf("log does not name the damaged chunk (%s):\n%s", chunk, log)
 	}
 }
 
@@ -210,7 +223,7 @@ func TestE2ELazyEncryptedDecryptResume(t *testing.T) {
 		h := encryptedHost(t, store, key, pub)
 		mp := e2eDir(t, "home")
 		d := h.mount(mp, "--interval", "0")
-		waitLazyComplete(t, h, mp)
+		waitLazyComplete(t, h, d)
 		d.stopOK(t)
 		checkPlaintextCache(t, h, id)
 		// The state a crash between the fill's end and the decryption
@@ -243,7 +256,7 @@ func TestE2ELazyEncryptedDecryptResume(t *testing.T) {
 		if r, _ := h.statusJSON(mp); damaged || r.Lazy != nil {
 			// The damaged segment is fetched again; the intact one is
 			// decrypted at boot, and the image is complete from the cache.
-			waitLazyComplete(t, h, mp)
+			waitLazyComplete(t, h, d)
 			r, _ = h.statusJSON(mp)
 			fetched := r.Lazy.OnDemandChunks + r.Lazy.FillChunks
 			if damaged && fetched == 0 || !damaged && fetched != 0 {

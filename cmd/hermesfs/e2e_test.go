@@ -140,8 +140,8 @@ func fullCycle(t *testing.T, store string, fetch func(id string) string) {
 	if diff := diffTrees(want, snapshotTree(t, mp)); diff != "" {
 		t.Errorf("restart on the first host:\n%s", diff)
 	}
-	if strings.Contains(d3.stderr.String(), "restored snapshot") {
-		t.Errorf("restart after a clean stop downloaded the snapshot again:\n%s", d3.stderr)
+	if log := d3.stderr.String(); strings.Contains(log, "booting lazily") || !strings.Contains(log, "in_cache=true") {
+		t.Errorf("restart after a clean stop did not open the snapshot from its cache:\n%s", d3.stderr)
 	}
 	if code := d3.stop(syscall.SIGINT); code != 0 {
 		t.Fatalf("SIGINT: exit %d\n%s", code, d3.stderr)
@@ -639,9 +639,10 @@ func TestE2EIntervalWithSQLiteWriter(t *testing.T) {
 		t.Fatalf("only %d snapshots published:\n%s", len(snaps), d.stderr)
 	}
 	for _, s := range snaps {
-		out := unsquash(t, s)
+		id := strings.TrimSuffix(filepath.Base(s), ".json")
+		out := unsquash(t, localImage(t, storeDir, id))
 		if _, err := os.Stat(filepath.Join(out, "state.db")); err != nil {
-			t.Fatalf("%s: %v", s, err)
+			t.Fatalf("%s: %v", id, err)
 		}
 		integrityOK(t, filepath.Join(out, "state.db"))
 	}
@@ -802,21 +803,39 @@ func TestE2ES3FullCycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	fullCycle(t, store, func(id string) string {
-		// Fetch the object as any S3 client would: a plain GET.
-		rc, _, err := s.Get(t.Context(), uploader.ArchiveKey(id), 0, -1)
+		// Put the image together as any S3 client would: a GET of the
+		// extents list, then a ranged GET of each extent.
+		rc, _, err := s.Get(t.Context(), uploader.ExtentsKey(id), 0, -1)
 		if err != nil {
-			t.Fatalf("get %s: %v", id, err)
+			t.Fatalf("get the extents of %s: %v", id, err)
 		}
-		defer rc.Close()
+		list, err := io.ReadAll(rc)
+		rc.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
 		p := filepath.Join(e2eDir(t, "dl"), id+".sqfs")
 		f, err := os.Create(p)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := io.Copy(f, rc); err != nil {
-			t.Fatal(err)
+		defer f.Close()
+		for line := range strings.Lines(string(list)) {
+			var key string
+			var off, n int64
+			if _, err := fmt.Sscan(line, &key, &off, &n); err != nil {
+				t.Fatalf("extents of %s: %q: %v", id, line, err)
+			}
+			rc, _, err := s.Get(t.Context(), key, off, n)
+			if err != nil {
+				t.Fatalf("get %s bytes %d+%d: %v", key, off, n, err)
+			}
+			got, err := io.Copy(f, rc)
+			rc.Close()
+			if err != nil || got != n {
+				t.Fatalf("get %s bytes %d+%d: %d bytes, %v", key, off, n, got, err)
+			}
 		}
-		f.Close()
 		return p
 	})
 }
@@ -958,8 +977,12 @@ func TestE2EUnmountedFromOutside(t *testing.T) {
 	}
 }
 
+// TestE2ECorruptSnapshotFallback: the newest snapshot damaged in the
+// store (a byte of its own segment that its image uses, or its extents
+// list) is skipped by a new host's boot, loudly (log, status), for the one
+// before; the next publish replaces the damaged LATEST, on the good one.
 func TestE2ECorruptSnapshotFallback(t *testing.T) {
-	need(t, "/dev/fuse")
+	need(t, "/dev/fuse", "unsquashfs")
 	storeDir := e2eDir(t, "store")
 	mp := e2eDir(t, "home")
 	a := newHost(t, "file://"+storeDir)
@@ -975,36 +998,65 @@ func TestE2ECorruptSnapshotFallback(t *testing.T) {
 	if id1 == "" || id2 == id1 {
 		t.Fatalf("snapshots %q %q", id1, id2)
 	}
-	// Bit rot in the newest archive in the store.
-	p := filepath.Join(storeDir, "snapshots", id2+".sqfs")
-	b, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatal(err)
+	m2 := readManifest(t, storeDir, id2)
+	own := ownSegment(t, m2)
+	// A byte of id2's own segment that its image uses: the extent of the
+	// image's tables, which every boot reads.
+	x := storeExtents(t, storeDir, m2).Slice(m2.MetaOffset, 1)[0]
+	if x.Key != own.Key {
+		t.Fatalf("the tables of %s are in %s, not in its own segment", id2, x.Key)
 	}
-	b[len(b)/2] ^= 0x40
-	if err := os.WriteFile(p, b, 0o644); err != nil {
-		t.Fatal(err)
+	damage := map[string]func(undo bool){
+		"segment": func(bool) { flipStored(t, storeDir, own.Key, x.Offset, 0x40) },
+		"extents": func(bool) { flipStored(t, storeDir, m2.Extents, int64(len(own.Key))+1, 0x01) },
 	}
-	mpB := e2eDir(t, "homeB")
-	h := newHost(t, "file://"+storeDir)
-	db := h.mount(mpB, "--interval", "0")
-	if !strings.Contains(db.ready, "snapshot="+id1) {
-		t.Errorf("ready line %q: want the previous good snapshot %s", db.ready, id1)
-	}
-	if got := mustRead(t, filepath.Join(mpB, "v.txt")); got != "version 1" {
-		t.Errorf("v.txt = %q", got)
-	}
-	r, _ := h.statusJSON(mpB)
-	if !strings.Contains(r.LastError, id2) || !strings.Contains(r.LastError, "corrupt") {
-		t.Errorf("status should tell of the corrupt snapshot %s: %q", id2, r.LastError)
-	}
-	// The next publish replaces the corrupt LATEST.
-	writeFile(t, filepath.Join(mpB, "v.txt"), "version 3", 0o644)
-	if c := db.stop(syscall.SIGTERM); c != 0 {
-		t.Fatalf("stop B: %d\n%s", c, db.stderr)
-	}
-	if got := localLatest(t, storeDir); got == id2 || got == id1 {
-		t.Errorf("LATEST still %s", got)
+	for _, what := range []string{"segment", "extents"} {
+		damage[what](false)
+		h := newHost(t, "file://"+storeDir)
+		mpB := e2eDir(t, "homeB")
+		db := h.mount(mpB, "--interval", "0")
+		if !strings.Contains(db.ready, "snapshot="+id1) {
+			t.Errorf("%s damaged: ready line %q: want the previous good snapshot %s", what, db.ready, id1)
+		}
+		if got := mustRead(t, filepath.Join(mpB, "v.txt")); got != "version 1" {
+			t.Errorf("%s damaged: v.txt = %q", what, got)
+		}
+		r, _ := h.statusJSON(mpB)
+		if !strings.Contains(r.LastError, id2) || !strings.Contains(r.LastError, "corrupt") {
+			t.Errorf("%s damaged: status should tell of the corrupt snapshot %s: %q", what, id2, r.LastError)
+		}
+		if log := db.stderr.String(); !strings.Contains(log, "fell back to an older one") || what == "segment" && !strings.Contains(log, own.Key) {
+			t.Errorf("%s damaged: the log does not say what it skipped and why:\n%s", what, log)
+		}
+		if what == "segment" {
+			// Read-only from here: this host leaves the store as it is.
+			if c := db.stop(syscall.SIGTERM); c != 0 {
+				t.Fatalf("stop B: %d\n%s", c, db.stderr)
+			}
+			damage[what](true)
+			continue
+		}
+		// The next publish replaces the corrupt LATEST.
+		writeFile(t, filepath.Join(mpB, "v.txt"), "version 3", 0o644)
+		if c := db.stop(syscall.SIGTERM); c != 0 {
+			t.Fatalf("stop B: %d\n%s", c, db.stderr)
+		}
+		got := localLatest(t, storeDir)
+		if got == id2 || got == id1 {
+			t.Fatalf("LATEST still %s", got)
+		}
+		m := readManifest(t, storeDir, got)
+		if m.Parent != id1 {
+			t.Errorf("the snapshot after the fallback has parent %s, want %s", m.Parent, id1)
+		}
+		for _, r := range m.Segments {
+			if r.Key == own.Key {
+				t.Errorf("the snapshot after the fallback uses the damaged snapshot's segment %s", r.Key)
+			}
+		}
+		if v := mustRead(t, filepath.Join(unsquash(t, localImage(t, storeDir, got)), "v.txt")); v != "version 3" {
+			t.Errorf("the snapshot after the fallback: v.txt = %q", v)
+		}
 	}
 }
 
@@ -1049,11 +1101,11 @@ func TestE2ECrashAfterPublish(t *testing.T) {
 	}
 }
 
-// A crash in the very first publish, with the archive and manifest up but
-// LATEST not yet written: the next start finds a complete snapshot and no
-// LATEST. The archive the crash left in pack/ proves the snapshot is ours,
-// so the local changes are mounted and published, not reported as a
-// conflict with another host.
+// A crash in the very first publish, with the segment, its digests, the
+// extents list and the manifest up but LATEST not yet written: the next
+// start finds a complete snapshot and no LATEST. The segment the crash
+// left in pack/ proves the snapshot is ours, so the local changes are
+// mounted and published, not reported as a conflict with another host.
 func TestE2ECrashBeforeFirstLatest(t *testing.T) {
 	need(t, "/dev/fuse", "strace")
 	storeDir := e2eDir(t, "store")
@@ -1072,21 +1124,38 @@ func TestE2ECrashBeforeFirstLatest(t *testing.T) {
 		t.Fatal("LATEST exists: the kill came too late to test anything")
 	}
 	syscall.Unmount(mp, syscall.MNT_DETACH)
+	// The store holds the complete snapshot, not published.
+	snaps := localSnapshots(t, storeDir)
+	if len(snaps) != 1 {
+		t.Fatalf("%d manifests in the store after the crash, want 1", len(snaps))
+	}
+	m := readManifest(t, storeDir, strings.TrimSuffix(filepath.Base(snaps[0]), ".json"))
+	checkStoreRefs(t, storeCatalog(t, "file://"+storeDir))
 	// A read-only mount in between leaves the proof to the writer.
 	h.mount(mp, "--read-only").stopOK(t)
-	if _, err := os.Stat(filepath.Join(h.state, "pack", "next.sqfs")); err != nil {
-		t.Fatalf("the crash's archive is gone after a read-only mount: %v", err)
+	if fi, err := os.Stat(filepath.Join(h.state, "pack", "next.seg")); err != nil || fi.Size() != m.NewBytes {
+		t.Fatalf("the crash's segment is not in pack/ after a read-only mount (%d bytes of its %d wanted): %v", infoSize(fi), m.NewBytes, err)
 	}
 
 	d2 := h.mount(mp, "--interval", "0")
 	if got := mustRead(t, filepath.Join(mp, "a")); got != "a" {
 		t.Errorf("a = %q", got)
 	}
+	if strings.Contains(d2.stderr.String(), "another host") {
+		t.Errorf("the start took its own snapshot for another host's:\n%s", d2.stderr)
+	}
 	d2.stopOK(t)
 	out := unsquashLatest(t, storeDir)
 	if got := mustRead(t, filepath.Join(out, "a")); got != "a" {
 		t.Errorf("a not published: %q", got)
 	}
+}
+
+func infoSize(fi os.FileInfo) int64 {
+	if fi == nil {
+		return -1
+	}
+	return fi.Size()
 }
 
 // After a clean stop that could not rebase, the upper layer holds changes

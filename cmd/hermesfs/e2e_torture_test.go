@@ -405,8 +405,8 @@ var killModes = []string{
 	"term-kill",     // SIGTERM, then SIGKILL during the final snapshot
 	"term",          // SIGTERM while the workload writes: exit 0 only if all of it is published
 	"term-quiet",    // workload stopped, SIGTERM: exit 0, rebased
-	"point-pack",    // SIGKILL at the end of a pack (rename of pack/next.sqfs)
-	"point-latest",  // SIGKILL just before LATEST moves (archive and manifest are up)
+	"point-pack",    // SIGKILL at the end of a pack (rename of pack/next.seg)
+	"point-latest",  // SIGKILL just before LATEST moves (segment, extents and manifest are up)
 	"point-state",   // SIGKILL after LATEST moved, before state.json says so
 	"point-rebase",  // SIGKILL at the rebase after the final snapshot (upper set aside)
 	"kill-snapshot", // SIGKILL while a snapshot is in progress
@@ -486,7 +486,7 @@ func (r *tortureRig) killRound(i int, mode string) {
 		d.cmd.Process.Signal(syscall.SIGTERM)
 		r.stats.sigterms++
 	case "point-pack":
-		point(filepath.Join(r.h.state, "pack", "next.sqfs"))
+		point(filepath.Join(r.h.state, "pack", "next.seg"))
 	case "point-latest":
 		point(filepath.Join(r.storeDir, "LATEST"))
 	case "point-state":
@@ -571,15 +571,29 @@ type stallProxy struct {
 
 	mu   sync.Mutex
 	hold func(op, path string) bool
-	held chan *heldRequest
-	n    int // requests seen
+	// holdRange chooses by the Range header too.
+	holdRange func(op, path, rng string) bool
+	held      chan *heldRequest
+	n         int // requests seen
 }
 
 // heldRequest is one held request; send true on release to forward it,
-// false to drop it.
+// false to drop it; done is closed once it was.
 type heldRequest struct {
 	Op, Path string
 	release  chan bool
+	done     chan struct{}
+}
+
+// settle waits until the released request was forwarded (its response
+// back from the store) or dropped.
+func (h *heldRequest) settle(t *testing.T) {
+	t.Helper()
+	select {
+	case <-h.done:
+	case <-time.After(90 * time.Second):
+		t.Fatalf("the released %s %s did not complete in 90s", h.Op, h.Path)
+	}
 }
 
 func startStallProxy(t *testing.T, target string) *stallProxy {
@@ -597,6 +611,7 @@ func startStallProxy(t *testing.T, target string) *stallProxy {
 	go p.srv.Serve(ln)
 	t.Cleanup(func() {
 		p.setHold(nil)
+		p.setHoldRange(nil)
 		p.srv.Close()
 		p.client.CloseIdleConnections()
 	})
@@ -610,6 +625,14 @@ func (p *stallProxy) setHold(f func(op, path string) bool) {
 	p.mu.Unlock()
 }
 
+// setHoldRange makes the proxy hold the requests f chooses by operation,
+// path and Range header (nil: none).
+func (p *stallProxy) setHoldRange(f func(op, path, rng string) bool) {
+	p.mu.Lock()
+	p.holdRange = f
+	p.mu.Unlock()
+}
+
 func (p *stallProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
@@ -618,10 +641,11 @@ func (p *stallProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	op := faultproxy.Op(r)
 	p.mu.Lock()
 	p.n++
-	hold := p.hold != nil && p.hold(op, r.URL.Path)
+	hold := p.hold != nil && p.hold(op, r.URL.Path) || p.holdRange != nil && p.holdRange(op, r.URL.Path, r.Header.Get("Range"))
 	p.mu.Unlock()
 	if hold {
-		h := &heldRequest{Op: op, Path: r.URL.Path, release: make(chan bool, 1)}
+		h := &heldRequest{Op: op, Path: r.URL.Path, release: make(chan bool, 1), done: make(chan struct{})}
+		defer close(h.done)
 		p.held <- h
 		if !<-h.release {
 			hangUp(w)
@@ -694,16 +718,21 @@ func (s *s3Rig) url(endpoint, prefix string) string {
 // direct is the store URL straight to the server (for checks).
 func (s *s3Rig) direct(prefix string) string { return s.url(s.srv.Endpoint, prefix) }
 
-// isSnapshotObject tells the archive and manifest uploads (single or
-// multipart) apart from the rest.
-func isSnapshotUpload(op, path string) bool {
-	return strings.Contains(path, "/snapshots/") && (op == "PutObject" || op == "UploadPart" || op == "CreateMultipartUpload" || op == "CompleteMultipartUpload")
+// isUpload tells the requests that write an object (single or
+// multipart) from the rest.
+func isUpload(op string) bool {
+	return op == "PutObject" || op == "UploadPart" || op == "CreateMultipartUpload" || op == "CompleteMultipartUpload"
 }
 
 // TestTortureKillDuringUpload kills the daemon while the store holds its
-// requests: mid-upload of the archive, of the manifest, and with the LATEST
+// requests, at every step of a publish: mid-upload of the new segment, of
+// its digests, of the extents list, of the manifest, and with the LATEST
 // update in flight, which then either never arrives or lands after the
-// daemon died. Rare 500s, 503s and resets come on top all along.
+// daemon died. Rare 500s, 503s and resets come on top all along. After
+// each kill nothing acknowledged is lost (the restart shows it all, the
+// final snapshot holds it all), and every manifest in the store names
+// only objects the store holds: a crash leaves at worst objects no
+// manifest names.
 func TestTortureKillDuringUpload(t *testing.T) {
 	need(t, "/dev/fuse", "sqlite3", "unsquashfs", "chattr")
 	seed := tortureSeed(t)
@@ -712,20 +741,32 @@ func TestTortureKillDuringUpload(t *testing.T) {
 	s3.faults.SetRule(faultproxy.Every(17, faultproxy.Error500, faultproxy.SlowDown, faultproxy.Reset, faultproxy.ErrorAfter, faultproxy.ResetAfter))
 	r := newTortureRig(t, seed, s3.url(stall.URL, "home"), "--interval", "1s", "--keep", "1000", "--stop-timeout", "30s")
 	r.cat = storeCatalog(t, s3.direct("home"))
+	upload := func(suffix string) func(op, path string) bool {
+		return func(op, path string) bool { return isUpload(op) && strings.HasSuffix(path, suffix) }
+	}
 	modes := []struct {
 		name  string
 		match func(op, path string) bool
 		land  bool // forward the held request after the kill
 	}{
-		{"archive upload", func(op, path string) bool { return isSnapshotUpload(op, path) && strings.HasSuffix(path, ".sqfs") }, false},
-		{"manifest upload", func(op, path string) bool {
-			return op == "PutObject" && strings.HasSuffix(path, ".json") && strings.Contains(path, "/snapshots/")
+		{"segment upload", func(op, path string) bool {
+			return isUpload(op) && strings.Contains(path, "/segments/") && uploader.IsSegmentKey(path[strings.Index(path, "/segments/")+1:])
 		}, false},
-		{"LATEST lost", func(op, path string) bool { return op == "PutObject" && strings.HasSuffix(path, "/LATEST") }, false},
-		{"LATEST lands after the crash", func(op, path string) bool { return op == "PutObject" && strings.HasSuffix(path, "/LATEST") }, true},
-		{"lease renewal", func(op, path string) bool { return op == "PutObject" && strings.HasSuffix(path, "/lease") }, true},
+		{"digests upload", func(op, path string) bool {
+			return isUpload(op) && strings.Contains(path, "/segments/") && strings.HasSuffix(path, uploader.SumsExt)
+		}, false},
+		{"extents upload", upload(uploader.ExtentsExt), false},
+		{"manifest upload", func(op, path string) bool {
+			return isUpload(op) && strings.HasSuffix(path, uploader.ManifestExt) && strings.Contains(path, "/snapshots/")
+		}, false},
+		{"manifest lands after the crash", func(op, path string) bool {
+			return isUpload(op) && strings.HasSuffix(path, uploader.ManifestExt) && strings.Contains(path, "/snapshots/")
+		}, true},
+		{"LATEST lost", upload("/LATEST"), false},
+		{"LATEST lands after the crash", upload("/LATEST"), true},
+		{"lease renewal", upload("/lease"), true},
 	}
-	rounds := tortureRounds(len(modes)+1) + 0
+	rounds := tortureRounds(len(modes) + 1)
 	for i := range rounds {
 		mode := modes[i%len(modes)]
 		r.stats.rounds++
@@ -746,20 +787,28 @@ func TestTortureKillDuringUpload(t *testing.T) {
 		d.cmd.Process.Kill()
 		r.ended(d)
 		h.release <- mode.land
+		settle := []*heldRequest{h}
 		// Whatever else was held behind it goes through or away.
 		for drained := false; !drained; {
 			select {
 			case o := <-stall.held:
 				o.release <- mode.land
+				settle = append(settle, o)
 			default:
 				drained = true
 			}
 		}
+		for _, o := range settle {
+			o.settle(t)
+		}
 		w.wait(t)
 		r.m.readJournal(t)
+		// What the crash left, with what was let through landed.
+		checkStoreRefs(t, r.cat)
 		r.detach()
 	}
 	r.finish()
+	checkStoreRefs(t, r.cat)
 	ops, faults := s3.faults.Counts()
 	t.Logf("%d rounds, %d SIGKILLs with a request held, %d restarts (%d over a dead mount), %d snapshots verified, %d ops acknowledged (in flight at a crash: %d done, %d partial, %d void); S3 requests %v, faults injected %v",
 		r.stats.rounds, r.stats.kills, r.stats.restarts, r.stats.deadMountRestarts, r.stats.snapshots, r.m.acked,

@@ -281,7 +281,10 @@ func (n *node) Read(ctx context.Context, f fusefs.FileHandle, dest []byte, off i
 	k, err := l.ReadAt(ino, dest, off)
 	if err != nil && !errors.Is(err, io.EOF) {
 		n.t.log.Error("read failed", "snapshot", n.s.id, "inode", ino, "offset", off, "err", err)
-		return nil, errno(err)
+		// A read has no name to miss: whatever failed is EIO, also a
+		// store object that is gone (its error matches ErrNotExist, which
+		// errno would make ENOENT, "no such file", of a file just opened).
+		return nil, syscall.EIO
 	}
 	return fuse.ReadResultData(dest[:k]), 0
 }

@@ -271,13 +271,21 @@ func (d *daemon) cleanCache(keep ...string) {
 	names, _ := os.ReadDir(d.sd.segmentsDir())
 	for _, e := range names {
 		n := e.Name()
+		// The temporary file of an atomic write (".NAME.tmp...": a
+		// range reader's .etag or .present, a decryption) goes with
+		// NAME: it may be a write in progress of an open image's.
+		if t, ok := strings.CutPrefix(n, "."); ok {
+			if i := strings.LastIndex(t, ".tmp"); i > 0 {
+				n = t[:i]
+			}
+		}
 		base := n
 		for _, ext := range []string{".partial", ".present", ".etag", uploader.SumsExt, uploader.EncryptedExt} {
 			base = strings.TrimSuffix(base, ext)
 		}
 		base = strings.TrimSuffix(base, uploader.EncryptedExt)
 		if !used[base] && !used[n] {
-			os.Remove(filepath.Join(d.sd.segmentsDir(), n))
+			os.Remove(filepath.Join(d.sd.segmentsDir(), e.Name()))
 		}
 	}
 	mans, _ := filepath.Glob(filepath.Join(d.sd.cacheDir(), "*.json"))

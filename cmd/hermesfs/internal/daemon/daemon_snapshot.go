@@ -237,8 +237,22 @@ func (d *daemon) snapshotOnce(ctx context.Context, parent, expect string, onBase
 	if base != nil {
 		in.Sources = append(in.Sources, base.im.Manifest())
 	}
+	local := []*openImage{base}
 	if _, lower := d.lowerArchive(); lower != nil && lower != base {
 		in.Sources = append(in.Sources, lower.im.Manifest())
+		local = append(local, lower)
+	}
+	// A format 1 base (no digests) was downloaded whole: its archive is
+	// a segment of the new image through the digests of that copy.
+	in.Local = func(key string) (string, bool) {
+		for _, o := range local {
+			if o != nil {
+				if p, ok := o.im.SegmentPath(key); ok {
+					return p, true
+				}
+			}
+		}
+		return "", false
 	}
 	if d.hot != nil || d.cfg.Standalone {
 		// The new image, read from the new segment and the segments
