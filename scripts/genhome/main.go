@@ -33,6 +33,7 @@ const usage = `genhome writes a synthetic Hermes Agent home (~/.hermes) of about
 
 Usage:
   go run ./scripts/genhome -size SIZE -out DIR [-seed N]
+  go run ./scripts/genhome churn -dir DIR -round N   (a busy agent's round; see churn -h)
 
 Flags:
   -size SIZE   total size, e.g. 50M, 1G (default 1G). Counts reach their full
@@ -58,6 +59,9 @@ random bytes or zeros. Requires the sqlite3 command.
 `
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "churn" {
+		os.Exit(churnMain(os.Args[2:]))
+	}
 	fs := flag.NewFlagSet("genhome", flag.ContinueOnError)
 	fs.Usage = func() { fmt.Fprint(os.Stderr, usage) }
 	sizeFlag := fs.String("size", "1G", "total size")
