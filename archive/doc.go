@@ -53,46 +53,47 @@
 //
 // # Snapshots that cost what changed
 //
-// PackOptions.Base names the previous archive B of the same tree. Pack then
-// lays the new archive N out so that it shares as many bytes with B as it
-// can, at the same offsets where possible, and reports which (the copy
-// map, PackResult.Copies) so that an object store can copy those ranges
-// from B server-side and receive only the rest:
+// A squashfs image keeps a file's data blocks contiguous, so a changed file
+// cannot point at its old blocks inside one image: sharing between
+// snapshots has to live outside the image. PackOptions.Segment packs for
+// that. Every block Pack would copy verbatim from an earlier archive (the
+// unchanged file of a lower layer, BlockSource; the unchanged blocks of a
+// file copied up by range and written to, PartialSource; a block of a
+// changed file whose content sum the Base archive records as a whole
+// block, such as the untouched pages of a database or the leading blocks of
+// an appended log) is neither read nor written: Pack only checks that the
+// source's trailer vouches for it and records where it stands.
+// PackResult.Runs then describes the image in order, as stretches that are
+// either new (the destination's bytes: new and changed blocks, fragment
+// blocks, the metadata tables, the trailer) or a range of a source
+// archive. The destination is a sparse file holding only the new bytes,
+// superblock first; the caller stores those as one new segment and the
+// copied ranges as extents of the segments the sources are made of
+// (package uploader), so a snapshot uploads and stores what changed. The
+// layout is always fresh, in tree order: nothing is appended, and no
+// garbage of the previous image stays referenced.
 //
-//	B: [sb][opts][B's data and fragment blocks ........][B's tables][pad][trailer]
-//	N: [sb][opts][B's data and fragment blocks ........][new blocks][N's tables][pad][trailer]
-//	              \____ the same bytes at the same offsets __/
+//	image:  [sb][opts][ copy of A ][new][ copy of B ][new][tables][trailer]
+//	runs:    new........  A@x        new  B@y          new.................
 //
-// That is "appending". Before writing anything Pack learns, for every file,
-// whether B holds its content: the file is B's content (its BlockSource
-// names B), or another archive's content whose recorded sum B also records
-// (the layer a view sits on, when B is the last snapshot made of it), or
-// a file of a size B has whose content sum, read and computed before
-// packing, matches one of B (a copy of state.db, a file written back
-// unchanged, a database the overlay copied up but that has not changed
-// since B). Such a file points at B's
-// blocks where they are, fragment tail included: nothing of it is read,
-// copied or written. Everything else goes after the copied region: new
-// files, and changed files as a new contiguous run (squashfs wants a file's
-// blocks contiguous), whose blocks B already holds (same block sum: the
-// unchanged pages of a database) are copied from B compressed rather than
-// compressed again, and appear in the copy map at their new offsets.
+// The image the runs describe is byte for byte the one Pack would write
+// without Segment: standard squashfs plus our trailer, with the sums and
+// checksums of copied blocks taken from their sources' trailers.
 //
-// B's blocks that no file of N uses any more stay in the region as
-// garbage: unreferenced bytes that standard readers never look at. When
-// they would exceed PackOptions.MaxGarbage (default 1/4) of N's data,
-// weighed before packing with the new data estimated at B's compression
-// ratio, Pack "compacts" instead: a fresh layout without the region, the
-// files B holds still copied from it block by block (and listed in the
-// copy map at their new offsets, in runs as long as B's order allows).
-// Appending needs B to carry our trailer and to have been written with the
+// Without Segment, PackOptions.Base (hermesfs pack --base) instead lays
+// the new archive out to share bytes with Base at the same offsets where
+// it can ("appending": Base's data region first, new blocks after it,
+// PackResult.Copies the shared ranges) until Base's blocks that no file
+// uses any more would exceed PackOptions.MaxGarbage (default 1/4) of the
+// data; then it compacts. Appending needs Base to carry our trailer and the
 // same compression, compressor options and block size; copying blocks
-// needs the same compression and block size. Every block taken from B is
-// checked against B's checksums first: a damaged B fails the pack.
+// needs the same compression and block size. Every block taken from Base
+// is checked against Base's checksums first: a damaged Base fails the
+// pack.
 //
-// N is a complete, standard squashfs image on its own: it holds every byte
-// it references, so deleting B never breaks N, and unsquashfs, the kernel
-// and other readers read it like any other.
+// Either way the image is complete on its own: it references no byte
+// outside itself, and unsquashfs, the kernel and other readers read it
+// like any other.
 //
 // squashfs puts its superblock first but can only fill it in last. Pack
 // therefore writes into an *os.File (anything with WriteAt and ReadAt)
