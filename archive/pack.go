@@ -114,7 +114,6 @@ type Run struct {
 	Offset, Length int64
 }
 
-
 // BlockSource is an optional interface of the files Pack opens from its
 // source FS. A file that is byte-for-byte the content of inode ino of the
 // archive r (for example an unchanged file of a lower layer) returns them
