@@ -85,7 +85,6 @@ type Options struct {
 	// DefaultHotWindow).
 	HotWindow time.Duration
 
-
 	// OnComplete is called once (on the fill's goroutine) when the cache
 	// is complete and verified, with the path of the complete file.
 	OnComplete func(path string)
@@ -846,7 +845,6 @@ func (r *Reader) checkObject(info uploader.ObjectInfo) (changed string, err erro
 	return changed, nil
 }
 
-
 // verify checks b against chunk i's digest.
 func (r *Reader) verify(i int, b []byte) error {
 	if r.o.NoDigests {
@@ -890,7 +888,6 @@ func (r *Reader) fromCache(i int) []byte {
 	}
 	return nil
 }
-
 
 // store writes a verified chunk to the cache and marks it present (the
 // durable mark follows the data's fsync, in persist). A failed write stops
@@ -1207,7 +1204,6 @@ func (r *Reader) followLocked(span int) int {
 	}
 	return -1
 }
-
 
 // runStream fetches the run of chunks from first, one call each, with one
 // ranged Get (more after a failure, for the rest of the run), verifying

@@ -359,7 +359,6 @@ func TestDiskFullStopsFillKeepsServing(t *testing.T) {
 	waitComplete(t, r2)
 }
 
-
 func TestHotChunksFirst(t *testing.T) {
 	t.Parallel()
 	o := putObject(t, localStore(t), 8*testChunk)
