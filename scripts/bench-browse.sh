@@ -3,7 +3,7 @@
 # (default 1G) to a local store (the mount's seed path), then mounts the
 # store with 'hermesfs browse' and reports the requests and bytes that
 # 'ls' of the root and 'cat' of one small file of the snapshot fetch, and
-# what 'restore --path' of that file fetches, against the archive's size.
+# what 'restore --path' of that file fetches, against the image's size.
 #   usage: scripts/bench-browse.sh      (BENCH_SIZE=64M for a quick run)
 set -eu
 cd "$(dirname "$0")/.."
@@ -24,9 +24,10 @@ cp -a "$home/." "$work/home/"
 "$bin" mount --store "$store" --state-dir "$work/state" --background "$work/home" >/dev/null
 "$bin" umount --state-dir "$work/state" "$work/home" >/dev/null
 id=$("$bin" list --store "$store" --json | sed -n 's/.*"id": *"\([^"]*\)".*/\1/p' | head -1)
-archive="$work/store/snapshots/$id.sqfs"
-asize=$(stat -c %s "$archive")
-echo "home $size, snapshot $id, archive $asize bytes"
+# The image's size (format 4: the manifest's "size"; its first snapshot is
+# one segment holding the whole image).
+asize=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["size"])' "$work/store/snapshots/$id.json")
+echo "home $size, snapshot $id, image $asize bytes"
 
 "$bin" browse --store "$store" "$work/mnt" >"$work/browse.out" 2>"$work/browse.err" &
 pid=$!
