@@ -8,7 +8,7 @@
 #   HERMESFS_MOUNTPOINT  the home to mount (default $HOME/.hermes)
 #   HERMESFS_BIN         the hermesfs binary (default: hermesfs in PATH)
 #   HERMESFS_MOUNT_ARGS  extra flags for 'hermesfs mount' (word-split)
-#   HERMESFS_WRITE_BACK  write-back delay (default below: off)
+#   HERMESFS_WRITE_BACK  write-back delay (default below: 10s)
 #   HERMESFS_STORE, HERMESFS_STATE_DIR, HERMESFS_INTERVAL, AWS_* ... as for
 #                        'hermesfs mount'
 #
@@ -22,7 +22,7 @@ set -u
 # it is made, so a container killed without SIGTERM (OOM, its node lost) loses
 # about this much instead of everything since the last interval snapshot.
 # 0: off. The container's environment wins over this default.
-HERMESFS_WRITE_BACK=${HERMESFS_WRITE_BACK:-0}
+HERMESFS_WRITE_BACK=${HERMESFS_WRITE_BACK:-10s}
 export HERMESFS_WRITE_BACK
 
 mp=${HERMESFS_MOUNTPOINT:-${HOME:-/root}/.hermes}

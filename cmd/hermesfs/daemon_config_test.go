@@ -130,8 +130,8 @@ func TestAbsolutePathFlags(t *testing.T) {
 
 func TestWriteBackFlag(t *testing.T) {
 	cfg := newMountConfig()
-	if cfg.WriteBack != 0 {
-		t.Errorf("write-back on by default: %s", cfg.WriteBack)
+	if cfg.WriteBack != 10*time.Second {
+		t.Errorf("write-back by default: %s, want 10s", cfg.WriteBack)
 	}
 	fs := flag.NewFlagSet("t", flag.ContinueOnError)
 	cfg.addFlags(fs)

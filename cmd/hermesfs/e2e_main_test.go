@@ -40,7 +40,13 @@ var (
 	tmpRoot string // every test mount lives below it (checked at exit)
 )
 
-func TestMain(m *testing.M) { mounttest.Main(m, "hermesfs-e2e", &tmpRoot) }
+func TestMain(m *testing.M) {
+	// The suite's daemons run without write-back unless a test asks for it
+	// (--write-back): a test that takes its own snapshots must not race one.
+	// TestWriteBackDefault checks the default.
+	os.Setenv("HERMESFS_WRITE_BACK", "0")
+	mounttest.Main(m, "hermesfs-e2e", &tmpRoot)
+}
 
 func strict() bool { return os.Getenv("HERMESFS_TEST_STRICT") == "1" }
 

@@ -134,3 +134,40 @@ func TestE2EWriteBackKill9(t *testing.T) {
 		t.Errorf("read-only stop: %d", code)
 	}
 }
+
+// TestWriteBackDefault: a mount given no --write-back and no
+// HERMESFS_WRITE_BACK publishes a change by itself, about 10s after it is
+// made, with no interval snapshot and no 'hermesfs snapshot' to do it.
+func TestWriteBackDefault(t *testing.T) {
+	need(t, "/dev/fuse")
+	storeDir := e2eDir(t, "store")
+	mp := e2eDir(t, "home")
+	a := newHost(t, "file://"+storeDir)
+	a.extraEnv = append(a.extraEnv, "HERMESFS_WRITE_BACK=") // unset: the default
+	d := a.mount(mp, "--interval", "0")
+	if r, _ := a.statusJSON(mp); r.WriteBack != defaultWriteBack {
+		t.Fatalf("write-back %s by default, want %s", r.WriteBack, defaultWriteBack)
+	}
+	// An empty home publishes nothing at its first mount: LATEST may not
+	// exist yet.
+	latest := func() string {
+		b, _ := os.ReadFile(filepath.Join(storeDir, "LATEST"))
+		return string(b)
+	}
+	seed := latest()
+	if err := os.WriteFile(filepath.Join(mp, "note.txt"), []byte("kept\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for latest() == seed {
+		if time.Now().After(deadline) {
+			t.Fatalf("no snapshot 2 minutes after a change with the default write-back:\n%s", d.stderr)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	got, err := os.ReadFile(filepath.Join(unsquashLatest(t, storeDir), "note.txt"))
+	if err != nil || string(got) != "kept\n" {
+		t.Fatalf("the write-back snapshot's note.txt: %q, %v", got, err)
+	}
+	d.stopOK(t)
+}
