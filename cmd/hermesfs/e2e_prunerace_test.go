@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/hermesfs/hermesfs/fs"
+	"github.com/hermesfs/hermesfs/uploader"
 )
 
 // browseProc is a running `hermesfs browse`.
@@ -210,4 +212,106 @@ func TestE2EPruneRacesReaders(t *testing.T) {
 // errNamesSegment reports whether an error text names segment key as gone.
 func errNamesSegment(text, key string) bool {
 	return strings.Contains(text, key) && strings.Contains(text, "no longer in the store")
+}
+
+// TestE2EPruneRacesPublish: a prune on another host runs while a mount's
+// publish is under way (its new segment, digests and extents uploaded, its
+// manifest PUT held). The store is aged past the orphan grace first, so
+// only the segment's name (a snapshot newer than the LATEST the prune
+// read) keeps it: the publish then lands, LATEST names a complete
+// snapshot, and a new host restores it exactly.
+func TestE2EPruneRacesPublish(t *testing.T) {
+	need(t, "/dev/fuse")
+	s3 := startS3Rig(t)
+	stall := startStallProxy(t, s3.faults.URL)
+	storeDir := filepath.Join(s3.data, s3.bucket, "race")
+	direct := s3.direct("race")
+
+	// s0, then s1 on it (s0's segment still used), then the publish held.
+	a := newHost(t, s3.url(stall.URL, "race"))
+	mp := e2eDir(t, "home")
+	seedHome(t, mp)
+	blob := make([]byte, 2<<20)
+	rand.Read(blob)
+	writeFile(t, filepath.Join(mp, "blobs", "b0.bin"), string(blob), 0o644)
+	a.mount(mp, "--interval", "0").stopOK(t)
+	s0 := localLatest(t, storeDir)
+	d := a.mount(mp, "--interval", "0")
+	writeFile(t, filepath.Join(mp, "notes.txt"), "s1", 0o644)
+	d.stopOK(t)
+	s1 := localLatest(t, storeDir)
+	if s1 == s0 {
+		t.Fatal("the second mount published nothing")
+	}
+
+	d = a.mount(mp, "--interval", "0")
+	rand.Read(blob)
+	writeFile(t, filepath.Join(mp, "blobs", "b1.bin"), string(blob), 0o644)
+	want2 := snapshotTree(t, mp)
+	stall.setHold(func(op, path string) bool {
+		return isUpload(op) && strings.Contains(path, "/snapshots/") && strings.HasSuffix(path, uploader.ManifestExt)
+	})
+	snap := exec.Command(hermesfsBin(t), "snapshot", mp)
+	snap.Env, snap.Dir = a.env(), "/"
+	var sout, serr bytes.Buffer
+	snap.Stdout, snap.Stderr = &sout, &serr
+	if err := snap.Start(); err != nil {
+		t.Fatal(err)
+	}
+	snapped := make(chan error, 1)
+	go func() { snapped <- snap.Wait() }()
+	t.Cleanup(func() { snap.Process.Kill() })
+	var held *heldRequest
+	select {
+	case held = <-stall.held:
+	case err := <-snapped:
+		t.Fatalf("the snapshot ended (%v) before its manifest upload:\n%s%s\n%s", err, sout.String(), serr.String(), d.stderr)
+	case <-time.After(90 * time.Second):
+		t.Fatalf("no manifest upload in 90s:\n%s", d.stderr)
+	}
+	stall.setHold(nil)
+	id2 := strings.TrimSuffix(path.Base(held.Path), uploader.ManifestExt)
+	seg2 := uploader.SegmentKey(id2, false)
+	if !fileExists(filepath.Join(storeDir, filepath.FromSlash(seg2))) {
+		t.Fatalf("the publish of %s holds its manifest, but its segment %s is not in the store", id2, seg2)
+	}
+
+	// Hours on, by the objects' times: only the name of the new segment
+	// tells the prune it may be a publish in progress.
+	ageStore(t, storeDir, 2*time.Hour)
+	code, out, errs := newHost(t, direct).run("prune", "--keep-last", "1")
+	if code != 0 {
+		t.Fatalf("prune: exit %d %s%s", code, out, errs)
+	}
+	if fileExists(filepath.Join(storeDir, filepath.FromSlash(uploader.ManifestKey(s0)))) {
+		t.Fatalf("prune --keep-last 1 kept %s (LATEST is %s): it pruned nothing\n%s", s0, s1, out)
+	}
+	for _, k := range []string{seg2, uploader.SumsKey(seg2), uploader.ExtentsKey(id2)} {
+		if !fileExists(filepath.Join(storeDir, filepath.FromSlash(k))) {
+			t.Errorf("prune deleted %s of the publish in progress:\n%s", k, out)
+		}
+	}
+
+	held.release <- true
+	held.settle(t)
+	select {
+	case err := <-snapped:
+		if err != nil || strings.TrimSpace(sout.String()) != id2 {
+			t.Fatalf("hermesfs snapshot: %v, printed %q, want %s:\n%s\n%s", err, sout.String(), id2, serr.String(), d.stderr)
+		}
+	case <-time.After(120 * time.Second):
+		t.Fatalf("the snapshot did not end within 120s of the release:\n%s", d.stderr)
+	}
+	d.stopOK(t)
+	if got := localLatest(t, storeDir); got != id2 {
+		t.Fatalf("LATEST %s, want the publish that raced the prune, %s", got, id2)
+	}
+	checkStoreRefs(t, storeCatalog(t, direct))
+	dir := filepath.Join(e2eDir(t, "restore"), "home")
+	if code, out, errs := newHost(t, direct).run("restore", "--snapshot", id2, dir); code != 0 {
+		t.Fatalf("restore %s: exit %d %s%s", id2, code, out, errs)
+	}
+	if diff := diffTrees(want2, snapshotTree(t, dir)); diff != "" {
+		t.Errorf("restore of the snapshot published during the prune differs:\n%s", diff)
+	}
 }
