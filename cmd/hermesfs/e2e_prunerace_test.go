@@ -80,11 +80,12 @@ func (h *host) browse(mp string, args ...string) *browseProc {
 }
 
 // TestE2EPruneRacesReaders: a prune deletes the segment of a snapshot
-// while a restore of it is under way (its segment GET in flight) and
-// while a browse has it open. Both fail cleanly, with an error naming the
+// while a restore of it is under way (its segment GET in flight), while a
+// browse has it open and while a read-only mount reads it lazily. Both fail cleanly, with an error naming the
 // segment as gone from the store: the restore exits 3 having extracted
-// nothing, the browse's reads of what it had not fetched fail with EIO;
-// no wrong byte is served. The snapshot kept reads as before.
+// nothing, the browse's reads of what it had not fetched fail with EIO,
+// and so do those of a read-only mount on another host booted lazily on
+// it; no wrong byte is served. The snapshot kept reads as before.
 func TestE2EPruneRacesReaders(t *testing.T) {
 	need(t, "/dev/fuse")
 	s3 := startS3Rig(t)
@@ -110,6 +111,36 @@ func TestE2EPruneRacesReaders(t *testing.T) {
 	a.mount(mp, "--interval", "0").stopOK(t)
 	s1 := readManifest(t, storeDir, localLatest(t, storeDir))
 	seg1 := wholeSegment(t, storeDir, s1)
+
+	// A read-only mount on another host (no lease: a prune elsewhere
+	// does not know its base), booted lazily on s1; every GET of s1's
+	// file data (between the image's first chunk and the chunk of its
+	// tables, which no boot reads) is held, so it has none of the blobs.
+	sums1 := storeSums(t, storeDir, seg1)
+	lo, hi := sums1.ChunkSize, s1.MetaOffset/sums1.ChunkSize*sums1.ChunkSize
+	if hi-lo < 4*sums1.ChunkSize {
+		t.Fatalf("s1's data spans [%d, %d): too little to hold", lo, hi)
+	}
+	lazyStall := startStallProxy(t, s3.faults.URL)
+	lazyStall.setHoldRange(func(op, path, rng string) bool {
+		var a, z int64
+		_, err := fmt.Sscanf(rng, "bytes=%d-%d", &a, &z)
+		return op == "GetObject" && strings.HasSuffix(path, "/"+seg1.Key) && err == nil && a >= lo && a < hi
+	})
+	lh := newHost(t, s3.url(lazyStall.URL, "race"))
+	lmp := e2eDir(t, "lazy")
+	ld := lh.mount(lmp, "--read-only", "--read-timeout", "2s")
+	if !strings.Contains(ld.stderr.String(), "booting lazily") {
+		t.Fatalf("the read-only mount did not boot lazily:\n%s", ld.stderr)
+	}
+	var lazyHeld []*heldRequest
+	select {
+	case h := <-lazyStall.held:
+		lazyHeld = append(lazyHeld, h)
+	case <-time.After(60 * time.Second):
+		t.Fatalf("the read-only mount's fill asked for none of s1's data in 60s:\n%s", ld.stderr)
+	}
+
 	d := a.mount(mp, "--interval", "0")
 	blobs()
 	want2 := snapshotTree(t, mp)
@@ -204,6 +235,28 @@ func TestE2EPruneRacesReaders(t *testing.T) {
 	if log := br.stderr.String(); !errNamesSegment(log, seg1.Key) {
 		t.Errorf("the browse's log does not name segment %s as gone:\n%s", seg1.Key, log)
 	}
+
+	// The lazily booted read-only mount: its held GETs go on to a store
+	// without the segment; what it had not fetched fails with EIO.
+	lazyStall.setHoldRange(nil)
+	for drained := false; !drained; {
+		select {
+		case h := <-lazyStall.held:
+			lazyHeld = append(lazyHeld, h)
+		default:
+			drained = true
+		}
+	}
+	for _, h := range lazyHeld {
+		h.release <- true
+	}
+	readDamaged(t, lmp, want1)
+	if log := ld.stderr.String(); !errNamesSegment(log, seg1.Key) {
+		t.Errorf("the read-only mount's log does not name segment %s as gone:\n%s", seg1.Key, log)
+	} else {
+		t.Logf("the read-only mount: %s", logLine(log, "no longer in the store"))
+	}
+	ld.stop(syscall.SIGTERM)
 	if diff := diffTrees(want2, snapshotTree(t, filepath.Join(bmp, s2.ID))); diff != "" {
 		t.Errorf("browse of the snapshot kept differs:\n%s", diff)
 	}
