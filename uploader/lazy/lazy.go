@@ -1266,7 +1266,9 @@ func (r *Reader) runStream(first int, calls []*call, s *stream) {
 		}
 		t.Stop()
 	}
-	if next < len(calls) && err != nil && r.fillCtx.Err() == nil && !r.stopped() {
+	// A key gone from the store was logged as such (setGone): no retry
+	// will find it.
+	if next < len(calls) && err != nil && r.goneErr() == nil && r.fillCtx.Err() == nil && !r.stopped() {
 		r.mu.Lock()
 		r.stats.Errors++
 		r.mu.Unlock()
