@@ -156,7 +156,7 @@ func (ov *overlay) truncateFd(n *node, fd int, size int64) syscall.Errno {
 // truncateGated truncates upper file fd, saving for open views what the
 // truncation removes first. The caller holds the gate.
 func (ov *overlay) truncateGated(fd int, size int64) syscall.Errno {
-	p := ov.partials.get(0, fd)
+	p := ov.partials.track(0, fd)
 	if p != nil {
 		p.wmu.RLock()
 		defer p.wmu.RUnlock()
@@ -179,6 +179,7 @@ func (ov *overlay) truncateGated(fd int, size int64) syscall.Errno {
 			ov.log.Error("partial copy-up: truncate failed", "err", err)
 			return syscall.EIO
 		}
+		defer ov.partials.retire(p)
 	}
 	return errnoOf(unix.Ftruncate(fd, size))
 }
@@ -194,6 +195,7 @@ func (ov *overlay) newUpperHandle(ctx context.Context, n *node, fd int, writable
 		noPassthrough = true
 	}
 	h := &upperFile{n: n, fd: fd, uino: st.ino, writable: writable}
+	var tracked *partial
 	if err == nil {
 		if p := ov.partials.get(st.ino, fd); p != nil {
 			// The kernel would read its holes: daemon-served until
@@ -201,6 +203,13 @@ func (ov *overlay) newUpperHandle(ctx context.Context, n *node, fd int, writable
 			noPassthrough = true
 			ov.partials.noteNameFd(p, fd)
 			ov.partials.startCompletion(p, n)
+		}
+		if writable {
+			// Its changes are recorded as the daemon makes them
+			// (partial_changes.go): its writes must reach the daemon.
+			if tracked = ov.partials.track(st.ino, fd); tracked != nil {
+				noPassthrough = true
+			}
 		}
 	}
 	fc, _ := ctx.(*fuse.Context)
@@ -229,6 +238,11 @@ func (ov *overlay) newUpperHandle(ctx context.Context, n *node, fd int, writable
 	case fc != nil && n.ptOpens > 0:
 		// Its mmap reaches the backing file: a writable one is the
 		// node's, which freezes copy whole (ptwrite.go).
+		if tracked != nil {
+			if err := ov.partials.giveUp(tracked); err != nil {
+				ov.log.Error("partial copy-up: recording a writable passthrough open failed", "err", err)
+			}
+		}
 		n.ptOpens++
 		if n.ptWrite {
 			ov.ptw.join(n, h.pid)
@@ -301,11 +315,15 @@ func (h *upperFile) Write(ctx context.Context, data []byte, off int64) (uint32, 
 	ov.partials.foreground()
 	ov.gate.enter()
 	defer ov.gate.leave()
-	if p := ov.partials.get(h.uino, h.fd); p != nil {
+	if p := ov.partials.track(h.uino, h.fd); p != nil {
 		p.wmu.RLock()
 		defer p.wmu.RUnlock()
 		if err := p.ensure(h.fd, off, off+int64(len(data))); err != nil {
 			ov.log.Error("partial copy-up: copying in blocks before a write failed", "err", err)
+			return 0, syscall.EIO
+		}
+		if err := p.noteChange(off, off+int64(len(data))); err != nil {
+			ov.log.Error("partial copy-up: recording a write failed", "err", err)
 			return 0, syscall.EIO
 		}
 	}
@@ -332,7 +350,7 @@ func (h *upperFile) Allocate(ctx context.Context, off, size uint64, mode uint32)
 	}
 	ov.gate.enter()
 	defer ov.gate.leave()
-	if p := ov.partials.get(h.uino, h.fd); p != nil {
+	if p := ov.partials.track(h.uino, h.fd); p != nil {
 		p.wmu.RLock()
 		defer p.wmu.RUnlock()
 		var err error
@@ -340,8 +358,16 @@ func (h *upperFile) Allocate(ctx context.Context, off, size uint64, mode uint32)
 		case mode&(unix.FALLOC_FL_COLLAPSE_RANGE|unix.FALLOC_FL_INSERT_RANGE) != 0:
 			// Bytes move between offsets: every block first.
 			err = p.ensureAll(h.fd)
-		case mode&(unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_ZERO_RANGE) != 0:
+			if err == nil {
+				err = p.noteCut(int64(off))
+			}
+		case mode&^unix.FALLOC_FL_KEEP_SIZE != 0:
+			// Punching, zeroing (and anything else than allocating,
+			// which changes no byte: past the end is changed anyway).
 			err = p.ensure(h.fd, int64(off), int64(off+size))
+			if err == nil {
+				err = p.noteChange(int64(off), int64(off+size))
+			}
 		}
 		if err != nil {
 			ov.log.Error("partial copy-up: copying in blocks before fallocate failed", "err", err)

@@ -33,6 +33,9 @@ func runHelper(h string) int {
 	if h == "stamp" {
 		return stampFiles(os.Getenv("HELPER_A"), os.Getenv("HELPER_B"))
 	}
+	if h == "mmap-write" {
+		return mmapWriteHelper(os.Getenv("HELPER_FILE"), os.Getenv("HELPER_OFF"))
+	}
 	mnt, upper, img := os.Getenv("HELPER_MNT"), os.Getenv("HELPER_UPPER"), os.Getenv("HELPER_LOWER")
 	opts := Options{Upper: upper, ReadOnly: os.Getenv("HELPER_RO") == "1"}
 	// Warnings and errors go to stderr, which the test logs.
@@ -77,6 +80,10 @@ func runHelper(h string) int {
 		defer cancel()
 		fmt.Println("unmount:", m.Unmount(ctx))
 		return 0
+	case "changes":
+		// What the view of HELPER_FILE offers the packer, checked
+		// against the lower file (partial_changes_test.go).
+		fmt.Println(helperChanges(m, os.Getenv("HELPER_FILE")))
 	case "unpriv", "unpriv-ro":
 		checks := unprivChecks
 		if h == "unpriv-ro" {

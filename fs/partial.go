@@ -67,7 +67,9 @@ import (
 //     runs; the last one counts;
 //   - gone: the file lost its last name; the map is garbage.
 //
-// Daemons from before these records ignore them.
+// Daemons from before these records ignore them. A map also records which
+// of the file's bytes may differ from the lower file's, and keeps doing so
+// once every block is in: see partial_changes.go.
 const (
 	partialDirName = ".wh..wh..part" // in the upper root: present-maps of partial files
 
@@ -81,6 +83,10 @@ const (
 	recName        = 5
 	recNameData    = 6
 	recGone        = 7
+	recChanged     = 8                 // partial_changes.go
+	recCut         = 9                 // partial_changes.go
+	recOpen        = 10                // partial_changes.go
+	recClose       = 11                // partial_changes.go
 	recPayload     = partialRecLen - 8 // bytes of a self or name-data record
 	defaultRangeBS = 256 << 10
 	defaultRangeMn = 4 << 20
@@ -140,10 +146,15 @@ type partial struct {
 	cursor   int64    // where the background copy looks next
 	mapFd    int      // append-only map; -1 on a read-only mount
 	unsynced bool     // records appended since the last sync record
-	done     bool     // every block is in: an ordinary upper file
+	done     bool     // no longer tracked: an ordinary upper file
+	complete bool     // every block is in; the map stays for its changes
 	running  bool     // a background copy runs
 	broken   error    // the lower file is not the one copied from
 	orphan   bool     // its last name went: copies are no longer recorded
+	// gone: its last name went; once its inode is freed, the upper file
+	// system may give the number to another file, which must not be
+	// taken for it.
+	gone bool
 	// recName is the file's path in the upper layer as the map says it
 	// (partial_names.go), if nameKnown.
 	recName   string
@@ -151,6 +162,10 @@ type partial struct {
 
 	// What load found, for openPartialSet (partial_names.go).
 	loaded loadInfo
+
+	// Which bytes may differ from the lower file's (partial_changes.go);
+	// p.mu guards them.
+	changes changeState
 }
 
 // loadInfo is what a map read at mount says about its file's identity.
@@ -159,12 +174,22 @@ type loadInfo struct {
 	hasSelf  bool
 	gone     bool   // the file lost its last name
 	lastName string // the last name it was known by, for messages
+
+	// The last session of changes (partial_changes.go): open (recOpen
+	// last, in this boot or not), or closed with the file's ctime.
+	sessOpen     bool
+	sessThisBoot bool
+	closed       bool
+	closeCtime   int64
 }
 
 // partialSet is the mount's partial files by upper inode number.
 type partialSet struct {
 	ov    *overlay
-	count atomic.Int64 // live entries: the I/O paths check it first
+	count atomic.Int64 // live entries: the name paths check it first
+	// open counts the live entries not complete: the I/O paths that
+	// read or copy in check it first.
+	open atomic.Int64
 	// lastFg is when the mount last served a file's I/O (UnixNano), noted
 	// only while partial files exist: background copies slow down then.
 	lastFg atomic.Int64
@@ -292,7 +317,7 @@ func openPartialSet(ov *overlay, rootFd int, readOnly bool) (*partialSet, error)
 		s.close()
 		return nil, err
 	}
-	s.count.Store(int64(len(s.m)))
+	s.recountLocked()
 	return s, nil
 }
 
@@ -315,7 +340,12 @@ func mapName(uino, btime uint64) string {
 	return strconv.FormatUint(uino, 10) + "-" + strconv.FormatUint(btime, 10)
 }
 
-func encodeHeader(p *partial, lowerMtime int64) []byte {
+// hdrTracksChanges, in the header's flags, says that the map records
+// which bytes may differ from the lower file's since its creation
+// (partial_changes.go).
+const hdrTracksChanges = 1
+
+func encodeHeader(p *partial, lowerMtime int64, flags uint32) []byte {
 	h := make([]byte, partialHdrLen)
 	copy(h, partialMagic)
 	le := binary.LittleEndian
@@ -325,6 +355,7 @@ func encodeHeader(p *partial, lowerMtime int64) []byte {
 	le.PutUint64(h[32:], uint64(p.lowerSize))
 	le.PutUint64(h[40:], uint64(p.bs))
 	le.PutUint64(h[48:], uint64(lowerMtime))
+	le.PutUint32(h[56:], flags)
 	le.PutUint32(h[60:], crc32.ChecksumIEEE(h[:60]))
 	return h
 }
@@ -412,6 +443,7 @@ func (s *partialSet) load(name string, readOnly bool) (*partial, error) {
 	p.limit = p.lowerSize
 	p.present = make([]uint64, (p.nblocks()+63)/64)
 	p.lowerMtime = mtime
+	p.changes.init(p.lowerSize, le.Uint32(b[56:])&hdrTracksChanges != 0)
 	var pending []int64 // present records of earlier boots not yet covered by a sync
 	valid := func(r []byte) bool { return le.Uint32(r[4:]) == crc32.ChecksumIEEE(r[8:]) }
 records:
@@ -464,6 +496,8 @@ records:
 			pending = pending[:0]
 		case recLimit:
 			p.limit = min(p.limit, max(v, 0))
+		case recChanged, recCut, recOpen, recClose:
+			p.loadChange(r[0], v, thisBoot)
 		}
 	}
 	if s.ov.lower == nil {
@@ -484,6 +518,7 @@ records:
 		p.mapFd = dup
 	}
 	p.recount()
+	p.complete = p.missing == 0
 	return p, nil
 }
 
@@ -499,6 +534,7 @@ func (s *partialSet) create(st *ustat, ino archive.Inode, la *archive.Attr, bs i
 	p.limit = p.lowerSize
 	p.present = make([]uint64, (p.nblocks()+63)/64)
 	p.recount()
+	p.changes.init(p.lowerSize, true)
 	p.verified.Store(true)
 	// Left over by a crash after an earlier inode of the same number and
 	// birth time? Impossible; but a stale map must not be appended to.
@@ -517,8 +553,11 @@ func (s *partialSet) create(st *ustat, ino archive.Inode, la *archive.Attr, bs i
 		return nil, err
 	}
 	p.recName, p.nameKnown = path, true
-	head := append(encodeHeader(p, p.lowerMtime), encodeSelf(&self)...)
-	if err := pwriteAll(fd, append(head, encodeName(path, true)...), 0); err != nil {
+	head := append(encodeHeader(p, p.lowerMtime, hdrTracksChanges), encodeSelf(&self)...)
+	head = append(head, encodeName(path, true)...)
+	// Its first session of changes, durable with the rest.
+	head = append(head, p.openSession()...)
+	if err := pwriteAll(fd, head, 0); err != nil {
 		unix.Close(fd)
 		unix.Unlinkat(s.dir, p.name, 0)
 		return nil, err
@@ -541,7 +580,7 @@ func (s *partialSet) create(st *ustat, ino archive.Inode, la *archive.Attr, bs i
 func (s *partialSet) add(p *partial) {
 	s.mu.Lock()
 	s.m[p.uino] = p
-	s.count.Store(int64(len(s.m)))
+	s.recountLocked()
 	s.mu.Unlock()
 }
 
@@ -557,9 +596,45 @@ func (s *partialSet) discard(p *partial) {
 // get returns the partial state of the upper file open at fd, whose inode
 // number is uino (0: stat fd), or nil if the file is whole.
 func (s *partialSet) get(uino uint64, fd int) *partial {
+	if s == nil || s.open.Load() == 0 {
+		return nil
+	}
+	p := s.lookup(uino, fd)
+	if p == nil {
+		return nil
+	}
+	p.mu.Lock()
+	done := p.done || p.complete
+	p.mu.Unlock()
+	if done {
+		return nil
+	}
+	return p
+}
+
+// track returns the map of the upper file open at fd, whose inode number
+// is uino (0: stat fd), complete or not, or nil if it has none: a change
+// of the file's bytes records itself there first (partial_changes.go).
+func (s *partialSet) track(uino uint64, fd int) *partial {
 	if s == nil || s.count.Load() == 0 {
 		return nil
 	}
+	p := s.lookup(uino, fd)
+	if p == nil {
+		return nil
+	}
+	p.mu.Lock()
+	done := p.done
+	p.mu.Unlock()
+	if done {
+		return nil
+	}
+	return p
+}
+
+// lookup finds the map of the upper file open at fd (inode number uino,
+// 0: stat fd), checked against the file the first time.
+func (s *partialSet) lookup(uino uint64, fd int) *partial {
 	if uino == 0 {
 		st, err := statFd(fd)
 		if err != nil {
@@ -573,26 +648,45 @@ func (s *partialSet) get(uino uint64, fd int) *partial {
 	if p == nil {
 		return nil
 	}
-	if !p.verified.Load() {
+	p.mu.Lock()
+	gone := p.gone
+	p.mu.Unlock()
+	switch {
+	case gone:
+		// Not verify: a map of another inode of the number is not
+		// this one's to drop.
+		st, err := statFd(fd)
+		if err != nil || !p.is(&st) {
+			return nil
+		}
+	case !p.verified.Load():
 		st, err := statFd(fd)
 		if err != nil || !s.verify(p, &st) {
 			return nil
 		}
 	}
-	p.mu.Lock()
-	done := p.done
-	p.mu.Unlock()
-	if done {
-		return nil
-	}
 	return p
+}
+
+// recountLocked sets count and open from the set. s.mu is held.
+func (s *partialSet) recountLocked() {
+	var open int64
+	for _, p := range s.m {
+		p.mu.Lock()
+		if !p.complete && !p.done {
+			open++
+		}
+		p.mu.Unlock()
+	}
+	s.count.Store(int64(len(s.m)))
+	s.open.Store(open)
 }
 
 // fillBlocks reports a partial file's blocks as if its lower content were
 // all in: what it takes once complete, and what du expects of a file
 // without holes.
 func (s *partialSet) fillBlocks(a *fuse.Attr, st *ustat) {
-	if s == nil || s.count.Load() == 0 {
+	if s == nil || s.open.Load() == 0 {
 		return
 	}
 	s.mu.Lock()
@@ -602,7 +696,7 @@ func (s *partialSet) fillBlocks(a *fuse.Attr, st *ustat) {
 		return
 	}
 	p.mu.Lock()
-	if !p.done {
+	if !p.done && !p.complete {
 		a.Blocks = max(a.Blocks, uint64(min(p.lowerEnd(), st.size)+511)/512)
 	}
 	p.mu.Unlock()
@@ -617,13 +711,21 @@ func (s *partialSet) verify(p *partial, st *ustat) bool {
 		return false
 	}
 	if st.btime != p.btime {
-		s.drop(p, true)
+		p.mu.Lock()
+		gone := p.gone
+		p.mu.Unlock()
+		if !gone {
+			// A map of an earlier inode of the number, left while no
+			// daemon watched.
+			s.drop(p, true)
+		}
 		return false
 	}
 	p.mu.Lock()
 	if !p.verified.Load() {
 		p.limit = min(p.limit, st.size)
 		p.recount()
+		p.beginSession(st)
 		p.verified.Store(true)
 	}
 	p.mu.Unlock()
@@ -654,7 +756,7 @@ func (s *partialSet) drop(p *partial, removeMap bool) {
 	if s.m[p.uino] == p {
 		delete(s.m, p.uino)
 	}
-	s.count.Store(int64(len(s.m)))
+	s.recountLocked()
 	s.mu.Unlock()
 	p.mu.Lock()
 	p.done = true
@@ -736,7 +838,7 @@ func (p *partial) ensure(fd int, off, end int64) error {
 	p.lastFg.Store(time.Now().UnixNano())
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.done {
+	if p.done || p.complete {
 		return nil
 	}
 	var buf []byte
@@ -769,7 +871,7 @@ func (p *partial) readAt(fd int, buf []byte, off int64) (int, error) {
 	var segs []seg
 	end := off + int64(len(buf))
 	p.mu.Lock()
-	if !p.done {
+	if !p.done && !p.complete {
 		le := p.lowerEnd()
 		for i := off / p.bs; i*p.bs < min(end, le); i++ {
 			if !p.needs(i) {
@@ -871,6 +973,11 @@ func (p *partial) truncate(fd int, size int64) error {
 	if p.done || size >= p.limit {
 		return nil
 	}
+	if p.complete {
+		// No lower byte is read any more: the truncation only changes
+		// bytes (partial_changes.go), recorded before it is made.
+		return p.noteCutLocked(size)
+	}
 	if err := unix.Ftruncate(fd, size); err != nil {
 		return err
 	}
@@ -898,7 +1005,7 @@ func (s *partialSet) startCompletion(p *partial, n *node) {
 		return
 	}
 	p.mu.Lock()
-	if p.running || p.done {
+	if p.running || p.done || p.complete {
 		p.mu.Unlock()
 		return
 	}
@@ -933,7 +1040,7 @@ const (
 
 // foreground notes file I/O being served, for the background copies.
 func (s *partialSet) foreground() {
-	if s != nil && s.count.Load() > 0 {
+	if s != nil && s.open.Load() > 0 {
 		s.lastFg.Store(time.Now().UnixNano())
 	}
 }
@@ -1004,7 +1111,7 @@ func (s *partialSet) complete(p *partial, n *node) error {
 				unix.Close(p.mapFd)
 				p.mapFd = -1
 			}
-			p.orphan = true
+			p.orphan, p.gone = true, true
 			p.mu.Unlock()
 			s.mu.Unlock()
 			unix.Unlinkat(s.dir, p.name, 0)
@@ -1015,7 +1122,7 @@ func (s *partialSet) complete(p *partial, n *node) error {
 		copied := false
 		for range completionBatch {
 			p.mu.Lock()
-			if p.done || p.missing == 0 {
+			if p.done || p.complete || p.missing == 0 {
 				p.mu.Unlock()
 				break
 			}
@@ -1041,7 +1148,7 @@ func (s *partialSet) complete(p *partial, n *node) error {
 		}
 		p.wmu.Unlock()
 		p.mu.Lock()
-		left, done := p.missing, p.done
+		left, done := p.missing, p.done || p.complete
 		p.mu.Unlock()
 		if done {
 			return nil
@@ -1054,7 +1161,7 @@ func (s *partialSet) complete(p *partial, n *node) error {
 			complete := p.missing == 0
 			p.mu.Unlock()
 			if complete {
-				s.drop(p, true)
+				s.completed(p)
 				s.ov.log.Info("partial copy-up complete", "upper_ino", p.uino, "path", p.path)
 				return nil
 			}
@@ -1118,6 +1225,10 @@ func (m *Mounted) PartialCopyUps() []PartialCopyUp {
 	out := make([]PartialCopyUp, 0, len(ps))
 	for _, p := range ps {
 		p.mu.Lock()
+		if p.complete || p.done {
+			p.mu.Unlock()
+			continue
+		}
 		le := p.lowerEnd()
 		need := (le + p.bs - 1) / p.bs
 		present := max(need-p.missing, 0) * p.bs

@@ -133,6 +133,14 @@ func (s *partialSet) copiedStateErr(p *partial, why string) error {
 
 // rebind makes copied map p again for its file, found by name.
 func (s *partialSet) rebind(p *partial, readOnly bool) error {
+	if p.complete {
+		// Every block is in the copied file: it is whole, and which
+		// bytes changed is not vouched for across a copy.
+		s.removeLoaded(p, readOnly, "a copy of the map of a complete file")
+		return nil
+	}
+	// Which bytes changed is not vouched for across a copy: all did.
+	p.changes.init(p.lowerSize, false)
 	if !p.nameKnown {
 		return s.copiedStateErr(p, "does not say where the file is now (it was being renamed or deleted, or has another name)")
 	}
@@ -206,7 +214,9 @@ func (s *partialSet) writeRebound(p *partial, old string) error {
 	if err != nil {
 		return fail(err)
 	}
-	b := append(encodeHeader(p, p.lowerMtime), encodeSelf(&self)...)
+	// Written without the tracking flag: which bytes changed is not
+	// vouched for across a copy (partial_changes.go).
+	b := append(encodeHeader(p, p.lowerMtime, 0), encodeSelf(&self)...)
 	b = append(b, encodeName(p.recName, true)...)
 	for i := int64(0); i < p.nblocks(); i++ {
 		if p.present[i/64]&(1<<(i%64)) != 0 {
@@ -406,7 +416,13 @@ func (s *partialSet) finish(moves []nameMove, done bool) {
 		case m.gone:
 			m.p.mu.Lock()
 			err = m.p.appendRec(recGone, 0)
+			m.p.gone = true
+			complete := m.p.complete
 			m.p.mu.Unlock()
+			if complete && err == nil {
+				// Nothing reads it merged: the map goes with the name.
+				s.drop(m.p, true)
+			}
 		default:
 			err = m.p.setName(m.name, m.known)
 		}
@@ -468,11 +484,13 @@ func (s *partialSet) noteNameFd(p *partial, fd int) {
 
 // syncAll makes every partial file's copied blocks durable and says so in
 // its map, at unmount: a state dir copied to another machine (or read
-// after a reboot) then trusts all of them.
+// after a reboot) then trusts all of them. It closes the sessions of
+// changes (partial_changes.go).
 func (s *partialSet) syncAll() {
 	if s == nil || s.ov.opts.ReadOnly {
 		return
 	}
+	defer s.closeSessions()
 	var dirty []*partial
 	for _, p := range s.partials() {
 		p.mu.Lock()

@@ -896,6 +896,47 @@ func (f *viewFile) readAt(p []byte, off int64) (int, error) {
 	return int(want), nil
 }
 
+// PartialArchiveSource implements archive.PartialSource for a file copied
+// up by range: the lower inode it was copied from, and which of its bytes
+// may have changed since (partial_changes.go). A file of which no byte can
+// be unchanged, or that has no map, is not one (ok false).
+func (f *viewFile) PartialArchiveSource() (*archive.Reader, archive.Inode, func(off, n int64) bool, bool) {
+	f.mu.Lock()
+	fd := f.fd
+	f.mu.Unlock()
+	if fd < 0 {
+		return nil, 0, nil, false
+	}
+	r := archiveOf(f.v.lower)
+	if r == nil || !f.cf.attrsKept.Load() {
+		return nil, 0, nil, false
+	}
+	p := f.parts.track(f.cf.uino, fd)
+	if p == nil || !p.is(&f.cf.st) {
+		return nil, 0, nil, false
+	}
+	p.mu.Lock()
+	ok := p.useful()
+	p.mu.Unlock()
+	if !ok {
+		return nil, 0, nil, false
+	}
+	return r, p.lower, p.changedRange, true
+}
+
+var _ archive.PartialSource = (*viewFile)(nil)
+
+// archiveOf is the archive a lower layer reads, if it is one.
+func archiveOf(l Lower) *archive.Reader {
+	switch l := l.(type) {
+	case *archive.Reader:
+		return l
+	case ArchiveReaderer:
+		return l.ArchiveReader()
+	}
+	return nil
+}
+
 // lowerViewFile reads unchanged lower content.
 type lowerViewFile struct {
 	v    *View
@@ -935,13 +976,8 @@ func (f *lowerViewFile) ReadAt(p []byte, off int64) (_ int, err error) {
 // ArchiveSource implements archive.BlockSource: the content is the lower
 // inode itself.
 func (f *lowerViewFile) ArchiveSource() (*archive.Reader, archive.Inode, bool) {
-	switch l := f.v.lower.(type) {
-	case *archive.Reader:
-		return l, f.ino, true
-	case ArchiveReaderer:
-		if r := l.ArchiveReader(); r != nil {
-			return r, f.ino, true
-		}
+	if r := archiveOf(f.v.lower); r != nil {
+		return r, f.ino, true
 	}
 	return nil, 0, false
 }
