@@ -58,6 +58,9 @@ record | check)
 run)
 	shift
 	run=$(mktemp -d "${TMPDIR:-/tmp}/hermesfs-test.XXXXXX")
+	# As /tmp is: tests run processes as other users (the unprivileged
+	# mount, --owner), which must reach their files below it.
+	chmod 1777 "$run"
 	echo "$run" >"$work/roots"
 	while [ $# -gt 0 ] && [ "$1" != "--" ]; do
 		case "$1" in
