@@ -61,6 +61,7 @@ type job struct {
 	crc     uint32
 	sum     sum   // content sum of a data block (chunk); zero if unknown
 	baseOff int64 // >= 0: out is the base archive's bytes at baseOff, verbatim
+	matched bool  // a read block found in Base by its sum (fromBase)
 	err     error
 
 	// PackOptions.Segment: the block is copyLen bytes of copyFrom at
@@ -261,6 +262,9 @@ func (d *dataWriter) store(out *output, j *job, frags *[]fragEntry) error {
 			out.copyExtent(j.copyLen, kindData, j.crc, j.sum, j.copyFrom, j.copyOff)
 		default:
 			out.writeData(j.out, j.crc, j.sum)
+		}
+		if j.matched {
+			d.p.res.MatchedBytes += int64(len(j.in))
 		}
 		fd.words = append(fd.words, j.word)
 		fd.chunks = append(fd.chunks, j.sum)
@@ -467,6 +471,7 @@ func (d *dataWriter) fromBase(j *job) (bool, error) {
 			return true, fmt.Errorf("copy block from base: %w", err)
 		}
 		j.word, j.crc, j.copyFrom, j.copyOff, j.copyLen = loc.word, crc, r, loc.off, n
+		j.matched = true
 		return true, nil
 	}
 	raw, err := r.readAt(loc.off, uint64(n), kindData.String())
@@ -477,6 +482,7 @@ func (d *dataWriter) fromBase(j *job) (bool, error) {
 		return true, fmt.Errorf("copy block from base: %w", err)
 	}
 	j.out, j.word, j.crc, j.baseOff = raw, loc.word, crc32c(raw), int64(loc.off)
+	j.matched = true
 	return true, nil
 }
 
