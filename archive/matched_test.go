@@ -3,8 +3,11 @@ package archive
 import (
 	"bytes"
 	"fmt"
+	"io"
+	iofs "io/fs"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 )
 
@@ -70,5 +73,62 @@ func TestPackMatchesAppendedBlocks(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// countingFS counts the bytes read from its files.
+type countingFS struct {
+	partialFS
+	n *atomic.Int64
+}
+
+func (c countingFS) Open(name string) (iofs.File, error) {
+	f, err := c.partialFS.Open(name)
+	if pf, ok := f.(*partialFile); ok {
+		return &countingPartial{partialFile: pf, n: c.n}, err
+	}
+	return f, err
+}
+
+type countingPartial struct {
+	*partialFile
+	n *atomic.Int64
+}
+
+func (f *countingPartial) Read(b []byte) (int, error) {
+	k, err := f.partialFile.Read(b)
+	f.n.Add(int64(k))
+	return k, err
+}
+
+func (f *countingPartial) ReadAt(b []byte, off int64) (int, error) {
+	k, err := f.partialFile.ReadAt(b, off)
+	f.n.Add(int64(k))
+	return k, err
+}
+
+// A file that is an earlier archive's inode with some bytes changed
+// (PartialSource), of a size Base has (a database changed in place), is
+// read only where it changed, with or without Base: the plan does not
+// read it whole for its sum.
+func TestPackPartialSourceWithBase(t *testing.T) {
+	bs := 16 << 10
+	src := filepath.Join(t.TempDir(), "tree")
+	db := noise(20*bs, 5)
+	writeFile(t, filepath.Join(src, "state.db"), db, 0o644)
+	prevPath, _ := packToFile(t, src, PackOptions{BlockSize: bs})
+	prev := openFile(t, prevPath)
+	copy(db[5*bs+10:], "changed")
+	writeFile(t, filepath.Join(src, "state.db"), db, 0o644)
+	for _, base := range []*Reader{nil, prev} {
+		var n atomic.Int64
+		fsys := countingFS{partialFS{FS: os.DirFS(src), r: prev, changed: map[string][][2]int64{"state.db": {{int64(5*bs + 10), int64(5*bs + 17)}}}}, &n}
+		res, err := Pack(t.Context(), io.Discard, fsys, PackOptions{BlockSize: bs, Base: base})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n.Load() != int64(bs) || res.ReusedBytes != int64(19*bs) {
+			t.Errorf("base %v: read %d bytes of the file, %d reused; want the changed block only (%d) and the 19 others reused", base != nil, n.Load(), res.ReusedBytes, bs)
+		}
 	}
 }

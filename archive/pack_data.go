@@ -599,19 +599,18 @@ func (d *dataWriter) produceFile(n *node) error {
 	if n.src != nil {
 		return d.reuse(n, fd, n.src.r, n.src.ino)
 	}
-	if f != nil {
-		if ps, ok := f.(PartialSource); ok && n.size >= int64(p.bs) {
-			if done, err := d.reusePartial(n, fd, ps); done || err != nil {
-				return err
-			}
-		}
-	}
 	if f == nil {
 		var err error
 		if f, err = p.src.Open(n.path); err != nil {
 			return fmt.Errorf("open %s: %w", n.path, err)
 		}
 		defer f.Close()
+	}
+	// Asked even when plan asked for a BlockSource already.
+	if ps, ok := f.(PartialSource); ok && n.size >= int64(p.bs) {
+		if done, err := d.reusePartial(n, fd, ps); done || err != nil {
+			return err
+		}
 	}
 	var rd io.Reader = f
 	if u, ok := f.(interface{ unwrap() iofs.File }); ok {
@@ -798,7 +797,10 @@ func (p *packer) sumFileContained(n *node, buf []byte) (s sum, skipped bool, err
 }
 
 // sumFile reads a whole file for its content sum. Files that come from
-// an earlier archive are left to reuse (when no plan asked them before).
+// an earlier archive are left to reuse (when no plan asked them before),
+// and so are files that are an earlier archive's content with some bytes
+// changed (PartialSource): reading them whole is what reusePartial
+// spares.
 func (p *packer) sumFile(n *node, buf []byte) (sum, bool, error) {
 	f, err := p.src.Open(n.path)
 	if err != nil {
@@ -807,6 +809,11 @@ func (p *packer) sumFile(n *node, buf []byte) (sum, bool, error) {
 	defer f.Close()
 	if bsrc, ok := f.(BlockSource); ok {
 		if _, _, ok := bsrc.ArchiveSource(); ok {
+			return sum{}, true, nil
+		}
+	}
+	if ps, ok := f.(PartialSource); ok && n.size >= int64(p.bs) {
+		if r, _, changed, ok := ps.PartialArchiveSource(); ok && r != nil && changed != nil {
 			return sum{}, true, nil
 		}
 	}
