@@ -83,6 +83,11 @@ type PackResult struct {
 	Dirs        int64    // directories, the root included
 	DataBytes   int64    // bytes of regular file content in the tree
 	ReusedBytes int64    // of DataBytes, bytes of files whose content was taken from an earlier archive (BlockSource, Base) instead of being read and compressed
+	// MatchedBytes, of DataBytes, are bytes read that Base already
+	// stores as a data block of the same content (found by its sum): the
+	// block is copied from Base instead of compressed. An appended log's
+	// leading blocks, a file rewritten with most blocks the same.
+	MatchedBytes int64
 
 	// How PackOptions.Base was used, and what the archive shares with it.
 	Base BaseUse
@@ -683,7 +688,7 @@ func (p *packer) packTo(ctx context.Context, f packFile) (res PackResult, err er
 		}
 	}
 	p.log.Info("packed archive", "bytes", total, "inodes", p.inodes, "files", p.res.Files,
-		"data_bytes", p.res.DataBytes, "reused_bytes", p.res.ReusedBytes, "base", p.res.Base,
+		"data_bytes", p.res.DataBytes, "reused_bytes", p.res.ReusedBytes, "matched_bytes", p.res.MatchedBytes, "base", p.res.Base,
 		"copied_bytes", p.res.CopiedBytes, "garbage_bytes", p.res.GarbageBytes, "elapsed", time.Since(start))
 	return p.res, nil
 }

@@ -61,6 +61,7 @@ type job struct {
 	crc     uint32
 	sum     sum   // content sum of a data block (chunk); zero if unknown
 	baseOff int64 // >= 0: out is the base archive's bytes at baseOff, verbatim
+	matched bool  // a read block found in Base by its sum (fromBase)
 	err     error
 
 	// PackOptions.Segment: the block is copyLen bytes of copyFrom at
@@ -261,6 +262,9 @@ func (d *dataWriter) store(out *output, j *job, frags *[]fragEntry) error {
 			out.copyExtent(j.copyLen, kindData, j.crc, j.sum, j.copyFrom, j.copyOff)
 		default:
 			out.writeData(j.out, j.crc, j.sum)
+		}
+		if j.matched {
+			d.p.res.MatchedBytes += int64(len(j.in))
 		}
 		fd.words = append(fd.words, j.word)
 		fd.chunks = append(fd.chunks, j.sum)
@@ -467,6 +471,7 @@ func (d *dataWriter) fromBase(j *job) (bool, error) {
 			return true, fmt.Errorf("copy block from base: %w", err)
 		}
 		j.word, j.crc, j.copyFrom, j.copyOff, j.copyLen = loc.word, crc, r, loc.off, n
+		j.matched = true
 		return true, nil
 	}
 	raw, err := r.readAt(loc.off, uint64(n), kindData.String())
@@ -477,6 +482,7 @@ func (d *dataWriter) fromBase(j *job) (bool, error) {
 		return true, fmt.Errorf("copy block from base: %w", err)
 	}
 	j.out, j.word, j.crc, j.baseOff = raw, loc.word, crc32c(raw), int64(loc.off)
+	j.matched = true
 	return true, nil
 }
 
@@ -593,19 +599,18 @@ func (d *dataWriter) produceFile(n *node) error {
 	if n.src != nil {
 		return d.reuse(n, fd, n.src.r, n.src.ino)
 	}
-	if f != nil {
-		if ps, ok := f.(PartialSource); ok && n.size >= int64(p.bs) {
-			if done, err := d.reusePartial(n, fd, ps); done || err != nil {
-				return err
-			}
-		}
-	}
 	if f == nil {
 		var err error
 		if f, err = p.src.Open(n.path); err != nil {
 			return fmt.Errorf("open %s: %w", n.path, err)
 		}
 		defer f.Close()
+	}
+	// Asked even when plan asked for a BlockSource already.
+	if ps, ok := f.(PartialSource); ok && n.size >= int64(p.bs) {
+		if done, err := d.reusePartial(n, fd, ps); done || err != nil {
+			return err
+		}
 	}
 	var rd io.Reader = f
 	if u, ok := f.(interface{ unwrap() iofs.File }); ok {
@@ -792,7 +797,10 @@ func (p *packer) sumFileContained(n *node, buf []byte) (s sum, skipped bool, err
 }
 
 // sumFile reads a whole file for its content sum. Files that come from
-// an earlier archive are left to reuse (when no plan asked them before).
+// an earlier archive are left to reuse (when no plan asked them before),
+// and so are files that are an earlier archive's content with some bytes
+// changed (PartialSource): reading them whole is what reusePartial
+// spares.
 func (p *packer) sumFile(n *node, buf []byte) (sum, bool, error) {
 	f, err := p.src.Open(n.path)
 	if err != nil {
@@ -801,6 +809,11 @@ func (p *packer) sumFile(n *node, buf []byte) (sum, bool, error) {
 	defer f.Close()
 	if bsrc, ok := f.(BlockSource); ok {
 		if _, _, ok := bsrc.ArchiveSource(); ok {
+			return sum{}, true, nil
+		}
+	}
+	if ps, ok := f.(PartialSource); ok && n.size >= int64(p.bs) {
+		if r, _, changed, ok := ps.PartialArchiveSource(); ok && r != nil && changed != nil {
 			return sum{}, true, nil
 		}
 	}

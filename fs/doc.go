@@ -77,10 +77,16 @@
 // instead (partial.go): the copy starts sparse at the lower size with an
 // empty present-map, each change first copies in the blocks it touches,
 // reads merge the upper blocks present with the lower layer, and a
-// background copy completes the file, after which it is ordinary. Every
-// reader of upper bytes that may meet such a file (handles, the freeze's
-// saving of frozen bytes, the view) asks overlay.partials first; a
-// partial file never gets passthrough.
+// background copy completes the file, after which it reads as an ordinary
+// one. Every reader of upper bytes that may meet such a file (handles, the
+// freeze's saving of frozen bytes, the view) asks overlay.partials first
+// (partialSet.get); a partial file never gets passthrough. Every change of
+// its bytes (write, truncate, fallocate) records first, in the map, which
+// bytes may now differ from the lower file's (partialSet.track,
+// partial_changes.go), complete or not, so the view offers the file to
+// the packer as an archive.PartialSource: only the changed blocks are read
+// and compressed. A tracked file's writable opens are served by the
+// daemon; one the kernel forces into passthrough counts all as changed.
 //
 // Renaming works for lower files and whole lower directories and never
 // returns EXDEV: the file is copied up first; a directory takes a redirect

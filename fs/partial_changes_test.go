@@ -719,22 +719,33 @@ func TestPartialChangesPack(t *testing.T) {
 				defer func() {
 					write(20*bs+5, lowerContent[20*bs+5:20*bs+10])
 				}()
-				out := filepath.Join(tempDir(t), "snap.sqfs")
-				of, err := os.Create(out)
-				must(t, err)
-				res, err := archive.Pack(t.Context(), of, v, archive.PackOptions{BlockSize: bs})
-				of.Close()
-				must(t, err)
-				dest := filepath.Join(tempDir(t), "x")
-				if b, err := exec.Command(unsq, "-no-xattrs", "-d", dest, out).CombinedOutput(); err != nil {
-					t.Fatalf("%s: unsquashfs: %v\n%s", what, err, b)
-				}
-				checkFile(t, filepath.Join(dest, "big.db"), want, what+": packed file")
-				checkFile(t, filepath.Join(dest, "small.txt"), []byte("small"), what+": packed small file")
-				// small.txt (5 bytes) is the lower file itself, reused
-				// whole.
-				if wantReused := (size/bs-changedBlocks)*bs + 5; res.ReusedBytes != wantReused {
-					t.Errorf("%s: %d bytes reused, want %d (every block but the %d changed)", what, res.ReusedBytes, wantReused, changedBlocks)
+				// Without a base, and with the lower as Base as the
+				// daemon packs (the file's size is one Base has: it
+				// must not be read whole to look for it there).
+				for _, base := range []*archive.Reader{nil, lower} {
+					what := fmt.Sprintf("%s, base %v", what, base != nil)
+					out := filepath.Join(tempDir(t), "snap.sqfs")
+					of, err := os.Create(out)
+					must(t, err)
+					res, err := archive.Pack(t.Context(), of, v, archive.PackOptions{BlockSize: bs, Base: base})
+					of.Close()
+					must(t, err)
+					dest := filepath.Join(tempDir(t), "x")
+					if b, err := exec.Command(unsq, "-no-xattrs", "-d", dest, out).CombinedOutput(); err != nil {
+						t.Fatalf("%s: unsquashfs: %v\n%s", what, err, b)
+					}
+					checkFile(t, filepath.Join(dest, "big.db"), want, what+": packed file")
+					checkFile(t, filepath.Join(dest, "small.txt"), []byte("small"), what+": packed small file")
+					// small.txt (5 bytes) is the lower file itself,
+					// reused whole. Of the blocks read, block 20 (its
+					// frozen bytes the lower's) is found in Base.
+					wantMatched := int64(0)
+					if base != nil {
+						wantMatched = bs
+					}
+					if wantReused := (size/bs-changedBlocks)*bs + 5; res.ReusedBytes != wantReused || res.MatchedBytes != wantMatched {
+						t.Errorf("%s: %d bytes reused, %d read and found in Base, want %d reused (every block but the %d changed) and %d found", what, res.ReusedBytes, res.MatchedBytes, wantReused, changedBlocks, wantMatched)
+					}
 				}
 			}
 			// Blocks 0, 7, 8 written; 20 changed after the freeze (read
