@@ -130,6 +130,10 @@ type packStats struct {
 	// the image would otherwise keep alive for little (mostly dead, or
 	// of the other kind than the new snapshot's encryption).
 	Rewritten int64
+	// Matched: file bytes read because they might have changed, found in
+	// the base by their block sums and copied rather than compressed
+	// (archive.PackResult.MatchedBytes).
+	Matched int64
 }
 
 // parts builds the real parts; tests of the wiring do not replace it (the

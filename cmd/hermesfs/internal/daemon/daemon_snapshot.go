@@ -100,7 +100,7 @@ func (d *daemon) snapshotLocked(ctx context.Context, reason string) (snapshotRes
 		return r.snapshotResult, nil
 	}
 	d.log.Info("snapshot published", "reason", reason, "id", r.ID, "files", r.Files,
-		"bytes_packed", r.BytesPacked, "size", r.Size, "bytes_reused", r.BytesReused,
+		"bytes_packed", r.BytesPacked, "size", r.Size, "bytes_reused", r.BytesReused, "bytes_matched", r.matched,
 		"freeze_stall", r.FreezeStall.Round(time.Microsecond), "pack", r.PackTime.Round(time.Millisecond),
 		"upload", r.UploadTime.Round(time.Millisecond), "bytes_uploaded", r.BytesUploaded,
 		"segment_bytes", r.segment, "rewritten_bytes", r.rewritten, "extents", r.extents, "segments", r.segments,
@@ -150,6 +150,8 @@ type snapshotDone struct {
 	// those rewritten out of mostly dead segments); rewritten: those;
 	// extents, segments: the image's layout in the store.
 	segment, rewritten int64
+	// matched: file bytes read and found unchanged by their block sums.
+	matched int64
 	extents, segments  int
 	packedOn           string
 }
@@ -227,7 +229,7 @@ func (d *daemon) snapshotOnce(ctx context.Context, parent, expect string, onBase
 	}
 	r.PackTime = time.Since(t1)
 	r.Files, r.BytesPacked, r.Size, r.BytesReused = ps.Files, ps.BytesPacked, ps.Size, ps.BytesReused
-	r.segment, r.rewritten, r.packedOn = ps.Segment, ps.Rewritten, baseID
+	r.segment, r.rewritten, r.matched, r.packedOn = ps.Segment, ps.Rewritten, ps.Matched, baseID
 
 	t2 := time.Now()
 	in := uploader.ImageInput{

@@ -59,7 +59,7 @@ func packTo(out string, pack func(f *os.File) (archive.PackResult, error)) (res 
 func statsOf(res archive.PackResult, ext []uploader.Extent, out string) packStats {
 	ps := packStats{
 		Files: res.Files, BytesPacked: res.DataBytes, Size: res.Size, BytesReused: res.ReusedBytes,
-		Segment: res.SegmentSize, Extents: ext,
+		Segment: res.SegmentSize, Extents: ext, Matched: res.MatchedBytes,
 	}
 	if f, err := os.Open(out); err == nil {
 		// The superblock is the segment's first bytes.
