@@ -157,7 +157,7 @@ s = json.load(sys.stdin); print(s.get("bytes_up", 0), sum((s.get("ops") or {}).v
 # stored PREFIX: bytes and objects under the bucket's PREFIX (the object
 # files of versitygw's posix backend; its temporary upload files excluded).
 stored() {
-	find "$work/s3/bench/$1" -type f -not -path '*/.sgwtmp/*' -printf '%s\n' 2>/dev/null | awk '{s += $1; n++} END {printf "%d %d\n", s, n}'
+	find "$work/s3/bench/$1" -type f -not -path '*/.sgwtmp/*' -printf '%s\n' 2>/dev/null | awk '{s += $1; n++} END {printf "%.0f %d\n", s, n}'
 }
 # published LOG: one line per "snapshot published" log line of a daemon:
 # reason pack_s upload_s freeze_stall_ms bytes_uploaded segment_bytes
@@ -177,6 +177,30 @@ for line in open(sys.argv[1], encoding="utf-8"):
     g = lambda k: f.get(k, "0").strip('"')
     print(g("reason"), "%.3f" % dur(g("pack")), "%.3f" % dur(g("upload")), "%.3f" % (dur(g("freeze_stall")) * 1000),
           g("bytes_uploaded"), g("segment_bytes"), g("rewritten_bytes"), g("extents"), g("segments"), g("size"), g("id"))
+EOF
+}
+# stop_phases LOG: of the last stop in a daemon log, the seconds from its
+# "stopping" line to its final "snapshot published" line (the snapshot
+# durable, LATEST moved) and from there to "stopped" (the rebase on the
+# final snapshot and the lease release).
+stop_phases() {
+	python3 - "$1" <<'EOF'
+import re, sys
+from datetime import datetime
+def ts(l):
+    return datetime.strptime(re.search(r"time=(\S+?)Z? ", l).group(1)[:26], "%Y-%m-%dT%H:%M:%S.%f")
+t = {}
+for l in open(sys.argv[1], encoding="utf-8"):
+    if "msg=stopping" in l:
+        t = {"stop": ts(l)}
+    elif 'msg="snapshot published"' in l and "reason=final" in l and "stop" in t:
+        t["pub"] = ts(l)
+    elif "msg=stopped" in l and "pub" in t:
+        t["end"] = ts(l)
+if "end" in t:
+    print("%.3f %.3f" % ((t["pub"] - t["stop"]).total_seconds(), (t["end"] - t["pub"]).total_seconds()))
+else:
+    print("- -")
 EOF
 }
 export HERMESFS_LOG_LEVEL=info RESTIC_PASSWORD=bench-password
@@ -364,7 +388,7 @@ case " $PARTS " in *" retention "*)
 esac
 
 case " $PARTS " in *" stop "*)
-	summary="size mode trial stop_s pack_s upload_s bytes_uploaded load1 goal"
+	summary="size mode trial stop_s to_durable_s after_s pack_s upload_s bytes_uploaded load1 goal"
 	for size in $STOP_SIZES; do
 		home=$(scripts/genhome/cached.sh "$size" 1)
 		for mode in plain enc; do
@@ -401,10 +425,11 @@ EOF
 				set -- $line
 				latest=$(cat "$work/s3/bench/$name/LATEST" | tr -d '[:space:]')
 				[ "$latest" = "${11}" ] || { echo "bench-cost: LATEST is $latest, the final snapshot ${11}" >&2; exit 1; }
-				echo "trial $trial: SIGTERM to exit 0 in ${took}s (final snapshot ${11}: pack $2 s, upload $3 s, $5 bytes uploaded, freeze stall $4 ms); LATEST names it"
+				ph=$(stop_phases "$work/$name/daemon.log")
+				echo "trial $trial: SIGTERM to exit 0 in ${took}s (final snapshot ${11}: pack $2 s, upload $3 s, $5 bytes uploaded, freeze stall $4 ms; the daemon's stopping to published, then to stopped: $ph s); LATEST names it"
 				case $size in 1G) sg=$(goal "$took" 1) ;; 8G) sg=$(goal "$took" 2) ;; *) sg=- ;; esac
 				summary="$summary
-$size $mode $trial $took $2 $3 $5 $(cut -d' ' -f1 /proc/loadavg) $sg"
+$size $mode $trial $took $ph $2 $3 $5 $(cut -d' ' -f1 /proc/loadavg) $sg"
 				set -- --interval 0
 				[ "$mode" = enc ] && set -- "$@" --encrypt-to "$recipient" --identity "$work/key/key.txt"
 				trial=$((trial + 1))
@@ -413,7 +438,7 @@ $size $mode $trial $took $2 $3 $5 $(cut -d' ' -f1 /proc/loadavg) $sg"
 			rm -rf "$work/$name/mnt" "$work/$name/state" "$work/s3/bench/$name"
 		done
 	done
-	echo "== summary: stop (SIGTERM to exit 0, seconds; the final snapshot durable)"
+	echo "== summary: stop (stop_s: SIGTERM to exit 0, the final snapshot durable; to_durable_s: the daemon's stopping to snapshot published; after_s: published to stopped, the rebase and lease release)"
 	echo "$summary" | column -t
 	;;
 esac
