@@ -203,6 +203,36 @@ else:
     print("- -")
 EOF
 }
+# segment_use STORE: of a local store (format 4), the segments' bytes, how
+# many of them the kept snapshots' extents use, and the metadata objects'
+# bytes: what a store keeps that no kept snapshot reads (segments are
+# collected whole; one is rewritten only when a new image uses < 1/4 of
+# it). Encrypted segments are counted as stored, their use in plaintext.
+segment_use() {
+	python3 - "$1" <<'EOF'
+import collections, glob, os, sys
+st = sys.argv[1]
+used = collections.defaultdict(list)
+for e in glob.glob(os.path.join(st, "snapshots", "*.extents")):
+    for line in open(e):
+        k, off, n = line.split()
+        used[k].append((int(off), int(off) + int(n)))
+tot = live = 0
+shares = []
+for p in glob.glob(os.path.join(st, "segments", "*.seg")) + glob.glob(os.path.join(st, "segments", "*.seg.age")):
+    size, u, end = os.path.getsize(p), 0, -1
+    for a, b in sorted(used.get(os.path.relpath(p, st), [])):
+        a = max(a, end)
+        if b > a:
+            u, end = u + b - a, b
+    tot, live = tot + size, live + min(u, size)
+    shares.append(min(u, size) / size if size else 1)
+meta = sum(os.path.getsize(p) for p in glob.glob(os.path.join(st, "snapshots", "*")) + glob.glob(os.path.join(st, "segments", "*.sums")))
+bands = [sum(lo <= f < hi for f in shares) for lo, hi in ((0, .25), (.25, .5), (.5, .75), (.75, 2))]
+print("store: %d segments, %d bytes, of which the kept snapshots use %d and none uses %d (%.0f%%); segments by share used <1/4 %d, 1/4-1/2 %d, 1/2-3/4 %d, >=3/4 %d; manifests, extents and sums %d bytes" % (
+    len(shares), tot, live, tot - live, 100.0 * (tot - live) / max(tot, 1), *bands, meta))
+EOF
+}
 export HERMESFS_LOG_LEVEL=info RESTIC_PASSWORD=bench-password
 
 mkdir -p "$work/key"
@@ -380,6 +410,7 @@ case " $PARTS " in *" retention "*)
 			}
 			# One line a simulated day (its last snapshot), then the summary.
 			awk '/^#/ {print; next} /^summary/ {s = $0; next} {split($2, t, "T"); last[t[1]] = $0; if (!(t[1] in seen)) {seen[t[1]] = 1; order[++n] = t[1]}} END {for (i = 1; i <= n; i++) print last[order[i]]; print s}' "$rw/retention.txt"
+			segment_use "$rw/store"
 			echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 			rm -rf "$rw/home" "$rw/store" "$rw/cache" "$rw/restic"
 		done
