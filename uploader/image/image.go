@@ -40,6 +40,7 @@
 package image
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -49,6 +50,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -647,44 +649,98 @@ func (im *Image) classify(key string, err error) error {
 // Prefetch fetches image bytes [off, end) into the caches (on-demand
 // priority) and returns the first error.
 func (im *Image) Prefetch(ctx context.Context, off, end int64) error {
-	var errs []error
-	var mu sync.Mutex
-	var wg sync.WaitGroup
+	// The ranges of each segment that the image's bytes [off, end) use,
+	// merged where they touch or nearly do: an image lays out a segment's
+	// blocks in runs of many extents, and one fetch a run (the range
+	// reader splits and coalesces it) beats one request an extent.
+	type span struct {
+		key    string
+		lz     *lazy.Reader
+		ra     io.ReaderAt // the plaintext, when encrypted
+		enc    bool
+		lo, hi int64
+	}
+	by := map[string][]span{}
+	var keys []string
 	for _, x := range im.ext.Slice(off, end-off) {
 		s := im.segs[x.Key]
 		s.mu.RLock()
-		lz, done := s.lz, s.done
+		lz, ra, done := s.lz, s.ra, s.done
 		s.mu.RUnlock()
 		if lz == nil || done {
 			continue
 		}
-		lo, hi := x.Offset, x.Offset+x.Length
-		if s.enc {
-			// Decrypting reads them: the chunks are authenticated.
-			wg.Go(func() {
-				b := make([]byte, x.Length)
-				if n, err := s.ra.ReadAt(b, x.Offset); n < len(b) || err != nil && err != io.EOF {
+		if _, ok := by[x.Key]; !ok {
+			keys = append(keys, x.Key)
+		}
+		by[x.Key] = append(by[x.Key], span{x.Key, lz, ra, s.enc, x.Offset, x.Offset + x.Length})
+	}
+	var spans []span
+	for _, k := range keys {
+		ss := by[k]
+		slices.SortFunc(ss, func(a, b span) int { return cmp.Compare(a.lo, b.lo) })
+		cur := ss[0]
+		for _, x := range ss[1:] {
+			if x.lo <= cur.hi+prefetchGap {
+				cur.hi = max(cur.hi, x.hi)
+				continue
+			}
+			spans = append(spans, cur)
+			cur = x
+		}
+		spans = append(spans, cur)
+	}
+	var errs []error
+	var mu sync.Mutex
+	fail := func(key string, err error) {
+		mu.Lock()
+		errs = append(errs, im.classify(key, err))
+		mu.Unlock()
+	}
+	sem := make(chan struct{}, prefetchParallel)
+	var wg sync.WaitGroup
+	for _, x := range spans {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			if !x.enc {
+				if err := x.lz.Prefetch(ctx, x.lo, x.hi); err != nil {
+					fail(x.key, err)
+				}
+				return
+			}
+			// Decrypting reads them (the chunks are authenticated), a
+			// bounded piece at a time.
+			b := make([]byte, min(x.hi-x.lo, prefetchPiece))
+			for at := x.lo; at < x.hi; at += int64(len(b)) {
+				if ctx.Err() != nil {
+					fail(x.key, ctx.Err())
+					return
+				}
+				b = b[:min(int64(cap(b)), x.hi-at)]
+				if n, err := x.ra.ReadAt(b, at); n < len(b) || err != nil && err != io.EOF {
 					if err == nil || err == io.EOF {
 						err = io.ErrUnexpectedEOF
 					}
-					mu.Lock()
-					errs = append(errs, im.classify(x.Key, err))
-					mu.Unlock()
+					fail(x.key, err)
+					return
 				}
-			})
-			continue
-		}
-		wg.Go(func() {
-			if err := lz.Prefetch(ctx, lo, hi); err != nil {
-				mu.Lock()
-				errs = append(errs, im.classify(x.Key, err))
-				mu.Unlock()
 			}
 		})
 	}
 	wg.Wait()
 	return errors.Join(errs...)
 }
+
+const (
+	// prefetchGap: ranges of a segment this close are fetched as one
+	// (the bytes between are the segment's, fetched at little cost).
+	prefetchGap = 1 << 20
+	// prefetchParallel bounds the ranges Prefetch fetches at once, and
+	// prefetchPiece the buffer of each while it decrypts.
+	prefetchParallel = 4
+	prefetchPiece    = 4 << 20
+)
 
 // Fill completes every segment's cache in the background (hot chunks
 // first); OnComplete is called when all are complete.
