@@ -338,7 +338,8 @@ for size in $SIZES; do
 	rs_d=$rs
 	rsn_d=$rsn
 	rss_d=$(hwm "$dpid")
-	echo "download-then-mount (HERMESFS_LAZY=0 $oldflag), new host: ready ${boot_d}s, read set ${rs_d} after ready, peak RSS ${rss_d} MiB"
+	set -- $(data_gets)
+	echo "download-then-mount (HERMESFS_LAZY=0 $oldflag), new host: ready ${boot_d}s, read set ${rs_d} after ready, peak RSS ${rss_d} MiB, $1 data GETs ($(mib "$3") MiB through the link)"
 	stop_host "$dpid"
 
 	# A plain GET of the same image through the same link: its segments,
