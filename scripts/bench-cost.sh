@@ -42,7 +42,8 @@
 # prunes (forget --keep-last 10 --keep-hourly 24 --keep-daily 14
 # --keep-weekly 8 --prune) every RET_RESTIC_PRUNE_EVERY (1) snapshots. Both
 # on local directories (bytes: the sum of their files). RET_ENCRYPT=1 runs
-# hermesfs encrypted there too.
+# hermesfs encrypted there too. After each run: what the store keeps that
+# no kept snapshot uses (segment_use).
 #
 # Part "stop", for each size in STOP_SIZES (default $SIZES or "1G 8G"),
 # plaintext and encrypted: a mount (--interval 0) seeds the store through
@@ -50,7 +51,10 @@
 # mount restarted on its state dir between trials), 200 rows inserted into
 # state.db (each its own commit), SIGTERM, and the time until the process
 # exits 0, which it does once the final snapshot is in the store and LATEST
-# names it (checked here against the store).
+# names it (checked here against the store); with the daemon log's phases:
+# "stopping" to the final "snapshot published" (durable), and from there to
+# "stopped" (unmount, rebase, lease release). Each figure carries the load
+# average; the summaries mark the goals (ok, limit, MISS).
 #
 # Env: COST_SIZES, RET_SIZES, STOP_SIZES, ROUNDS, RET_DAYS, RET_EVERY,
 # RET_ROUNDS, RET_RESTIC_PRUNE_EVERY, RET_ENCRYPT, STOP_TRIALS, LINK_RATE

@@ -14,13 +14,15 @@
 #     its archive is complete at ready), and the daemon's peak RSS (VmHWM)
 #   - a reboot of the first host after its clean stop (its own final
 #     snapshot is the newest): data GETs counted by the proxy (GETs of
-#     archive objects, *.sqfs)
+#     image bytes: segments, *.seg and *.seg.age, and older snapshots'
+#     whole archives, *.sqfs)
 #   - a second new host after those sessions stopped cleanly (hot set); the
 #     first session writes a row to state.db, as a Hermes session does, so
 #     its stop publishes a snapshot (and the hot set with it)
 #   - the same new-host boot forced onto the download-then-mount path
 #     (HERMESFS_LAZY=0, and --lazy=false when the binary has it)
-#   - a plain GET of the archive through the same link (curl)
+#   - a plain GET of the image through the same link (curl; the first
+#     snapshot of a home is one segment, the whole image)
 #   - read-all: every file of the tree read once on host B after its fill
 #     completed (from the complete cache), and on host C right after its read
 #     set (through the lazy reader while it fetches, and the decryption when
@@ -122,11 +124,15 @@ until grep -qs '^proxy ' "$work/proxy.out"; do
 done
 pep=$(awk '/^proxy / {print $2}' "$work/proxy.out")
 ctl=$(awk '/^proxy / {print $4}' "$work/proxy.out")
-# data_gets prints "ARCHIVE_GETS ALL_GETS BYTES" counted since the last reset.
+# data_gets prints "DATA_GETS ALL_GETS BYTES" counted since the last reset:
+# DATA_GETS are the GETs of image bytes (segments/*.seg, *.seg.age; whole
+# archives snapshots/*.sqfs of older snapshots), not of manifests, extents
+# lists, digests, LATEST or the lease.
 data_gets() {
 	curl -sS "$ctl/stats" | python3 -c 'import json,sys
 s=json.load(sys.stdin); g=s.get("gets") or {}
-print(sum(v for k,v in g.items() if k.endswith(".sqfs")), sum(g.values()), s.get("bytes_down",0))'
+data=(".seg", ".seg.age", ".sqfs", ".sqfs.age")
+print(sum(v for k,v in g.items() if k.endswith(data)), sum(g.values()), s.get("bytes_down",0))'
 }
 reset_counts() { curl -sS -X POST "$ctl/reset" >/dev/null; }
 
@@ -227,6 +233,14 @@ hot_of() {
 m=json.load(sys.stdin); h=m.get("hot") or []; cs=m.get("chunk_size") or 0
 print(len(h), "%.1f" % (len(h)*cs/1048576), "%.1f" % (m["size"]/1048576))'
 }
+# segments_of ID: "IMAGE_BYTES KEY..." of snapshot ID: its image size and
+# the store keys of its segments (format 4), or of its archive (older).
+segments_of() {
+	s3curl "$ep/bench/home-$size/snapshots/$1.json" | python3 -c 'import json,sys
+m=json.load(sys.stdin)
+keys=[s["key"] for s in m.get("segments") or []] or [m["archive"]]
+print(m["size"], *keys)'
+}
 latest_id() { s3curl "$ep/bench/home-$size/LATEST" | tr -d '[:space:]'; }
 median() { tr ' ' '\n' | grep . | sort -n | awk '{v[NR]=$1} END {print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
 TRIALS=${TRIALS:-5}
@@ -271,9 +285,12 @@ for size in $SIZES; do
 		readall_t=$(elapsed "$t0" "$(now)")
 		echo "read-all on host B after the fill: $(mib "$readall") MiB in ${readall_t}s ($(echo "scale=1; $readall / 1000000 / $readall_t" | bc) MB/s)"
 		set -- $(data_gets)
-		gets_b="$1 archive GETs, $(mib "$3") MiB through the link"
+		gets_b="$1 data GETs, $(mib "$3") MiB through the link"
 		archive=$snapshot
-		size_b=$(s3curl -sI "$ep/bench/home-$size/snapshots/$archive.sqfs" | tr -d '\r' | awk 'tolower($1)=="content-length:" {print $2}')
+		set -- $(segments_of "$archive")
+		size_b=$1
+		shift
+		segkeys="$*"
 		if [ "$lazy_b" = absent ]; then
 			echo "$default, new host: ready ${boot_b}s, read set ${rs_b} after ready, archive complete at ready (no lazy status), peak RSS ${rss_b} MiB, $gets_b"
 		else
@@ -293,7 +310,7 @@ for size in $SIZES; do
 	rsn_r=$rsn
 	set -- $(data_gets)
 	gets_r=$1
-	echo "$default, reboot of host B after a clean stop: ready ${boot_r}s, read set ${rs_r}, $gets_r archive GETs ($2 GETs in all, $(mib "$3") MiB through the link)"
+	echo "$default, reboot of host B after a clean stop: ready ${boot_r}s, read set ${rs_r}, $gets_r data GETs ($2 GETs in all, $(mib "$3") MiB through the link)"
 	stop_host "$hpid"
 
 	# Host C: a second new host after host B's session.
@@ -305,7 +322,7 @@ for size in $SIZES; do
 	rs_c=$rs
 	rsn_c=$rsn
 	set -- $(data_gets)
-	echo "$default, second new host (after the sessions of host B): ready ${boot_c}s, read set ${rs_c} after ready ($1 archive GETs by then)"
+	echo "$default, second new host (after the sessions of host B): ready ${boot_c}s, read set ${rs_c} after ready ($1 data GETs by then)"
 	t0=$(now)
 	readall_c=$(find "$sw/mnt-c/" -type f -exec cat {} + | wc -c)
 	readall_ct=$(elapsed "$t0" "$(now)")
@@ -321,15 +338,20 @@ for size in $SIZES; do
 	rs_d=$rs
 	rsn_d=$rsn
 	rss_d=$(hwm "$dpid")
-	echo "download-then-mount (HERMESFS_LAZY=0 $oldflag), new host: ready ${boot_d}s, read set ${rs_d} after ready, peak RSS ${rss_d} MiB"
+	set -- $(data_gets)
+	echo "download-then-mount (HERMESFS_LAZY=0 $oldflag), new host: ready ${boot_d}s, read set ${rs_d} after ready, peak RSS ${rss_d} MiB, $1 data GETs ($(mib "$3") MiB through the link)"
 	stop_host "$dpid"
 
-	# A plain GET of the same archive through the same link.
+	# A plain GET of the same image through the same link: its segments,
+	# one after the other (a published home's first snapshot is one
+	# segment, the whole image).
 	t0=$(now)
-	s3curl -o /dev/null "$pep/bench/home-$size/snapshots/$archive.sqfs"
+	for k in $segkeys; do
+		s3curl -o /dev/null "$pep/bench/home-$size/$k"
+	done
 	t1=$(now)
 	get=$(elapsed "$t0" "$t1")
-	echo "plain GET of the archive ($(mib "$size_b") MiB) through the link: ${get}s ($(echo "scale=1; $size_b / 1000000 / $get" | bc) MB/s)"
+	echo "plain GET of the image ($(mib "$size_b") MiB, $(echo "$segkeys" | wc -w) segment(s)) through the link: ${get}s ($(echo "scale=1; $size_b / 1000000 / $get" | bc) MB/s)"
 
 	fi
 
@@ -340,8 +362,8 @@ for size in $SIZES; do
 	# manifest (the same archive, nothing else changed), H with every chunk
 	# hot (the most a manifest may name), in turn.
 	reset_counts
-	# Its stop packs on a 2 GiB base at 8G and has the store copy it: more
-	# than the default 90 s on a loaded machine. The stop is not what is
+	# Its stop packs while the lazy fill may still be running, on a loaded
+	# machine: give it more than the default 90 s. The stop is not what is
 	# measured here.
 	start_host e -- --stop-timeout 10m
 	epid=$hpid
@@ -359,7 +381,9 @@ for size in $SIZES; do
 	python3 -c 'import json,sys
 m=json.load(open(sys.argv[1]))
 m.pop("hot",None); json.dump(m,open(sys.argv[2],"w"))
-m["hot"]=list(range(min(4096,len(m["chunks"])))); json.dump(m,open(sys.argv[3],"w"))' "$sw/scan-f.json" "$sw/scan-g.json" "$sw/scan-h.json"
+cs=m.get("chunk_size") or 262144
+m["chunk_size"]=cs
+m["hot"]=list(range(min(4096,(m["size"]+cs-1)//cs))); json.dump(m,open(sys.argv[3],"w"))' "$sw/scan-f.json" "$sw/scan-g.json" "$sw/scan-h.json"
 	rs_f=""
 	rs_g=""
 	rs_h=""
