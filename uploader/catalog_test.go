@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"io"
 	iofs "io/fs"
@@ -645,5 +646,69 @@ func TestCatalogLatestLandedDespiteError(t *testing.T) {
 	}
 	if got, _ := catalog(s, "checker", newClock()).LatestID(t.Context()); got != m.ID {
 		t.Fatalf("LATEST %q, published %q", got, m.ID)
+	}
+}
+
+// lostLeaseReply is a store whose next lease write lands but reports an
+// error, as a renewal that timed out after the server acted does.
+type lostLeaseReply struct {
+	uploader.Store
+	lose *atomic.Bool
+}
+
+func (s lostLeaseReply) Put(ctx context.Context, key string, r io.Reader, size int64, opts uploader.PutOptions) (uploader.ObjectInfo, error) {
+	info, err := s.Store.Put(ctx, key, r, size, opts)
+	if err == nil && key == uploader.LeaseKey && s.lose.CompareAndSwap(true, false) {
+		return info, context.DeadlineExceeded
+	}
+	return info, err
+}
+
+// TestLeaseRenewalAnswerLost: a renewal that landed although its caller
+// saw a timeout is the holder's own write: the next renewal goes on from
+// it (the lease is not "taken over" by its own holder), and a release
+// after such a renewal releases.
+func TestLeaseRenewalAnswerLost(t *testing.T) {
+	s := newLocal(t)
+	var lose atomic.Bool
+	c := uploader.NewCatalog(lostLeaseReply{s, &lose}, uploader.CatalogOptions{Host: "h"})
+	l, err := c.AcquireLease(t.Context(), uploader.LeaseOptions{Holder: "x", Heartbeat: -1, TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lose.Store(true)
+	if err := l.Renew(t.Context()); err == nil {
+		t.Fatal("a renewal that reported a timeout returned no error")
+	}
+	if err := l.Renew(t.Context()); err != nil {
+		t.Fatalf("the renewal after one whose answer was lost: %v", err)
+	}
+	if err := l.Err(); err != nil {
+		t.Fatalf("the lease after a lost answer: %v", err)
+	}
+	lose.Store(true)
+	l.Renew(t.Context())
+	if err := l.Release(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if rec, _, err := c.ReadLease(t.Context()); err != nil || !rec.Released {
+		t.Errorf("after release the lease is %+v, %v", rec, err)
+	}
+	// Another holder's write is still a takeover.
+	l2, err := c.AcquireLease(t.Context(), uploader.LeaseOptions{Holder: "y", Heartbeat: -1, TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lose.Store(true)
+	l2.Renew(t.Context())
+	other := uploader.NewCatalog(s, uploader.CatalogOptions{Host: "h2"})
+	rec, tag, _ := other.ReadLease(t.Context())
+	rec.Token, rec.Write = "someone-else", "w"
+	b, _ := json.Marshal(rec)
+	if _, err := s.Put(t.Context(), uploader.LeaseKey, bytes.NewReader(b), int64(len(b)), uploader.PutOptions{IfMatch: tag}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l2.Renew(t.Context()); !errors.Is(err, uploader.ErrLeaseLost) {
+		t.Fatalf("a renewal over another holder's lease: %v, want ErrLeaseLost", err)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	iofs "io/fs"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -222,12 +223,16 @@ type Lease struct {
 	opts LeaseOptions
 	log  *slog.Logger
 
-	mu      sync.Mutex
-	rec     LeaseRecord
-	etag    string
-	valid   time.Duration // on Mono: the lease binds until then
-	base    string        // the Base of the next write
-	err     error         // set once lost or released
+	mu    sync.Mutex
+	rec   LeaseRecord
+	etag  string
+	valid time.Duration // on Mono: the lease binds until then
+	base  string        // the Base of the next write
+	// unsure: the Write nonces of renewals that failed without an answer
+	// (a timeout): the store may have applied them. A lease found
+	// changed that carries one of them is this holder's own write.
+	unsure  []string
+	err     error // set once lost or released
 	lost    chan struct{}
 	stop    context.CancelFunc
 	stopped chan struct{}
@@ -376,9 +381,18 @@ func (l *Lease) Renew(ctx context.Context) error {
 	rec := l.rec
 	rec.Renewed, rec.Expires, rec.Write, rec.Base = now.UTC(), now.Add(l.opts.TTL).UTC(), randomHex(8), l.base
 	etag, err := l.write(ctx, rec, PutOptions{IfMatch: l.etag})
+	if errors.Is(err, ErrPrecondition) {
+		cur, curTag, rerr := l.c.ReadLease(ctx)
+		if rerr == nil && l.adopt(cur, curTag) {
+			// Written again over this holder's own applied write.
+			etag, err = l.write(ctx, rec, PutOptions{IfMatch: l.etag})
+		} else {
+			return l.markLost(fmt.Errorf("%w: taken over by %s, generation %d", ErrLeaseLost, l.c.describe(cur), cur.Generation))
+		}
+	}
 	switch {
 	case err == nil:
-		l.rec, l.etag, l.valid = rec, etag, start+l.opts.TTL
+		l.rec, l.etag, l.valid, l.unsure = rec, etag, start+l.opts.TTL, nil
 		return nil
 	case errors.Is(err, ErrPrecondition):
 		cur, _, _ := l.c.ReadLease(ctx)
@@ -386,7 +400,22 @@ func (l *Lease) Renew(ctx context.Context) error {
 	case l.c.opts.Mono() >= l.valid:
 		return l.markLost(fmt.Errorf("%w: not renewed within its TTL of %s: %w", ErrLeaseLost, l.opts.TTL, err))
 	}
+	// No answer: the store may have applied it.
+	l.unsure = append(l.unsure, rec.Write)
 	return err
+}
+
+// adopt takes cur (ETag tag), the lease as the store now has it, as this
+// holder's own if it is one of its renewals that failed without an answer
+// but was applied. Its validity stays that of the last renewal known to
+// have landed (the applied one began later). l.mu is held.
+func (l *Lease) adopt(cur LeaseRecord, tag string) bool {
+	if cur.Token != l.rec.Token || cur.Released || !slices.Contains(l.unsure, cur.Write) {
+		return false
+	}
+	l.rec, l.etag, l.unsure = cur, tag, nil
+	l.log.Info("a lease renewal that failed without an answer had been applied", "generation", cur.Generation)
+	return true
 }
 
 // markLost records the loss; l.mu is held.
@@ -448,6 +477,11 @@ func (l *Lease) Release(ctx context.Context) error {
 	rec := l.rec
 	rec.Released, rec.Expires, rec.Write = true, l.c.opts.Now().UTC(), randomHex(8)
 	_, err := l.write(ctx, rec, PutOptions{IfMatch: l.etag})
+	if errors.Is(err, ErrPrecondition) {
+		if cur, curTag, rerr := l.c.ReadLease(ctx); rerr == nil && l.adopt(cur, curTag) {
+			_, err = l.write(ctx, rec, PutOptions{IfMatch: l.etag})
+		}
+	}
 	l.err = errors.New("lease released")
 	close(l.lost)
 	if errors.Is(err, ErrPrecondition) {
