@@ -151,9 +151,9 @@ type snapshotDone struct {
 	// extents, segments: the image's layout in the store.
 	segment, rewritten int64
 	// matched: file bytes read and found unchanged by their block sums.
-	matched int64
-	extents, segments  int
-	packedOn           string
+	matched           int64
+	extents, segments int
+	packedOn          string
 }
 
 // packBase is the image the next snapshot is packed on: the last one this
