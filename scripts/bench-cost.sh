@@ -60,7 +60,10 @@
 # RET_ROUNDS, RET_RESTIC_PRUNE_EVERY, RET_ENCRYPT, STOP_TRIALS, LINK_RATE
 # (50MB, bytes/s, 10^6), LINK_LATENCY (20ms), PARTS ("churn retention
 # stop"), BENCH_DIR (scratch, default /var/tmp/hermesfs-bench; logs are
-# kept in $BENCH_DIR/cost-logs), HERMESFS_BIN (default bin/hermesfs).
+# kept in $BENCH_DIR/cost-logs), COST_TAG (runs with different tags use
+# their own $BENCH_DIR/cost-TAG and cost-TAG-logs, so two runs can share a
+# BENCH_DIR and its cached homes; a run refuses a directory another live
+# run holds), HERMESFS_BIN (default bin/hermesfs).
 set -eu
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -88,8 +91,14 @@ for c in sqlite3 curl python3 restic mksquashfs; do
 done
 
 mkdir -p "$BENCH_DIR"
-work=$BENCH_DIR/cost
-logs=$BENCH_DIR/cost-logs
+work=$BENCH_DIR/cost${COST_TAG:+-$COST_TAG}
+logs=$work-logs
+# One run a directory: the cleanup below removes $work whole.
+if [ -e "$work.pid" ] && kill -0 "$(cat "$work.pid")" 2>/dev/null; then
+	echo "bench-cost: $work is in use by process $(cat "$work.pid"); set COST_TAG to run beside it" >&2
+	exit 1
+fi
+echo $$ >"$work.pid"
 pids=""
 hpid=""
 cleanup() {
@@ -106,7 +115,7 @@ cleanup() {
 		[ "$d" = cost ] && d= || d=$d-
 		cp "$f" "$logs/$d$(basename "$f")" || true
 	done
-	rm -rf "$work"
+	rm -rf "$work" "$work.pid"
 }
 trap cleanup EXIT INT TERM
 rm -rf "$work" "$logs"
