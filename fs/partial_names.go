@@ -294,6 +294,34 @@ func (s *partialSet) partials() []*partial {
 	return out
 }
 
+// syncData makes the upper file of p durable (its data and size), found
+// by the name its map records and checked to be p's file.
+func (s *partialSet) syncData(p *partial) error {
+	name, known := p.names()
+	if !known || name == "" {
+		return errors.New("no recorded name")
+	}
+	dir, base := splitRel(name)
+	dfd, err := s.ov.u.dir(dir)
+	if err != nil {
+		return err
+	}
+	fd, err := unix.Openat(dfd, base, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	s.ov.u.put(dfd)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	st, err := statFd(fd)
+	if err != nil {
+		return err
+	}
+	if !p.is(&st) {
+		return errors.New("another file has its recorded name")
+	}
+	return unix.Fdatasync(fd)
+}
+
 func (p *partial) is(st *ustat) bool { return st != nil && st.ino == p.uino && st.btime == p.btime }
 
 func (p *partial) names() (string, bool) {
@@ -502,16 +530,29 @@ func (s *partialSet) syncAll() {
 	if len(dirty) == 0 {
 		return
 	}
-	fd, err := unix.Openat(s.ov.u.root, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		s.ov.log.Warn("partial copy-up: sync at unmount", "err", err)
-		return
+	// The copied blocks are the files' data: each file's fdatasync makes
+	// them durable, without waiting for the rest of a disk that other
+	// programs share (syncfs); a file not found by its recorded name is
+	// made durable by syncfs.
+	whole := false
+	for _, p := range dirty {
+		if err := s.syncData(p); err != nil {
+			whole = true
+			break
+		}
 	}
-	err = unix.Syncfs(fd)
-	unix.Close(fd)
-	if err != nil {
-		s.ov.log.Warn("partial copy-up: sync at unmount", "err", err)
-		return
+	if whole {
+		fd, err := unix.Openat(s.ov.u.root, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			s.ov.log.Warn("partial copy-up: sync at unmount", "err", err)
+			return
+		}
+		err = unix.Syncfs(fd)
+		unix.Close(fd)
+		if err != nil {
+			s.ov.log.Warn("partial copy-up: sync at unmount", "err", err)
+			return
+		}
 	}
 	for _, p := range dirty {
 		p.mu.Lock()
