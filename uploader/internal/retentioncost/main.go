@@ -244,7 +244,11 @@ func (s *sim) snapshot(ctx context.Context) (snapResult, error) {
 	if err != nil {
 		return r, fmt.Errorf("pack: %w", err)
 	}
-	ext, rewritten, err := s.layOut(res.Runs, out)
+	sources := map[*archive.Reader]*image.Image{}
+	if s.last != nil {
+		sources[s.lastArc] = s.last
+	}
+	ext, rewritten, err := image.LayOut(context.Background(), res.Runs, out, sources, s.enc)
 	if err != nil {
 		return r, fmt.Errorf("lay out: %w", err)
 	}
@@ -298,91 +302,6 @@ func (s *sim) snapshot(ctx context.Context) (snapResult, error) {
 	s.last, s.lastArc = im, arc
 	s.cleanCache(pub.Manifest)
 	return r, nil
-}
-
-// mostlyDead is the daemon's threshold (cmd/hermesfs/internal/daemon
-// layOut): an image that would use less than this share of a segment
-// takes a copy of what it uses into its own segment.
-const mostlyDead = 0.25
-
-// layOut is the daemon's layOut (cmd/hermesfs/internal/daemon,
-// daemon_images.go) for a pack whose only source is the last image: runs
-// become extents, and the runs of segments the image would use less than
-// a quarter of, or of the other kind than this snapshot's encryption, are
-// appended to the new segment at out.
-func (s *sim) layOut(runs []archive.Run, out string) ([]uploader.Extent, int64, error) {
-	type piece struct {
-		x   uploader.Extent
-		src bool
-		off int64
-	}
-	var pieces []piece
-	live := map[string]int64{}
-	var segLen int64
-	for _, r := range runs {
-		if r.Source == nil {
-			pieces = append(pieces, piece{x: uploader.Extent{Offset: r.Offset, Length: r.Length}})
-			segLen = max(segLen, r.Offset+r.Length)
-			continue
-		}
-		if r.Source != s.lastArc {
-			return nil, 0, errors.New("the pack copied from an archive that is not the last image")
-		}
-		at := r.Offset
-		for _, x := range s.last.Extents().Slice(r.Offset, r.Length) {
-			pieces = append(pieces, piece{x: x, src: true, off: at})
-			live[x.Key] += x.Length
-			at += x.Length
-		}
-	}
-	size, enc := map[string]int64{}, map[string]bool{}
-	if s.last != nil {
-		m := s.last.Manifest()
-		for _, sg := range m.Segments {
-			size[sg.Key], enc[sg.Key] = sg.Size, m.Encryption != nil
-		}
-	}
-	rewrite := func(key string) bool {
-		return enc[key] != s.enc || float64(live[key]) < mostlyDead*float64(size[key])
-	}
-	var (
-		f       *os.File
-		copied  int64
-		buf     []byte
-		extents []uploader.Extent
-	)
-	for _, p := range pieces {
-		if !p.src || !rewrite(p.x.Key) {
-			extents = append(extents, p.x)
-			continue
-		}
-		if f == nil {
-			var err error
-			if f, err = os.OpenFile(out, os.O_WRONLY|os.O_APPEND, 0); err != nil {
-				return nil, 0, err
-			}
-			defer f.Close()
-			buf = make([]byte, 4<<20)
-		}
-		for done := int64(0); done < p.x.Length; {
-			n := min(int64(len(buf)), p.x.Length-done)
-			if _, err := s.last.ReadAt(buf[:n], p.off+done); err != nil {
-				return nil, 0, fmt.Errorf("copy %d bytes of segment %s: %w", n, p.x.Key, err)
-			}
-			if _, err := f.Write(buf[:n]); err != nil {
-				return nil, 0, err
-			}
-			done += n
-		}
-		extents = append(extents, uploader.Extent{Offset: segLen + copied, Length: p.x.Length})
-		copied += p.x.Length
-	}
-	if f != nil {
-		if err := f.Sync(); err != nil {
-			return nil, 0, err
-		}
-	}
-	return extents, copied, nil
 }
 
 // cleanCache removes the cached segments the image m does not use.

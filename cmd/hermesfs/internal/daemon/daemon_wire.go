@@ -12,6 +12,7 @@ import (
 	"github.com/hermesfs/hermesfs/fs"
 	"github.com/hermesfs/hermesfs/fs/memguard"
 	"github.com/hermesfs/hermesfs/uploader"
+	"github.com/hermesfs/hermesfs/uploader/image"
 )
 
 // realParts wires the daemon to the archive writer and reader, the overlay,
@@ -99,7 +100,11 @@ func (realParts) packView(ctx context.Context, d *daemon, v frozenView, out stri
 	if err != nil {
 		return packStats{}, err
 	}
-	ext, rewritten, err := d.layOut(ctx, res.Runs, out, sources)
+	images := make(map[*archive.Reader]*image.Image, len(sources))
+	for r, o := range sources {
+		images[r] = o.im
+	}
+	ext, rewritten, err := image.LayOut(ctx, res.Runs, out, images, d.encryption != nil)
 	if err != nil {
 		os.Remove(out)
 		return packStats{}, fmt.Errorf("lay the image out: %w", err)
