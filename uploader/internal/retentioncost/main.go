@@ -5,9 +5,9 @@
 // snapshot (archive.Pack with Segment on the previous image: a file with
 // the path, size and mtime it had there is its blocks, never read; every
 // other file is read, and its blocks the previous image holds are copied
-// from there), lays the image out as extents of segments as the daemon's
-// layOut does (a segment the image uses less than a quarter of is copied
-// into the new segment), publishes it with Catalog.PublishImage under a
+// from there), lays the image out as extents of segments with the
+// daemon's image.LayOut (a segment the image uses less than a quarter of
+// is copied into the new segment), publishes it with Catalog.PublishImage under a
 // clock that says the simulated time, and prunes with the policy, as the
 // daemon does after each snapshot. It prints one line per snapshot and a
 // summary; with -restic REPO it also backs the same tree up with restic
