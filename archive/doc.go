@@ -101,6 +101,29 @@
 // back for its SHA-256; any other io.Writer gets the archive through a
 // temporary file.
 //
+// # What readers accept (TestFormatProbes)
+//
+// Measured against unsquashfs 4.5.1 (listing and extraction), the go-diskfs
+// reader and the kernel (mount -t squashfs, lookups through a directory
+// index, st_ino):
+//
+//   - A metadata block left short in the middle of the inode or the
+//     directory table is read by all three, provided nothing spans it: the
+//     inodes and listings after it start in a fresh block. References are
+//     (block start, offset) pairs and every reader follows the blocks' real
+//     lengths. The kernel's directory index does assume that the blocks a
+//     listing spans are full (it finds an entry's offset in its block as
+//     the listing's offset modulo 8 KiB), so a listing never spans a short
+//     block.
+//   - Inode numbers with holes, and sb.Inodes past the highest number in
+//     use, are read by all three: unsquashfs sizes its hard-link table by
+//     sb.Inodes, the kernel uses the export table only for NFS.
+//   - The fragment, export and id tables are addressed by index
+//     arithmetic (entry i in block i/entries-per-block), and the kernel
+//     checks that their index arrays point at increasing blocks at most
+//     8 KiB+2 apart ending right before the array: these tables stay
+//     whole blocks laid out contiguously, every block full but the last.
+//
 // # Reading
 //
 // Open reads the superblock, the trailer and all metadata tables (one

@@ -72,6 +72,14 @@ type PackOptions struct {
 	noSums  bool       // tests: record no content sums, as archives did before them
 	noCheck bool       // benchmarks: skip Pack's check of its own blocks (worker.check, store)
 	tamper  func(*job) // tests: alter a processed block before it is checked
+	probe   *formatProbe // tests: write layouts our packs never write, to see what readers accept
+}
+
+// formatProbe bends the layout for TestFormatProbes.
+type formatProbe struct {
+	cutBefore string // before this directory's listing and inode, end the current inode and directory metablocks short
+	inoGap    uint32 // number inodes 1*gap, 2*gap, ...: the numbers between are holes (export entry 0)
+	inoExtra  uint32 // sb.Inodes this far past the highest number in use
 }
 
 // PackResult describes a packed archive.
@@ -458,6 +466,18 @@ func (p *packer) number(d *node) {
 	d.ino = p.inodes
 }
 
+// regap multiplies every inode number by gap (formatProbe).
+func (p *packer) regap(d *node, gap uint32) {
+	d.ino *= gap
+	for _, c := range d.children {
+		if c.mode.IsDir() {
+			p.regap(c, gap)
+		} else if c.owner == nil {
+			c.ino *= gap
+		}
+	}
+}
+
 // output counts and buffers what goes to the destination, and records the
 // extents for the trailer.
 type output struct {
@@ -594,6 +614,10 @@ func (p *packer) packTo(ctx context.Context, f packFile) (res PackResult, err er
 		return res, err
 	}
 	p.number(p.root)
+	if pr := p.opts.probe; pr != nil && pr.inoGap > 1 {
+		p.regap(p.root, pr.inoGap)
+		p.inodes = p.inodes*pr.inoGap + pr.inoExtra
+	}
 	p.base = p.newBase(p.opts.Base)
 	if p.opts.Segment && p.base != nil {
 		p.base.canAppend = false

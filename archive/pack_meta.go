@@ -67,6 +67,16 @@ func (m *metaWriter) flush() error {
 	return nil
 }
 
+// cut ends the block being filled short (formatProbe) and moves the
+// stream position to the next block, as if it had been full.
+func (m *metaWriter) cut() error {
+	if len(m.buf) == 0 {
+		return nil
+	}
+	m.total += uint64(metaBlockSize - len(m.buf))
+	return m.flush()
+}
+
 // emit writes the finished table to out and returns where it started.
 func (m *metaWriter) emit(out *output) (uint64, error) {
 	if err := m.flush(); err != nil {
@@ -318,6 +328,14 @@ func (p *packer) writeDir(t *tables, d *node, parent uint32) error {
 		}
 	}
 	p.res.Dirs++
+	if pr := p.opts.probe; pr != nil && pr.cutBefore != "" && d.name == pr.cutBefore {
+		if err := t.inodes.cut(); err != nil {
+			return err
+		}
+		if err := t.dirs.cut(); err != nil {
+			return err
+		}
+	}
 
 	le := binary.LittleEndian
 	dw := t.dirs
