@@ -69,9 +69,9 @@ type PackOptions struct {
 	// *os.File (WriteAt puts the superblock at its start).
 	Segment bool
 
-	noSums  bool       // tests: record no content sums, as archives did before them
-	noCheck bool       // benchmarks: skip Pack's check of its own blocks (worker.check, store)
-	tamper  func(*job) // tests: alter a processed block before it is checked
+	noSums  bool         // tests: record no content sums, as archives did before them
+	noCheck bool         // benchmarks: skip Pack's check of its own blocks (worker.check, store)
+	tamper  func(*job)   // tests: alter a processed block before it is checked
 	probe   *formatProbe // tests: write layouts our packs never write, to see what readers accept
 }
 
