@@ -12,15 +12,26 @@
 // fragments; all-zero blocks are stored as holes; files with the same
 // content are stored once; hard links share one inode.
 //
-// After the padding comes our trailer (see trailer.go): a CRC-32C for every
-// byte range of the image (superblock, each data, fragment and metadata
-// block, each table index), the nanoseconds of every mtime (squashfs keeps
-// seconds), a content sum (SHA-256 based, see sums.go) of every data block
-// and every regular file, and a fixed-size footer at the very end that
-// locates and checksums the trailer. squashfs has no checksums of its own:
-// with the trailer, a flipped bit anywhere in the image is reported instead
-// of being served. The content sums let a later pack recognise content it
-// already has without reading it.
+// After the padding comes our trailer (trailer2.go): a record of every
+// block of the image (superblock, compressor options, each data, fragment
+// and metadata block, each table index), in image order: its length, kind
+// and CRC-32C, a content sum (SHA-256 based, see sums.go) for a data
+// block, and for an inode table block the nanoseconds of the mtime of
+// each inode starting in it (squashfs keeps seconds) and each regular
+// file's content sum. Records are grouped into pages of about 8 KiB
+// (zstd-compressed when that is smaller), pages into groups of up to 64
+// under an index page, and a root lists the groups; a fixed-size footer at
+// the very end locates and checksums the root. A page never spans two
+// regions of the image (the data, each table, each index array) and names
+// no absolute position, so an image extended from another reuses the
+// other's pages and groups by byte range. squashfs has no checksums of
+// its own: with the trailer, a flipped bit anywhere in the image is
+// reported instead of being served. The content sums let a later pack
+// recognise content it already has without reading it. The root also
+// carries the image's lineage, generation, next inode number and garbage
+// estimate (see "Extending"). Archives written before this format carry
+// the version 1 trailer (trailer.go: one table of the whole image, read
+// whole at Open); they are still read.
 //
 // # Packing
 //
@@ -126,17 +137,32 @@
 //
 // # Reading
 //
-// Open reads the superblock, the trailer and all metadata tables (one
-// contiguous range at the end of the image) and indexes them: inode number
-// to inode, directory to sorted entries. After that, Stat, Lookup, ReadDir
-// and Readlink touch no I/O, and ReadAt reads only the data blocks it
-// needs. Every block read is checked against the trailer before it is
-// decompressed or returned, and decompressed blocks are kept in a bounded
-// LRU cache. The reader assumes nothing of its io.ReaderAt beyond ReadAt, so
+// Open reads the superblock, the end of the file (footer, trailer root and
+// the groups of the small tables, written last for this) and the end of
+// the image (the fragment, export and id tables' index arrays and the id
+// table): a few ranges, none proportional to the number of files.
+// Everything else is read when first used, one metadata block or trailer
+// page at a time, each checked against its record before it is decoded:
+// an inode by number through the export table, a directory's listing when
+// it is listed (a name in a large directory is found through the
+// directory index, reading a block or two of its listing), a file's block
+// list when it is read, a data block when its bytes are. Decoded metadata
+// (blocks, listings, block lists, trailer pages) is kept in a cache
+// bounded in bytes (ReaderOptions.MetaCacheBytes), decompressed data
+// blocks in another (CacheBytes): a reader's memory does not grow with the
+// archive. The reader assumes nothing of its io.ReaderAt beyond ReadAt, so
 // a ranged reader over an object store works as well as a local file.
+// Images without an export table (mksquashfs -no-exports) are walked once
+// at Open to number their inodes.
 //
 // Inode numbers are the squashfs inode numbers: stable for the life of an
-// archive, shared by hard links.
+// archive, shared by hard links, and, along a lineage (PackOptions.Extend,
+// Compact), kept by the objects they name. A number with no live inode (a
+// hole) is not found. A lookup checks that the entry and its inode agree
+// (number, type, the export table's reference, a directory's parent), so
+// a directory reachable by two paths or a cycle is reported as damage.
+// Whole-archive work (Verify, Unpack, the content index a fresh pack on a
+// base builds, ChunkFiles) walks the tree.
 //
 // # Unpacking
 //
@@ -151,15 +177,17 @@
 // # Hostile input
 //
 // Open and every read check what they decode before they use it: sizes
-// and counts are bounded by the file's size before anything is allocated,
-// names must be valid single path components, sorted and unique, every
-// directory is reached exactly once (no cycles), and entries must agree
-// with their inodes. Damage is reported as a *CorruptError (errors.Is
+// and counts are bounded by the file's size (or by what the tables really
+// hold, read a piece at a time) before much is allocated, names must be
+// valid single path components, sorted and unique, entries must agree
+// with their inodes, and a directory names the one it is listed in as its
+// parent (no cycles); walks visit each directory once. Damage is reported as a *CorruptError (errors.Is
 // ErrCorrupt) naming the archive and byte offset; nothing panics.
 //
 // # Concurrency
 //
-// A Reader is safe for concurrent use: its index is immutable after Open,
-// and the block cache and file layouts are guarded internally. Pack uses
+// A Reader is safe for concurrent use: what Open reads is immutable, and
+// the caches are guarded internally (concurrent misses on one block load
+// it once). Pack uses
 // Workers goroutines and returns only when all have stopped.
 package archive

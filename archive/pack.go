@@ -69,10 +69,11 @@ type PackOptions struct {
 	// *os.File (WriteAt puts the superblock at its start).
 	Segment bool
 
-	noSums  bool         // tests: record no content sums, as archives did before them
-	noCheck bool         // benchmarks: skip Pack's check of its own blocks (worker.check, store)
-	tamper  func(*job)   // tests: alter a processed block before it is checked
-	probe   *formatProbe // tests: write layouts our packs never write, to see what readers accept
+	noSums    bool         // tests: record no content sums, as archives did before them
+	trailerV1 bool         // tests: write the version 1 trailer, as archives did before version 2
+	noCheck   bool         // benchmarks: skip Pack's check of its own blocks (worker.check, store)
+	tamper    func(*job)   // tests: alter a processed block before it is checked
+	probe     *formatProbe // tests: write layouts our packs never write, to see what readers accept
 }
 
 // formatProbe bends the layout for TestFormatProbes.
@@ -304,12 +305,11 @@ type packer struct {
 	bs    int
 	root  *node
 
-	inodes   uint32
-	order    []*node // regular-file inode owners in data order
-	mtimeNs  []uint32
-	fileSums []sum
-	newest   time.Time
-	res      PackResult
+	inodes    uint32
+	order     []*node // regular-file inode owners in data order
+	inodeRecs [][]inodeRec
+	newest    time.Time
+	res       PackResult
 
 	base     *baseState
 	liveFrag map[oldFragment]int64 // bytes of this tree's files in each earlier fragment block
@@ -570,6 +570,28 @@ func (o *output) appendExtent(b []byte, kind extentKind, crc uint32, s sum) {
 	}
 }
 
+// trailerWrite writes trailer bytes (new ones).
+func (o *output) trailerWrite(b []byte) {
+	if o.err != nil || len(b) == 0 {
+		return
+	}
+	_, o.err = o.bw.Write(b)
+	o.grow(int64(len(b)), nil, 0)
+}
+
+// trailerCopy accounts for n trailer bytes that are src's bytes at off
+// (PackOptions.Segment only: the destination does not receive them).
+func (o *output) trailerCopy(n int64, src *Reader, off int64) {
+	if o.err != nil || n == 0 {
+		return
+	}
+	if !o.segment {
+		o.err = errors.New("internal error: trailer bytes copied outside a segment pack")
+		return
+	}
+	o.grow(n, src, off)
+}
+
 // name names the archive being written in errors.
 func (o *output) name() string {
 	if f, ok := o.f.(interface{ Name() string }); ok {
@@ -667,15 +689,25 @@ func (p *packer) packTo(ctx context.Context, f packFile) (res PackResult, err er
 	}
 	sbBytes := sb.marshal()
 	exts := append([]extent{{length: superblockSize, kind: kindSuperblock, crc: crc32c(sbBytes)}}, out.ext...)
-	sums := &trailerSums{blocks: out.sums, files: p.fileSums}
-	if p.opts.noSums {
-		sums = nil
+	var trailerEnd uint64
+	if p.opts.trailerV1 {
+		tr := p.trailerV1(exts, out.sums, padded, imageBytes)
+		out.trailerWrite(tr)
+		trailerEnd = padded + uint64(len(tr))
+	} else {
+		ri := rootInfo{imageBytes: imageBytes, sbCRC: crc32c(sbBytes), nextInode: p.inodes + 1, liveInodes: p.inodes}
+		if !p.opts.noSums {
+			ri.flags |= rootHasSums
+		}
+		b := newTrBuilder(out, padded)
+		if err := b.fresh(p.records(exts, out.sums)); err != nil {
+			return res, err
+		}
+		if err := b.finish(ri, sbBytes); err != nil {
+			return res, err
+		}
+		trailerEnd = b.pos
 	}
-	tr := marshalTrailer(exts, p.mtimeNs, sums, padded, imageBytes)
-	if _, err := out.bw.Write(tr); err != nil {
-		return res, err
-	}
-	out.grow(int64(len(tr)), nil, 0)
 	if out.err != nil {
 		return res, out.err
 	}
@@ -686,7 +718,7 @@ func (p *packer) packTo(ctx context.Context, f packFile) (res PackResult, err er
 		return res, fmt.Errorf("write superblock: %w", err)
 	}
 	p.log.Debug("pack: tables written", "elapsed", time.Since(start))
-	total := int64(padded) + int64(len(tr))
+	total := int64(trailerEnd)
 	switch {
 	case out.segment:
 		p.res.Runs, p.res.SegmentSize = out.runs, out.spos
@@ -715,6 +747,47 @@ func (p *packer) packTo(ctx context.Context, f packFile) (res PackResult, err er
 		"data_bytes", p.res.DataBytes, "reused_bytes", p.res.ReusedBytes, "matched_bytes", p.res.MatchedBytes, "base", p.res.Base,
 		"copied_bytes", p.res.CopiedBytes, "garbage_bytes", p.res.GarbageBytes, "elapsed", time.Since(start))
 	return p.res, nil
+}
+
+// records gives the trailer's record of every block of the image: the
+// extents with their data blocks' sums and their inode blocks' inodes.
+func (p *packer) records(exts []extent, sums []sum) []blockRec {
+	recs := make([]blockRec, len(exts))
+	d, k := 0, 0
+	for i, e := range exts {
+		recs[i] = blockRec{length: e.length, kind: e.kind, crc: e.crc}
+		switch e.kind {
+		case kindData:
+			if d < len(sums) && !p.opts.noSums {
+				recs[i].sum = sums[d]
+			}
+			d++
+		case kindInodeTable:
+			if k < len(p.inodeRecs) {
+				recs[i].inodes = p.inodeRecs[k]
+			}
+			k++
+		}
+	}
+	return recs
+}
+
+// trailerV1 encodes the version 1 trailer (tests: the archives written
+// before version 2).
+func (p *packer) trailerV1(exts []extent, blockSums []sum, padded, imageBytes uint64) []byte {
+	mtimeNs := make([]uint32, p.inodes)
+	fileSums := make([]sum, p.inodes)
+	for _, blk := range p.inodeRecs {
+		for _, in := range blk {
+			mtimeNs[in.ino-1] = in.ns
+			fileSums[in.ino-1] = in.sum
+		}
+	}
+	sums := &trailerSums{blocks: blockSums, files: fileSums}
+	if p.opts.noSums {
+		sums = nil
+	}
+	return marshalTrailer(exts, mtimeNs, sums, padded, imageBytes)
 }
 
 // mtimeSecs clamps t to what squashfs can store and returns the

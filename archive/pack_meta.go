@@ -110,10 +110,13 @@ func (m *metaWriter) emitIndexed(out *output) (uint64, error) {
 
 type tables struct {
 	inodes, dirs *metaWriter
-	ids          []uint32
-	idIndex      map[uint32]uint16
-	export       []uint64
-	written      []bool // by inode number
+	// inodeRecs lists, per inode table block, the inodes that start in
+	// it, for the trailer.
+	inodeRecs [][]inodeRec
+	ids       []uint32
+	idIndex   map[uint32]uint16
+	export    []uint64
+	written   []bool // by inode number
 }
 
 func (t *tables) id(v uint32) (uint16, error) {
@@ -138,8 +141,6 @@ func (p *packer) writeTables(out *output, frags []fragEntry) (*superblock, error
 		export:  make([]uint64, p.inodes),
 		written: make([]bool, p.inodes+1),
 	}
-	p.mtimeNs = make([]uint32, p.inodes)
-	p.fileSums = make([]sum, p.inodes)
 	if err := p.writeDir(t, p.root, p.inodes+1); err != nil {
 		return nil, err
 	}
@@ -206,6 +207,7 @@ func (p *packer) writeTables(out *output, frags []fragEntry) (*superblock, error
 	}
 	sb.IDs = uint16(len(t.ids))
 	sb.BytesUsed = out.pos
+	p.inodeRecs = t.inodeRecs
 	return sb, nil
 }
 
@@ -219,8 +221,7 @@ func (p *packer) header(t *tables, b []byte, typ uint16, n *node) ([]byte, error
 	if err != nil {
 		return nil, err
 	}
-	secs, ns := mtimeSecs(n.mtime)
-	p.mtimeNs[n.ino-1] = ns
+	secs, _ := mtimeSecs(n.mtime)
 	le := binary.LittleEndian
 	b = le.AppendUint16(b, typ)
 	b = le.AppendUint16(b, squashMode(n.mode))
@@ -239,6 +240,18 @@ func (p *packer) putInode(t *tables, n *node, b []byte) error {
 	n.ref = inodeRef(blk, off)
 	t.export[n.ino-1] = n.ref
 	t.written[n.ino] = true
+	k := len(t.inodes.starts) // the block being filled
+	for len(t.inodeRecs) <= k {
+		t.inodeRecs = append(t.inodeRecs, nil)
+	}
+	_, ns := mtimeSecs(n.mtime)
+	rec := inodeRec{off: off, ns: ns, ino: n.ino}
+	if n.mode.IsRegular() && n.file != nil && !p.opts.noSums {
+		if s := n.file.contentSum(); s.known() {
+			rec.sum, rec.hasSum = s, true
+		}
+	}
+	t.inodeRecs[k] = append(t.inodeRecs[k], rec)
 	return t.inodes.write(b)
 }
 
@@ -252,7 +265,6 @@ func (p *packer) writeLeaf(t *tables, n *node) error {
 		if fd == nil {
 			return fmt.Errorf("internal error: %s has no data", n.path)
 		}
-		p.fileSums[n.ino-1] = fd.contentSum()
 		if n.nlink == 1 && fd.size <= math.MaxUint32 && fd.start <= math.MaxUint32 && fd.sparse == 0 {
 			if b, err = p.header(t, b, typeFile, n); err != nil {
 				return err
