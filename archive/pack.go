@@ -68,6 +68,21 @@ type PackOptions struct {
 	// PackResult.SHA256 is not computed. The destination must be an
 	// *os.File (WriteAt puts the superblock at its start).
 	Segment bool
+	// Extend makes a Segment pack on Base grow Base's image instead of
+	// laying out a fresh one: Base's data region, inode and directory
+	// tables and trailer pages stay where they are (copies, no new bytes),
+	// and the pack writes only what changed, after them (see "Extending"
+	// in the package documentation). The source must implement ChangeFS:
+	// Pack then lists only the directories it does not say are unchanged,
+	// and reads only the files that changed. Unchanged objects keep their
+	// inode numbers (and Base's inode records); changed ones keep their
+	// numbers. It needs Base written by Pack with a version 2 trailer, the
+	// same compression, compressor options and block size; when it cannot
+	// extend (those, a source without ChangeFS, a hard link changed while
+	// another of its names is in an unchanged directory) Pack lays the
+	// image out afresh and says why in PackResult.ExtendFallback.
+	// PackResult.Base is BaseExtended when it extended.
+	Extend bool
 
 	noSums    bool         // tests: record no content sums, as archives did before them
 	trailerV1 bool         // tests: write the version 1 trailer, as archives did before version 2
@@ -118,6 +133,18 @@ type PackResult struct {
 	// order; SegmentSize is the bytes the destination received.
 	Runs        []Run
 	SegmentSize int64
+
+	// Lineage and Generation are the image's (see Reader.Lineage and
+	// Reader.Generation). When the image extended Base (BaseExtended) or
+	// was compacted, GarbageBytes is its trailer's estimate of bytes no
+	// longer used (Reader.GarbageBytes) rather than the shared prefix's,
+	// Inodes counts the inodes in use, and Files and Dirs count those this
+	// pack wrote.
+	Lineage    Lineage
+	Generation int
+	// ExtendFallback says why PackOptions.Extend was asked for but the
+	// image laid out afresh; empty otherwise.
+	ExtendFallback string
 }
 
 // Run is a stretch of an image packed with PackOptions.Segment: Length
@@ -247,6 +274,14 @@ type node struct {
 	ref  uint64 // inode reference, once written (owner only)
 	file *fileData
 
+	// PackOptions.Extend (pack_extend.go).
+	claim     Inode       // the base inode the source says the entry stands for; 0: none
+	unchanged bool        // ... and that it is that inode exactly
+	reused    bool        // the base's inode as it is: ino and ref are the base's
+	relist    bool        // a directory whose base listing is kept under a new inode (its parent changed)
+	baseIn    *inode      // the base inode it keeps the number of (owner only)
+	baseList  *dirListing // a listed directory's base listing
+
 	// Regular files: where the content already is, learnt before packing.
 	src     *fileSource // the file said it is an earlier archive's content
 	checked bool        // src was asked for
@@ -313,6 +348,9 @@ type packer struct {
 
 	base     *baseState
 	liveFrag map[oldFragment]int64 // bytes of this tree's files in each earlier fragment block
+	extend   *extender             // PackOptions.Extend, while extending
+	keep     *keepNumbers          // a fresh layout that keeps a lineage's numbers
+	lineage  Lineage
 }
 
 func newPacker(src iofs.FS, opts PackOptions) (*packer, error) {
@@ -464,6 +502,60 @@ func (p *packer) number(d *node) {
 	}
 	p.inodes++
 	d.ino = p.inodes
+}
+
+// keepNumbers makes a fresh layout keep the inode numbers of a base of
+// its lineage (Compact, and an extending pack that could not extend):
+// every inode that claims a number the base gives an inode of its type
+// keeps it (the first one, if several claim one), the others get numbers
+// no image of the lineage used.
+type keepNumbers struct {
+	base    *Reader
+	claim   func(n *node) Inode
+	lineage Lineage
+	next    uint32
+}
+
+// keepNumbers renumbers the tree so (after number) and returns the count
+// of inodes.
+func (p *packer) keepNumbers() uint32 {
+	k := p.keep
+	var owners []*node
+	var walk func(d *node)
+	walk = func(d *node) {
+		for _, c := range d.children {
+			if c.mode.IsDir() {
+				walk(c)
+			} else if o := c.inode(); o.ino != 0 {
+				o.ino = 0
+				owners = append(owners, o)
+			}
+		}
+		d.ino = 0
+		owners = append(owners, d)
+	}
+	walk(p.root)
+	taken := map[Inode]bool{}
+	for _, o := range owners {
+		x := k.claim(o)
+		if x == 0 || taken[x] || uint32(x) >= k.next {
+			continue
+		}
+		if in, err := k.base.lookupBare(x); err != nil || basicType(in.typ) != inodeTypeOf(o.mode) {
+			continue
+		}
+		taken[x] = true
+		o.ino = uint32(x)
+	}
+	next := k.next
+	for _, o := range owners {
+		if o.ino == 0 {
+			o.ino = next
+			next++
+		}
+	}
+	p.inodes = next - 1
+	return uint32(len(owners))
 }
 
 // regap multiplies every inode number by gap (formatProbe).
@@ -632,10 +724,47 @@ func (p *packer) packTo(ctx context.Context, f packFile) (res PackResult, err er
 			err = fmt.Errorf("archive: pack: %w", err)
 		}
 	}()
+	if p.opts.Extend {
+		why := p.extendable()
+		if why == "" {
+			res, err := p.packExtend(ctx, f)
+			var fb *extendFallback
+			if !errors.As(err, &fb) {
+				return res, err
+			}
+			why = fb.reason
+		}
+		// Nothing was written: pack afresh.
+		p.log.Info("pack: the base cannot be extended; packing afresh", "reason", why)
+		opts := p.opts
+		opts.Extend = false
+		q, err := newPacker(p.src, opts)
+		if err != nil {
+			return res, err
+		}
+		q.res.ExtendFallback = why
+		if cfs, ok := p.src.(ChangeFS); ok && p.opts.Base != nil && p.opts.Base.tr2 != nil {
+			// Keep the lineage's numbers all the same.
+			b := p.opts.Base
+			q.keep = &keepNumbers{base: b, lineage: b.tr2.root.lineage, next: max(b.tr2.root.nextInode, b.sb.Inodes+1),
+				claim: func(n *node) Inode {
+					x, _, ok := cfs.BaseInode(n.path)
+					if !ok {
+						return 0
+					}
+					return x
+				}}
+		}
+		return q.packTo(ctx, f)
+	}
 	if err := p.scan(ctx); err != nil {
 		return res, err
 	}
 	p.number(p.root)
+	live := p.inodes
+	if p.keep != nil {
+		live = p.keepNumbers()
+	}
 	if pr := p.opts.probe; pr != nil && pr.inoGap > 1 {
 		p.regap(p.root, pr.inoGap)
 		p.inodes = p.inodes*pr.inoGap + pr.inoExtra
@@ -695,7 +824,10 @@ func (p *packer) packTo(ctx context.Context, f packFile) (res PackResult, err er
 		out.trailerWrite(tr)
 		trailerEnd = padded + uint64(len(tr))
 	} else {
-		ri := rootInfo{imageBytes: imageBytes, sbCRC: crc32c(sbBytes), nextInode: p.inodes + 1, liveInodes: p.inodes}
+		ri := rootInfo{imageBytes: imageBytes, sbCRC: crc32c(sbBytes), nextInode: p.inodes + 1, liveInodes: live}
+		if p.keep != nil {
+			ri.lineage = p.keep.lineage
+		}
 		if !p.opts.noSums {
 			ri.flags |= rootHasSums
 		}
@@ -707,6 +839,7 @@ func (p *packer) packTo(ctx context.Context, f packFile) (res PackResult, err er
 			return res, err
 		}
 		trailerEnd = b.pos
+		p.lineage = b.root.lineage
 	}
 	if out.err != nil {
 		return res, out.err
@@ -730,7 +863,8 @@ func (p *packer) packTo(ctx context.Context, f packFile) (res PackResult, err er
 		copy(p.res.SHA256[:], h.Sum(nil))
 	}
 	p.res.Size = total
-	p.res.Inodes = int64(p.inodes)
+	p.res.Inodes = int64(live)
+	p.res.Lineage = p.lineage
 	if b := p.base; b != nil {
 		p.res.Base = BaseCompacted
 		if b.appending {

@@ -27,6 +27,9 @@ const (
 	// the archive is laid out afresh; unchanged files' blocks are still
 	// copied from the base rather than recompressed.
 	BaseCompacted BaseUse = "compacted"
+	// BaseExtended: the image is the base's image grown at the end of
+	// each region (PackOptions.Extend): only what changed was written.
+	BaseExtended BaseUse = "extended"
 )
 
 // errStop ends an iteration early.
@@ -184,6 +187,10 @@ func (p *packer) plan(ctx context.Context) error {
 			}
 		}
 	}
+	if p.extend != nil {
+		// Only base files matter, and they are used in place.
+		return nil
+	}
 	if err := p.scanFragments(ctx); err != nil {
 		return err
 	}
@@ -312,7 +319,10 @@ func (d *dataWriter) inPlace(n *node, fd *fileData) error {
 			fd.sparse += uint64(min(bs, n.size-int64(i)*bs))
 		}
 	}
-	if l.frag >= 0 {
+	if l.frag >= 0 && d.p.extend != nil {
+		// An extending pack keeps the base's fragment table entries.
+		fd.frag, fd.fragOff = uint32(l.frag), l.fragOff
+	} else if l.frag >= 0 {
 		idx, ok := b.fragIndex[l.frag]
 		if !ok {
 			idx = d.nfrags

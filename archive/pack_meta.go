@@ -14,6 +14,7 @@ import (
 type metaWriter struct {
 	comp   blockCompressor
 	kind   extentKind
+	prefix uint64 // bytes of the table before this writer's first block (an extended image's base blocks)
 	buf    []byte // the piece being filled, < metaBlockSize bytes
 	out    []byte // finished blocks
 	starts []uint64
@@ -24,7 +25,7 @@ type metaWriter struct {
 
 // pos is where the next byte goes: the start of its block in the table and
 // the offset inside the uncompressed block.
-func (m *metaWriter) pos() (uint64, uint16) { return uint64(len(m.out)), uint16(len(m.buf)) }
+func (m *metaWriter) pos() (uint64, uint16) { return m.prefix + uint64(len(m.out)), uint16(len(m.buf)) }
 
 func (m *metaWriter) write(b []byte) error {
 	m.total += uint64(len(b))
@@ -117,6 +118,19 @@ type tables struct {
 	idIndex   map[uint32]uint16
 	export    []uint64
 	written   []bool // by inode number
+
+	// An extending pack's: the export entries it changes, and the
+	// inodes it wrote, by number (the number space may be large).
+	extend     bool
+	exportMap  map[uint32]uint64
+	writtenMap map[uint32]bool
+}
+
+func (t *tables) isWritten(ino uint32) bool {
+	if t.extend {
+		return t.writtenMap[ino]
+	}
+	return t.written[ino]
 }
 
 func (t *tables) id(v uint32) (uint16, error) {
@@ -238,8 +252,13 @@ func (p *packer) putInode(t *tables, n *node, b []byte) error {
 		return fmt.Errorf("inode table larger than 4 GiB")
 	}
 	n.ref = inodeRef(blk, off)
-	t.export[n.ino-1] = n.ref
-	t.written[n.ino] = true
+	if t.extend {
+		t.exportMap[n.ino] = n.ref
+		t.writtenMap[n.ino] = true
+	} else {
+		t.export[n.ino-1] = n.ref
+		t.written[n.ino] = true
+	}
 	k := len(t.inodes.starts) // the block being filled
 	for len(t.inodeRecs) <= k {
 		t.inodeRecs = append(t.inodeRecs, nil)
@@ -329,11 +348,18 @@ type dirIndex struct {
 // the directory table, then d's inode.
 func (p *packer) writeDir(t *tables, d *node, parent uint32) error {
 	for _, c := range d.children {
-		if c.mode.IsDir() {
+		switch o := c.inode(); {
+		case o.reused:
+			// An extending pack's unchanged entry: the base's inode.
+		case o.relist:
+			if err := p.writeRelisted(t, o, d.ino); err != nil {
+				return err
+			}
+		case c.mode.IsDir():
 			if err := p.writeDir(t, c, d.ino); err != nil {
 				return err
 			}
-		} else if o := c.inode(); !t.written[o.ino] {
+		case !t.isWritten(o.ino):
 			if err := p.writeLeaf(t, o); err != nil {
 				return err
 			}

@@ -92,7 +92,9 @@ func (d *dataWriter) reuse(n *node, fd *fileData, r *Reader, ino Inode) error {
 
 	bs := int64(p.bs)
 	if n.size < bs {
-		if l.frag >= 0 {
+		// (An extending pack does not weigh the fragment blocks of other
+		// archives: that would walk the whole archive.)
+		if l.frag >= 0 && p.extend == nil {
 			if ok, err := d.reuseFragment(n, fd, r, l); ok || err != nil {
 				return err
 			}
