@@ -50,53 +50,66 @@ func TestExtendRandomRun(t *testing.T) {
 	baseBytes, _ := os.ReadFile(basePath)
 	base := openFile(t, basePath)
 	rr.tr = newTracker(rr.dir, base)
-	uses := map[BaseUse]int{}
+	uses := map[string]int{}
 	full := 0
 	for g := range gens {
+		// Now and then the image is compacted before the next change.
+		compacted := false
+		if g > 0 && rr.rng.IntN(25) == 0 {
+			img, data, res := compactImage(t, base, baseBytes, opts)
+			uses["compact"]++
+			if res.Base != BaseCompacted {
+				t.Fatalf("generation %d: Compact: Base %q", g, res.Base)
+			}
+			r := checkImageWith(t, img, scanTree(t, rr.dir), true)
+			full++
+			rr.checkNumbers(g, base, r)
+			if r.Generation() != 0 || r.GarbageBytes() != 0 {
+				t.Errorf("generation %d: compacted image has generation %d, garbage %d", g, r.Generation(), r.GarbageBytes())
+			}
+			rr.checkLineage(g, base, r)
+			if t.Failed() {
+				t.Fatalf("generation %d: compaction failed", g)
+			}
+			base, baseBytes, compacted = r, data, true
+			rr.tr.reset(base)
+		}
 		rr.hardOps = false
 		for range 1 + rr.rng.IntN(6) {
 			rr.op()
 		}
-
-		var img string
-		var res PackResult
-		var data []byte
-		compact := false
-		if compact {
-		} else {
-			img, data, res = extendImage(t, rr.tr, base, baseBytes, opts)
-			if res.Base != BaseExtended && !rr.hardOps {
-				t.Fatalf("generation %d: not extended (%q): %s", g, res.Base, res.ExtendFallback)
-			}
+		img, data, res := extendImage(t, rr.tr, base, baseBytes, opts)
+		if res.Base != BaseExtended && !rr.hardOps {
+			t.Fatalf("generation %d: not extended (%q): %s", g, res.Base, res.ExtendFallback)
 		}
-		uses[res.Base]++
+		uses[string(res.Base)]++
 		want := scanTree(t, rr.dir)
-
 		// Every image is read by our reader, unsquashfs -l and the kernel;
-		// every eighth (and the last, every compacted or fallen back one)
-		// also extracted by unsquashfs and read by go-diskfs, every one
-		// with HERMESFS_EXTEND_FULL=1.
-		all := g%8 == 0 || g == gens-1 || compact || res.Base != BaseExtended || os.Getenv("HERMESFS_EXTEND_FULL") == "1"
+		// every eighth (and the last, every one after a compaction or
+		// fallen back) also extracted by unsquashfs and read by go-diskfs,
+		// every one with HERMESFS_EXTEND_FULL=1.
+		all := g%8 == 0 || g == gens-1 || compacted || res.Base != BaseExtended || os.Getenv("HERMESFS_EXTEND_FULL") == "1"
 		r := checkImageWith(t, img, want, all)
 		if all {
 			full++
 		}
 		rr.checkNumbers(g, base, r)
-
+		rr.checkLineage(g, base, r)
 		if t.Failed() {
 			t.Fatalf("generation %d failed (%s, segment %d bytes)", g, res.Base, res.SegmentSize)
-		}
-		if compact && (r.Generation() != 0 || r.GarbageBytes() != 0) {
-			t.Errorf("generation %d: compacted image has generation %d, garbage %d", g, r.Generation(), r.GarbageBytes())
-		}
-		lb, _ := base.Lineage()
-		if lr, _ := r.Lineage(); lr != lb {
-			t.Fatalf("generation %d: lineage changed", g)
 		}
 		base, baseBytes = r, data
 		rr.tr.reset(base)
 	}
 	t.Logf("%d generations: %v; %d checked by every reader", gens, uses, full)
+}
+
+// checkLineage checks that r carries old's lineage on.
+func (rr *randomRun) checkLineage(g int, old, r *Reader) {
+	lo, _ := old.Lineage()
+	if lr, ok := r.Lineage(); !ok || lr != lo {
+		rr.t.Fatalf("generation %d: the lineage changed", g)
+	}
 }
 
 // checkNumbers checks that every object of the new image the tracker says
@@ -444,4 +457,31 @@ func (rr *randomRun) op() {
 		rr.stamp(rr.abs(p))
 		tr.touch(p)
 	}
+}
+
+// compactImage compacts base (Compact) and returns the image laid out
+// from its runs.
+func compactImage(t *testing.T, base *Reader, baseBytes []byte, opts PackOptions) (string, []byte, PackResult) {
+	t.Helper()
+	segPath := filepath.Join(t.TempDir(), "seg")
+	sf, err := os.Create(segPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := Compact(t.Context(), sf, base, CompactOptions{Workers: opts.Workers})
+	sf.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seg, _ := os.ReadFile(segPath)
+	if int64(len(seg)) != res.SegmentSize {
+		t.Fatalf("segment has %d bytes, SegmentSize %d", len(seg), res.SegmentSize)
+	}
+	im := &image{seg: seg, runs: res.Runs, src: map[*Reader][]byte{base: baseBytes}, size: res.Size}
+	b := im.bytes(t)
+	p := filepath.Join(t.TempDir(), "compact.sqfs")
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p, b, res
 }

@@ -281,6 +281,7 @@ type node struct {
 	relist    bool        // a directory whose base listing is kept under a new inode (its parent changed)
 	baseIn    *inode      // the base inode it keeps the number of (owner only)
 	baseList  *dirListing // a listed directory's base listing
+	srcIno    uint64      // the source's inode number (Stat_t.Ino)
 
 	// Regular files: where the content already is, learnt before packing.
 	src     *fileSource // the file said it is an earlier archive's content
@@ -350,6 +351,7 @@ type packer struct {
 	liveFrag map[oldFragment]int64 // bytes of this tree's files in each earlier fragment block
 	extend   *extender             // PackOptions.Extend, while extending
 	keep     *keepNumbers          // a fresh layout that keeps a lineage's numbers
+	compact  bool                  // Compact: files in the order of their blocks in the base
 	lineage  Lineage
 }
 
@@ -480,7 +482,7 @@ func (p *packer) fill(n *node, fi iofs.FileInfo) error {
 		}
 	}
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		n.uid, n.gid = st.Uid, st.Gid
+		n.uid, n.gid, n.srcIno = st.Uid, st.Gid, st.Ino
 		if n.mode&iofs.ModeDevice != 0 {
 			n.rdev = uint64(st.Rdev)
 		}
@@ -775,6 +777,9 @@ func (p *packer) packTo(ctx context.Context, f packFile) (res PackResult, err er
 	}
 	if err := p.plan(ctx); err != nil {
 		return res, err
+	}
+	if p.compact {
+		p.sortByBase()
 	}
 	p.log.Debug("pack: tree scanned", "inodes", p.inodes, "elapsed", time.Since(start))
 	var base int64
