@@ -476,7 +476,7 @@ func (in *installer) checkoutPlan(n int) []plannedFile {
 
 var pyKeywords = map[string]bool{"and": true, "as": true, "for": true, "from": true, "if": true, "in": true, "is": true,
 	"not": true, "or": true, "with": true, "while": true, "return": true, "import": true, "class": true, "def": true,
-	"pass": true, "else": true, "try": true, "true": false}
+	"pass": true, "else": true, "try": true}
 
 // ident is a lower-case identifier made of vocabulary words (never a
 // Python keyword).
