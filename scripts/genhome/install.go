@@ -101,24 +101,12 @@ type installer struct {
 // node/). The home's own content (g.run) must be there already: its root
 // directory keeps the mtime it had.
 func install(g *gen, seed uint64, entries int, python, node string) (*installer, error) {
-	for _, tool := range []string{"git", python, node} {
-		if _, err := exec.LookPath(tool); err != nil {
-			return nil, fmt.Errorf("-install needs %s: %w", tool, err)
-		}
-	}
 	rootInfo, err := os.Stat(g.root)
 	if err != nil {
 		return nil, err
 	}
-	in := &installer{
-		g:       &gen{root: g.root, rng: rand.New(rand.NewPCG(seed^installSalt, 0x4845524d4553))},
-		root:    g.root,
-		entries: entries,
-		clock:   time.Date(2026, 2, 2, 10, 0, 0, 0, time.UTC),
-		names:   map[string]bool{},
-	}
-	in.g.clock = in.clock
-	if err := in.findTools(python, node); err != nil {
+	in, err := newInstaller(g, seed, entries, python, node)
+	if err != nil {
 		return nil, err
 	}
 	steps := []func() error{in.checkout, in.venvBase, in.nodeRuntime, in.realNodeModules, in.synthetic, in.compileAll, in.setTimes}
@@ -140,6 +128,24 @@ func install(g *gen, seed uint64, entries int, python, node string) (*installer,
 	}
 	mt := rootInfo.ModTime()
 	return in, os.Chtimes(g.root, mt, mt)
+}
+
+// newInstaller checks for the tools and asks them where their files are.
+func newInstaller(g *gen, seed uint64, entries int, python, node string) (*installer, error) {
+	for _, tool := range []string{"git", python, node} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return nil, fmt.Errorf("-install needs %s: %w", tool, err)
+		}
+	}
+	in := &installer{
+		g:       &gen{root: g.root, rng: rand.New(rand.NewPCG(seed^installSalt, 0x4845524d4553))},
+		root:    g.root,
+		entries: entries,
+		clock:   time.Date(2026, 2, 2, 10, 0, 0, 0, time.UTC),
+		names:   map[string]bool{},
+	}
+	in.g.clock = in.clock
+	return in, in.findTools(python, node)
 }
 
 // findTools asks the interpreter where its stdlib and site-packages are,

@@ -214,9 +214,22 @@ func TestInstallDeterministic(t *testing.T) {
 		}
 		t.Fatalf("two runs with seed 5 differ: %d and %d entries", len(la), len(lb))
 	}
-	c, _ := installed(t, 6, entries)
-	if installDigest(t, filepath.Join(a, "hermes-agent")) == installDigest(t, filepath.Join(c, "hermes-agent")) {
-		t.Error("seeds 5 and 6 gave the same checkout")
+	// Another seed: its checkout alone is enough to tell.
+	c := filepath.Join(t.TempDir(), "home")
+	if err := os.Mkdir(c, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	other, err := newInstaller(&gen{root: c}, 6, entries, "python3", "node")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := other.checkout(); err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := exec.Command("git", "-C", filepath.Join(a, "hermes-agent"), "rev-parse", "HEAD").Output()
+	cc, _ := exec.Command("git", "-C", filepath.Join(c, "hermes-agent"), "rev-parse", "HEAD").Output()
+	if len(ca) == 0 || string(ca) == string(cc) {
+		t.Errorf("seeds 5 and 6 gave the same checkout: %q %q", ca, cc)
 	}
 	plain, _ := generate(t, 1<<20, 5)
 	fa, _ := os.Stat(a)
