@@ -392,7 +392,10 @@ func (in *installer) git(args ...string) error {
 	cmd := exec.Command("git", args...)
 	cmd.Dir = dir
 	date := fmt.Sprintf("@%d +0000", in.tick().Unix())
+	// No automatic gc or maintenance detached in the background: it
+	// would write into .git after genhome is done.
 	cmd.Env = append(os.Environ(), "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null", "GIT_TERMINAL_PROMPT=0",
+		"GIT_CONFIG_COUNT=2", "GIT_CONFIG_KEY_0=gc.auto", "GIT_CONFIG_VALUE_0=0", "GIT_CONFIG_KEY_1=maintenance.auto", "GIT_CONFIG_VALUE_1=false",
 		"GIT_AUTHOR_NAME=Hermes Developer", "GIT_AUTHOR_EMAIL=dev@hermes.invalid", "GIT_AUTHOR_DATE="+date,
 		"GIT_COMMITTER_NAME=Hermes Developer", "GIT_COMMITTER_EMAIL=dev@hermes.invalid", "GIT_COMMITTER_DATE="+date)
 	if out, err := cmd.CombinedOutput(); err != nil {
@@ -917,6 +920,9 @@ func (in *installer) npmPackage(dir string, i, budget, depth int) error {
 		"types": "index.d.ts", "repository": map[string]string{"type": "git", "url": "git+https://github.com/" + g.word() + "/" + filepath.Base(name) + ".git"},
 		"dependencies": depMap, "engines": map[string]string{"node": ">=14"}}
 	hasBin := depth == 0 && g.rng.IntN(25) == 0
+	if _, err := os.Lstat(filepath.Join(in.root, dir, ".bin", filepath.Base(name))); hasBin && err == nil {
+		hasBin = false // a scoped package's command of the same name has it
+	}
 	if hasBin {
 		meta["bin"] = map[string]string{filepath.Base(name): "bin/cli.js"}
 	}
