@@ -202,7 +202,9 @@
 // must not commit an empty file; an O_TRUNC with no write at all is committed
 // at release. A Guard that also implements GuardWriteChecker is asked at
 // every write too, so a writer that ignores close(2) (a shell appending past
-// the limit) sees the write fail. A file created by the writer whose first
+// the limit, or appending blocked content) sees the write fail; it is told
+// whether the handle can only append (O_APPEND), since only then is content
+// already written certain to stay. A file created by the writer whose first
 // content is refused is removed again: a refused creation leaves no file. rename(2) of a file over a guarded name, truncate(2) of one,
 // and a directory rename that brings one are checked the same way before they
 // happen. Symlinks, device nodes and hard links cannot be made at a guarded
