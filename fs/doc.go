@@ -88,6 +88,20 @@
 // and compressed. A tracked file's writable opens are served by the
 // daemon; one the kernel forces into passthrough counts all as changed.
 //
+// A copy of the state dir made while the daemon runs reads a partial file
+// and its map at different moments, so a copied map (its self record is
+// not its own inode) is checked against its copied file before the mount
+// serves it (partial_copied.go): every block it calls present is compared
+// with the lower file. Where the map says a range never changed, the lower
+// bytes are right (changes are recorded before they are made) and are
+// written back over whatever the copy holds, holes included; where it says
+// changed, the copy's bytes are the user's, unless the copy may have read
+// the block before it came in: a 512-byte sector of zeros over lower data
+// cannot be told from the user's own zeros, and when the copy gives reason
+// to doubt (the file and map disagreed elsewhere, or the map was copied
+// from a daemon that was running or killed) the mount is refused naming
+// the file. Neither zeros nor lower bytes are ever guessed.
+//
 // Renaming works for lower files and whole lower directories and never
 // returns EXDEV: the file is copied up first; a directory takes a redirect
 // marker naming the lower directory it merges (opaque if it merges none)
