@@ -48,6 +48,10 @@
 //	                       records its file's path, which a copy of the
 //	                       state dir keeps (partial_names.go)
 //
+// Adopt (adopt.go) writes the same layout without a mount: it takes what
+// the mountpoint directory gained while no mount covered it into the upper
+// layer, beside whatever the merged tree holds at a name, never over it.
+//
 // An upper entry and a whiteout of the same name may coexist: the upper entry
 // wins. That ordering is what makes each operation crash-safe with no journal:
 // a whiteout is made durable (file, then fsync of its directory) before the
