@@ -37,10 +37,12 @@ import (
 // AdoptOptions says what Adopt takes and where it puts what it cannot
 // put at its own path.
 type AdoptOptions struct {
-	// Since: an entry whose status last changed (ctime) at or before it
-	// was there when the directory was last accounted for (packed by a
-	// first snapshot, or looked at by an earlier Adopt) and is left
-	// alone. Zero takes every entry.
+	// Since: an entry whose status last changed (ctime) before it was
+	// there when the directory was last accounted for (packed by a first
+	// snapshot, or looked at by an earlier Adopt) and is left alone; one
+	// changed at it or after is looked at. Take it from the ctime of a
+	// file made just before the look, not from a clock read: ctime comes
+	// from the kernel's coarse clock. Zero takes every entry.
 	Since time.Time
 	// Stamp ends the name of a copy put beside what it would replace:
 	// NAME.underneath-STAMP (then -2, -3... if taken).
@@ -329,7 +331,7 @@ func (a *adopter) walk(sfd int, srel, drel string) error {
 			}
 			return fmt.Errorf("stat %q: %w", joinAdopt(srel, name), err)
 		}
-		changed := a.opts.Since.IsZero() || st.Ctim.Nano() > since
+		changed := a.opts.Since.IsZero() || st.Ctim.Nano() >= since
 		s, d := joinAdopt(srel, name), joinAdopt(drel, name)
 		switch st.Mode & syscall.S_IFMT {
 		case syscall.S_IFDIR:

@@ -455,7 +455,7 @@ func (d *daemon) seed(ctx context.Context) (string, error) {
 	t0 := time.Now()
 	// What the pack reads is in the snapshot; what changes from now on
 	// is taken in at this boot's look underneath (underneath.go).
-	d.st.UnderneathChecked = t0.Add(-underneathMargin)
+	d.st.UnderneathChecked = d.underneathMark()
 	out := filepath.Join(d.sd.packDir(), "next.seg")
 	ps, err := d.parts.packDir(ctx, d.cfg.Mountpoint, out)
 	if err != nil {

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -26,11 +27,25 @@ import (
 // counts everything, unless this boot seeded the store from the directory:
 // what a new host's directory holds is not in the store.
 
-// underneathMargin is how far before its start a look at the directory
-// counts from: ctime comes from a clock that lags the one read here by a
-// tick, and what is looked at twice and found the same is not copied
-// again.
-const underneathMargin = 2 * time.Second
+// underneathMark is the instant a look at the mountpoint directory
+// starts, on the clock ctime is read from: the ctime of a file made (and
+// removed) in the state dir. A file written before it has an earlier
+// ctime; one written in the same tick is looked at again next time, which
+// finds it the same (a file's own time read here could be a tick ahead of
+// the ctimes written just before, which would then never be looked at).
+func (d *daemon) underneathMark() time.Time {
+	f, err := os.CreateTemp(d.sd.path, ".underneath-mark-*")
+	if err != nil {
+		return time.Now().Add(-time.Second)
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return time.Now().Add(-time.Second)
+	}
+	return time.Unix(st.Ctim.Sec, st.Ctim.Nsec)
+}
 
 // underneathShown bounds the files a warning names.
 const underneathShown = 10
@@ -52,7 +67,7 @@ func (d *daemon) adoptUnderneath(ctx context.Context, upper string, lower fs.Low
 		// accounted for when the state dir was made.
 		since = birthTime(d.sd.path)
 	}
-	start := time.Now().Add(-underneathMargin)
+	start := d.underneathMark()
 	got, err := fs.Adopt(ctx, d.cfg.Mountpoint, upper, lower, fs.AdoptOptions{
 		Since:  since,
 		Stamp:  start.UTC().Format("20060102-150405"),

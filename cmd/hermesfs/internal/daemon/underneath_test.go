@@ -78,6 +78,11 @@ func TestRunAdoptsFilesWrittenUnderneath(t *testing.T) {
 	if logs := d2.logs.String(); !strings.Contains(logs, "written into the mountpoint directory while no mount covered it") || !strings.Contains(logs, "busy.log") {
 		t.Errorf("no warning naming the files taken in:\n%s", logs)
 	}
+	// Deleted in the home: not back at the next mount, though it is
+	// still underneath (written just before this mount started).
+	if err := os.Remove(filepath.Join(mp, "logs/agent/run.log")); err != nil {
+		t.Fatal(err)
+	}
 	if err := d2.stop(t); err != nil {
 		t.Fatalf("stop: %v", err)
 	}
@@ -92,6 +97,9 @@ func TestRunAdoptsFilesWrittenUnderneath(t *testing.T) {
 	d3 := startDaemon(t, store, mp, state, runDir)
 	if got := daemonStatus(t, filepath.Join(state, "control.sock")).Adopted; len(got) != 0 {
 		t.Errorf("taken in again: %+v", got)
+	}
+	if _, err := os.Stat(filepath.Join(mp, "logs/agent/run.log")); !os.IsNotExist(err) {
+		t.Errorf("a file deleted in the home came back from underneath: %v", err)
 	}
 	if err := d3.stop(t); err != nil {
 		t.Fatalf("stop: %v", err)
