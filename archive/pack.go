@@ -80,8 +80,11 @@ type PackOptions struct {
 	// same compression, compressor options and block size; when it cannot
 	// extend (those, a source without ChangeFS, a hard link changed while
 	// another of its names is in an unchanged directory) Pack lays the
-	// image out afresh and says why in PackResult.ExtendFallback.
-	// PackResult.Base is BaseExtended when it extended.
+	// image out afresh and says why in PackResult.ExtendFallback; with a
+	// ChangeFS source it still keeps Base's numbers (on a base without
+	// a version 2 trailer, in a new lineage), so the next pack can
+	// extend the image (PackResult.KeptNumbers). PackResult.Base is
+	// BaseExtended when it extended.
 	Extend bool
 
 	noSums    bool         // tests: record no content sums, as archives did before them
@@ -145,6 +148,13 @@ type PackResult struct {
 	// ExtendFallback says why PackOptions.Extend was asked for but the
 	// image laid out afresh; empty otherwise.
 	ExtendFallback string
+	// KeptNumbers: every inode the source's ChangeFS says stands for an
+	// inode of Base (changed or not) has Base's number in the image, so
+	// the image may in turn be the Base of an extending pack whose
+	// ChangeFS answers in Base's numbers. True when the pack extended
+	// Base, when an extending pack fell back to a fresh layout, and for
+	// Compact.
+	KeptNumbers bool
 }
 
 // Run is a stretch of an image packed with PackOptions.Segment: Length
@@ -745,10 +755,12 @@ func (p *packer) packTo(ctx context.Context, f packFile) (res PackResult, err er
 			return res, err
 		}
 		q.res.ExtendFallback = why
-		if cfs, ok := p.src.(ChangeFS); ok && p.opts.Base != nil && p.opts.Base.tr2 != nil {
-			// Keep the lineage's numbers all the same.
+		if cfs, ok := p.src.(ChangeFS); ok && p.opts.Base != nil {
+			// Keep the numbers all the same: the lineage's, or, on a
+			// base that has none (a version 1 trailer), the base's, in
+			// a new lineage that the next pack can extend.
 			b := p.opts.Base
-			q.keep = &keepNumbers{base: b, lineage: b.tr2.root.lineage, next: max(b.tr2.root.nextInode, b.sb.Inodes+1),
+			q.keep = &keepNumbers{base: b, next: b.sb.Inodes + 1,
 				claim: func(n *node) Inode {
 					x, _, ok := cfs.BaseInode(n.path)
 					if !ok {
@@ -756,6 +768,9 @@ func (p *packer) packTo(ctx context.Context, f packFile) (res PackResult, err er
 					}
 					return x
 				}}
+			if b.tr2 != nil {
+				q.keep.lineage, q.keep.next = b.tr2.root.lineage, max(b.tr2.root.nextInode, b.sb.Inodes+1)
+			}
 		}
 		return q.packTo(ctx, f)
 	}
@@ -870,6 +885,7 @@ func (p *packer) packTo(ctx context.Context, f packFile) (res PackResult, err er
 	p.res.Size = total
 	p.res.Inodes = int64(live)
 	p.res.Lineage = p.lineage
+	p.res.KeptNumbers = p.keep != nil
 	if b := p.base; b != nil {
 		p.res.Base = BaseCompacted
 		if b.appending {

@@ -710,6 +710,7 @@ func (p *packer) packExtend(ctx context.Context, f packFile) (res PackResult, er
 	p.res.Runs, p.res.SegmentSize = out.runs, out.spos
 	p.res.Inodes = int64(ri.liveInodes)
 	p.res.Base = BaseExtended
+	p.res.KeptNumbers = true
 	p.res.Lineage, p.res.Generation, p.res.GarbageBytes = ri.lineage, int(ri.generation), int64(ri.garbage)
 	p.log.Info("packed archive by extending its base", "bytes", p.res.Size, "segment_bytes", p.res.SegmentSize,
 		"listed_dirs", len(e.listed), "written_inodes", len(e.owners), "files", p.res.Files, "data_bytes", p.res.DataBytes,
