@@ -404,7 +404,10 @@ func (d *daemon) decideBase(ctx context.Context) (string, error) {
 		case latest.ID == "" || latest.ID == st.Base || latest.ID == st.LastPublished || oursUnrecorded:
 			d.pending, d.expect = true, latest.Pointer
 			if oursUnrecorded {
-				st.LastPublished = latest.ID // the next snapshot's parent
+				// The next snapshot's parent. How it numbers the lower
+				// layer's inodes is not known: the next pack extends the
+				// lower image (daemon_extend.go).
+				st.LastPublished, st.LastNumbersOf = latest.ID, ""
 			}
 			d.log.Info("local changes found in the state dir; mounting them over their base and publishing them", "base", OrNone(st.Base), "latest", OrNone(latest.ID))
 			return d.baseFile(ctx, st.Base)

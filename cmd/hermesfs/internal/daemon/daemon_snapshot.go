@@ -156,26 +156,6 @@ type snapshotDone struct {
 	packedOn          string
 }
 
-// packBase is the image the next snapshot is packed on: the last one this
-// state dir published, else the base the mount sits on (nil: none). Its
-// blocks are copied from where they are in the store, never read.
-func (d *daemon) packBase(ctx context.Context) (*openImage, string) {
-	d.mu.Lock()
-	last, base := d.st.LastPublished, d.st.Base
-	d.mu.Unlock()
-	for _, id := range []string{last, base} {
-		if id == "" {
-			continue
-		}
-		o, err := d.image(ctx, id, nil)
-		if err == nil {
-			return o, id
-		}
-		d.log.Warn("cannot open the snapshot to pack on; trying the next", "id", id, "err", err)
-	}
-	return nil, ""
-}
-
 // snapshotOnce freezes the tree, packs it and publishes it. onBase: the
 // newest snapshot is the base the mount sits on, so a tree that is the
 // lower layer's again is not packed (r.Unchanged, ID the base).
@@ -211,14 +191,18 @@ func (d *daemon) snapshotOnce(ctx context.Context, parent, expect string, onBase
 
 	t1 := time.Now()
 	out := filepath.Join(d.sd.packDir(), "next.seg")
-	base, baseID := d.packBase(ctx)
-	ps, err := d.parts.packView(ctx, d, view, out, base)
+	on := d.packBase(ctx)
+	base, baseID := on.im, on.id
+	ps, err := d.parts.packView(ctx, d, view, out, base, on.extend)
 	if base != nil && ctx.Err() == nil && errors.Is(err, errBadBase) {
 		// The image to build on cannot be read: it only ever saves work,
 		// so pack without it.
 		d.log.Warn("the previous snapshot cannot be packed on; packing without it", "id", baseID, "err", err)
-		base, baseID = nil, ""
-		ps, err = d.parts.packView(ctx, d, view, out, nil)
+		base, baseID, on = nil, "", packOn{}
+		ps, err = d.parts.packView(ctx, d, view, out, nil, false)
+	}
+	if err == nil && on.extend && !ps.Extended {
+		d.log.Info("snapshot laid out afresh: its base could not be extended", "base", baseID, "reason", ps.Fallback)
 	}
 	if cerr := closeView(); cerr != nil && err == nil {
 		err = cerr
@@ -293,6 +277,7 @@ func (d *daemon) snapshotOnce(ctx context.Context, parent, expect string, onBase
 	d.count++
 	d.last = &snapshotRecord{ID: pr.ID, Time: time.Now().UTC(), snapshotFigures: r.snapshotFigures}
 	d.st.LastPublished, d.st.PublishedAt = pr.ID, d.last.Time
+	d.st.LastNumbersOf = on.numbersOf(ps)
 	if err := d.sd.save(d.st); err != nil {
 		// Published all the same; state.json stays conservative
 		// (Unpublished is true while running).

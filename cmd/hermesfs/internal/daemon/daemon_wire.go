@@ -80,7 +80,7 @@ func (realParts) packDir(ctx context.Context, dir, out string) (packStats, error
 	return statsOf(res, []uploader.Extent{{Length: res.Size}}, out), nil
 }
 
-func (realParts) packView(ctx context.Context, d *daemon, v frozenView, out string, base *openImage) (packStats, error) {
+func (realParts) packView(ctx context.Context, d *daemon, v frozenView, out string, base *openImage, extend bool) (packStats, error) {
 	opts := archive.PackOptions{Segment: true}
 	sources := map[*archive.Reader]*openImage{}
 	if base != nil {
@@ -89,6 +89,7 @@ func (realParts) packView(ctx context.Context, d *daemon, v frozenView, out stri
 			return packStats{}, mark(err, errBadBase)
 		}
 		opts.Base = r
+		opts.Extend = extend
 		sources[r] = base
 	}
 	if r, o := d.lowerArchive(); r != nil {
@@ -112,6 +113,8 @@ func (realParts) packView(ctx context.Context, d *daemon, v frozenView, out stri
 	ps := statsOf(res, ext, out)
 	ps.Segment += rewritten
 	ps.Rewritten = rewritten
+	ps.Extended, ps.Fallback, ps.KeptNumbers = res.Base == archive.BaseExtended, res.ExtendFallback, res.KeptNumbers
+	ps.Generation, ps.Garbage = res.Generation, res.GarbageBytes
 	return ps, nil
 }
 

@@ -31,6 +31,12 @@ type persistedState struct {
 	// clean shutdown rebases onto it).
 	LastPublished string    `json:"last_published,omitempty"`
 	PublishedAt   time.Time `json:"published_at,omitzero"`
+	// LastNumbersOf is the snapshot whose inode numbers LastPublished
+	// keeps for the lower layer's objects (Base, when it was packed by
+	// extending Base or an image that keeps them, or by compacting one):
+	// then the next snapshot may extend LastPublished (daemon_extend.go).
+	// Empty: it may not. Set with LastPublished.
+	LastNumbersOf string `json:"last_published_numbers_of,omitempty"`
 	// Unpublished is true while the upper layer may hold changes that no
 	// published snapshot contains.
 	Unpublished bool `json:"unpublished"`
