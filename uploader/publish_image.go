@@ -61,6 +61,9 @@ type ImageInput struct {
 	// plaintext (required with Standalone).
 	Standalone bool
 	Image      io.ReaderAt
+	// Compacts, recorded in the manifest, names the snapshot whose tree
+	// this image holds unchanged (a compaction of it; it is the Parent).
+	Compacts string
 }
 
 // publishSegment is the new segment as uploaded.
@@ -149,6 +152,7 @@ func (c *Catalog) PublishImage(ctx context.Context, in ImageInput) (Published, e
 		Extents:     ExtentsKey(id),
 		ExtentCount: ext.Len(),
 		NewBytes:    newBytes,
+		Compacts:    in.Compacts,
 	}
 	if enc != nil {
 		m.Files = 0

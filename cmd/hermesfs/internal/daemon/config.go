@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hermesfs/hermesfs/uploader"
+	"github.com/hermesfs/hermesfs/uploader/image"
 )
 
 // Config is what one daemon is told: `hermesfs mount` fills it from its
@@ -99,6 +100,17 @@ type Config struct {
 
 	// recoveryGrace replaces defaultRecoveryGrace (writeback.go) in tests.
 	recoveryGrace time.Duration
+	// compaction replaces image.DefaultCompactPolicy in tests.
+	compaction *image.CompactPolicy
+}
+
+// compactPolicy is when the last published image is compacted
+// (daemon_compact.go).
+func (c *Config) compactPolicy() image.CompactPolicy {
+	if c.compaction != nil {
+		return *c.compaction
+	}
+	return image.DefaultCompactPolicy()
 }
 
 // ParseLevel reads a log level: debug, info, warn or error.

@@ -121,6 +121,9 @@ type daemon struct {
 	// relet passes the serve loop the Lost channel of a lease taken again.
 	relet chan (<-chan struct{})
 
+	// compact is the background compaction (daemon_compact.go); d.mu.
+	compact compactState
+
 	stopOnce  sync.Once
 	stopCh    chan struct{}
 	result    shutdownResult // set before resultSet is closed
@@ -404,10 +407,15 @@ func (d *daemon) decideBase(ctx context.Context) (string, error) {
 		case latest.ID == "" || latest.ID == st.Base || latest.ID == st.LastPublished || oursUnrecorded:
 			d.pending, d.expect = true, latest.Pointer
 			if oursUnrecorded {
-				// The next snapshot's parent. How it numbers the lower
-				// layer's inodes is not known: the next pack extends the
-				// lower image (daemon_extend.go).
-				st.LastPublished, st.LastNumbersOf = latest.ID, ""
+				// The next snapshot's parent. A compaction of our last
+				// one keeps its inode numbers; how another snapshot
+				// numbers the lower layer's inodes is not known: the
+				// next pack extends the lower image (daemon_extend.go).
+				numbers := ""
+				if latest.Compacts != "" && latest.Compacts == st.LastPublished && keepsLowerNumbers(st, st.LastPublished) {
+					numbers = st.Base
+				}
+				st.LastPublished, st.LastNumbersOf = latest.ID, numbers
 			}
 			d.log.Info("local changes found in the state dir; mounting them over their base and publishing them", "base", OrNone(st.Base), "latest", OrNone(latest.ID))
 			return d.baseFile(ctx, st.Base)
@@ -641,6 +649,7 @@ func (d *daemon) serve(ctx context.Context) error {
 	defer d.bgCancel()
 	base, store, pending, lastPub := d.st.Base, d.st.Store, d.pending, d.st.LastPublished
 	d.initSchedule()
+	d.startCompaction()
 	ctl, err := listenControl(d.sd.socket(), d, d.log)
 	if err != nil {
 		d.cleanupBoot(false)
@@ -817,6 +826,9 @@ func (d *daemon) stop(waitBg func()) shutdownResult {
 	// Snapshots still running are cancelled when the deadline nears.
 	t := time.AfterFunc(time.Until(deadline.Add(-reserve)), d.bgCancel)
 	defer t.Stop()
+	// A compaction in progress goes at once: it only ever saves later
+	// snapshots' bytes, and the stop is for getting the change out.
+	d.stopCompaction()
 
 	d.stopLazyFill()
 	res := shutdownResult{Code: exitOK}

@@ -53,6 +53,8 @@ type snapshotInfo struct {
 	// NewBytes too (the bytes of the snapshot's own segment).
 	Host, Parent string
 	NewBytes     int64
+	// Compacts: the snapshot this one is a compaction of (manifest).
+	Compacts string
 }
 
 // catalog is the snapshot catalog of one store prefix.

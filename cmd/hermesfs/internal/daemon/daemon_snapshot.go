@@ -26,6 +26,7 @@ func (d *daemon) snapshotLocked(ctx context.Context, reason string) (snapshotRes
 	if d.cfg.ReadOnly {
 		return snapshotResult{}, errors.New("read-only mount: it never publishes")
 	}
+	d.resolveCompaction(ctx)
 	d.mu.Lock()
 	unchanged := d.ov.Generation() == d.publishedGen && !d.pending
 	last, expect := d.st.LastPublished, d.expect
@@ -109,6 +110,7 @@ func (d *daemon) snapshotLocked(ctx context.Context, reason string) (snapshotRes
 	sdNotify(d.e.Getenv, "STATUS=snapshot "+r.ID+" published")
 
 	d.maybePrune(ctx, reason)
+	d.maybeCompact(reason)
 	return r.snapshotResult, nil
 }
 
@@ -320,6 +322,8 @@ func (d *daemon) status() statusReport {
 		r.DirtyFiles, r.DirtyBytes = d.ov.Dirty(d.publishedGen)
 		r.Unpublished = d.pending || r.Generation != d.publishedGen
 		d.recoveryStatusLocked(&r, time.Now())
+		c := &d.compact
+		r.Compaction = &compactionStatus{Running: c.running, Policy: c.policy.String(), Done: c.done, Failed: c.failed, Last: c.last}
 	}
 	r.Rejections = d.parts.rejections(d.sd.auditLog(), 5)
 	r.Lazy = d.lazyStats()

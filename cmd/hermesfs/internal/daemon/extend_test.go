@@ -1,6 +1,8 @@
 package daemon
 
 import (
+	"context"
+	"crypto/sha256"
 	"fmt"
 	iofs "io/fs"
 	"os"
@@ -230,5 +232,179 @@ func TestRunSnapshotsExtend(t *testing.T) {
 	check(s6.ID, 6)
 	if err := d.stop(t); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Compaction in the background: once the last published image passes a
+// bound (here: any extent at all), the daemon compacts it and publishes a
+// snapshot of the same tree and inode numbers, laid out afresh, that says
+// it compacts its parent; the next snapshot extends it. A stop cancels a
+// compaction in progress and does not wait for it.
+func TestRunCompaction(t *testing.T) {
+	needFUSE(t)
+	root := tempDir(t)
+	store, mp, runDir, state := filepath.Join(root, "store"), filepath.Join(root, "home"), filepath.Join(root, "run"), filepath.Join(root, "state")
+	if err := os.Mkdir(store, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		d := filepath.Join(mp, "agent", fmt.Sprintf("pkg%02d", i))
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for j := range 30 {
+			if err := os.WriteFile(filepath.Join(d, fmt.Sprintf("m%02d.py", j)), []byte(fmt.Sprintf("# %d %d\n", i, j)), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := os.MkdirAll(filepath.Join(mp, "sessions"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	session := filepath.Join(mp, "sessions", "s1.jsonl")
+	if err := os.WriteFile(session, []byte(`{"role":"user"}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	policy := image.CompactPolicy{Extents: 1}
+	withPolicy := func(c *Config, _ *Options) { c.compaction = &policy }
+
+	d := startDaemonWith(t, store, mp, state, runDir, withPolicy)
+	appendLine(t, session, `{"n":1}`)
+	s1 := requestSnapshot(t, state)
+	st := waitStatus(t, d, state, "the compaction published", func(s statusReport) bool {
+		return s.Compaction != nil && s.Compaction.Done >= 1 && !s.Compaction.Running
+	})
+	c := st.Compaction.Last
+	if c == nil || c.Of != s1.ID || st.LastPublished != c.ID {
+		t.Fatalf("compaction %+v; last published %s; want a compaction of %s, the last published", c, st.LastPublished, s1.ID)
+	}
+	m := manifestOf(t, store, c.ID)
+	if m.Compacts != s1.ID || m.Parent != s1.ID {
+		t.Errorf("the compaction's manifest: compacts %q, parent %q; want %s", m.Compacts, m.Parent, s1.ID)
+	}
+	if latest := strings.TrimSpace(readFileT(t, filepath.Join(store, "LATEST"))); latest != c.ID {
+		t.Errorf("LATEST %s, want the compaction %s", latest, c.ID)
+	}
+	r1, rc := snapshotImage(t, store, s1.ID), snapshotImage(t, store, c.ID)
+	sameImages(t, rc, r1)
+	if rc.Generation() != 0 || rc.GarbageBytes() != 0 {
+		t.Errorf("the compacted image: generation %d, garbage %d; want 0 and 0", rc.Generation(), rc.GarbageBytes())
+	}
+	if l1, _ := r1.Lineage(); func() bool { l, _ := rc.Lineage(); return l != l1 }() {
+		t.Error("the compaction left the lineage")
+	}
+	if s, _ := ReadState(state); s.LastPublished != c.ID || s.LastNumbersOf != s.Base {
+		t.Errorf("state after the compaction: last %s numbered as %q (base %s)", s.LastPublished, s.LastNumbersOf, s.Base)
+	}
+
+	// The next snapshot extends the compacted image.
+	policy.Extents = 1 << 20
+	appendLine(t, session, `{"n":2}`)
+	s2 := requestSnapshot(t, state)
+	r2 := snapshotImage(t, store, s2.ID)
+	if r2.Generation() != 1 || manifestOf(t, store, s2.ID).Parent != c.ID {
+		t.Errorf("the snapshot after the compaction: generation %d, parent %s; want 1 and %s", r2.Generation(), manifestOf(t, store, s2.ID).Parent, c.ID)
+	}
+	if err := d.stop(t); err != nil {
+		t.Fatal(err)
+	}
+
+	// A stop while a compaction runs: it is cancelled, the stop does not
+	// wait for it, and the final snapshot is published over the image it
+	// was compacting.
+	policy.Extents = 1
+	blocked := make(chan struct{})
+	cancelled := make(chan struct{})
+	testCompactHook = func(ctx context.Context) {
+		close(blocked)
+		<-ctx.Done()
+		close(cancelled)
+	}
+	t.Cleanup(func() { testCompactHook = nil })
+	d = startDaemonWith(t, store, mp, state, runDir, withPolicy)
+	appendLine(t, session, `{"n":3}`)
+	s3 := requestSnapshot(t, state)
+	select {
+	case <-blocked:
+	case <-time.After(90 * time.Second):
+		t.Fatalf("no compaction started; logs:\n%s", d.logs)
+	}
+	appendLine(t, session, `{"n":4}`)
+	if err := d.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-cancelled:
+	default:
+		t.Error("the stop did not cancel the compaction")
+	}
+	latest := strings.TrimSpace(readFileT(t, filepath.Join(store, "LATEST")))
+	fm := manifestOf(t, store, latest)
+	if fm.Compacts != "" || fm.Parent != s3.ID {
+		t.Errorf("after the stop LATEST is %s (compacts %q, parent %s); want the final snapshot on %s", latest, fm.Compacts, fm.Parent, s3.ID)
+	}
+	if b, err := iofs.ReadFile(snapshotImage(t, store, latest).FS(), "sessions/s1.jsonl"); err != nil || !strings.Contains(string(b), `"n":4`) {
+		t.Errorf("the final snapshot's session file: %q, %v", b, err)
+	}
+}
+
+func manifestOf(t *testing.T, store, id string) uploader.Manifest {
+	t.Helper()
+	s, err := uploader.NewLocal(store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := uploader.NewCatalog(s, uploader.CatalogOptions{}).Manifest(t.Context(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// sameImages checks that two images hold the same tree under the same
+// inode numbers.
+func sameImages(t *testing.T, got, want *archive.Reader) {
+	t.Helper()
+	desc := func(r *archive.Reader) map[string]string {
+		out := map[string]string{}
+		err := iofs.WalkDir(r.FS(), ".", func(p string, de iofs.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			fi, err := r.FS().Lstat(p)
+			if err != nil {
+				return err
+			}
+			st := fi.Sys().(*syscall.Stat_t)
+			s := fmt.Sprintf("%v ino=%d %d:%d %d", fi.Mode(), st.Ino, st.Uid, st.Gid, fi.ModTime().UnixNano())
+			// A directory's size is its listing's encoded length, which
+			// depends on where its children's inodes lie: a layout
+			// matter, not the tree's.
+			if !fi.IsDir() {
+				s += fmt.Sprintf(" size=%d", fi.Size())
+			}
+			if fi.Mode().IsRegular() {
+				b, err := iofs.ReadFile(r.FS(), p)
+				if err != nil {
+					return err
+				}
+				s += fmt.Sprintf(" %x", sha256.Sum256(b))
+			}
+			out[p] = s
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	g, w := desc(got), desc(want)
+	for p, d := range w {
+		if g[p] != d {
+			t.Errorf("%s: %q, want %q", p, g[p], d)
+		}
+	}
+	if len(g) != len(w) {
+		t.Errorf("%d entries, want %d", len(g), len(w))
 	}
 }

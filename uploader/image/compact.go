@@ -1,0 +1,55 @@
+package image
+
+import "fmt"
+
+// CompactPolicy says when a snapshot's image is rewritten afresh by
+// archive.Compact (in the background, never in a stop's snapshot).
+//
+// A snapshot that extends the one before (archive.PackOptions.Extend)
+// costs only its change, but the image keeps what the change replaced
+// (dead inodes, listings and data blocks: the garbage its trailer
+// estimates) and it grows more extents (each snapshot adds a few: its new
+// data, inode and directory blocks, tables and trailer), which every
+// snapshot's extents list and manifest carry, and a reader of the image
+// reads across. Compaction brings both back to what the tree needs. It
+// writes the image's metadata afresh (most of a compaction's upload, in
+// proportion to the file count) and copies data out of segments the new
+// image would use little of (LayOut), so its cost is weighed against the
+// bytes every snapshot carries: the bounds below are what the 30-day
+// retention run of BENCHMARKS.md ("Retention") measured best.
+type CompactPolicy struct {
+	// GarbageShare: compact once the image's garbage estimate
+	// (archive.Reader.GarbageBytes) passes this share of its size.
+	GarbageShare float64
+	// Extents: compact once the image is more than this many extents
+	// (its extents list's lines).
+	Extents int
+	// Generation: compact once this many packs extended the image since
+	// its lineage's last fresh or compacted one.
+	Generation int
+}
+
+// DefaultCompactPolicy is the daemon's policy.
+func DefaultCompactPolicy() CompactPolicy {
+	return CompactPolicy{GarbageShare: 0.20, Extents: 600, Generation: 2000}
+}
+
+// Due says why an image of size bytes with garbage of them dead, laid out
+// in extents extents, generation packs after its last compaction, should
+// be compacted now; "" if it should not.
+func (p CompactPolicy) Due(size, garbage int64, extents, generation int) string {
+	switch {
+	case p.GarbageShare > 0 && size > 0 && float64(garbage) > p.GarbageShare*float64(size):
+		return fmt.Sprintf("garbage %d of %d bytes (over %.0f%%)", garbage, size, 100*p.GarbageShare)
+	case p.Extents > 0 && extents > p.Extents:
+		return fmt.Sprintf("%d extents (over %d)", extents, p.Extents)
+	case p.Generation > 0 && generation > p.Generation:
+		return fmt.Sprintf("generation %d (over %d)", generation, p.Generation)
+	}
+	return ""
+}
+
+// String says the bounds, for status and logs.
+func (p CompactPolicy) String() string {
+	return fmt.Sprintf("garbage over %.0f%% of the image, over %d extents, or over %d snapshots since the last compaction", 100*p.GarbageShare, p.Extents, p.Generation)
+}
