@@ -73,6 +73,7 @@ const (
 
 	pageCompressed = 1 << 31
 	maxPageRaw     = 1 << 20 // a reader refuses pages larger than this
+	minRecord      = 8       // the raw bytes of the smallest record
 	inodeHasSum    = 1 << 31
 	rootHasSums    = 1
 )
@@ -340,8 +341,10 @@ func (r *Reader) loadTrIndex(g int) (*trIndex, error) {
 		x.blocks[i] = le.Uint32(e[12:])
 		imgLen := le.Uint64(e[16:])
 		sl := uint64(x.stored[i] &^ pageCompressed)
+		// Every record takes at least minRecord raw bytes: the count
+		// bounds what decoding the page allocates.
 		if sl == 0 || x.raw[i] == 0 || x.raw[i] > maxPageRaw || sl > maxPageRaw || x.blocks[i] == 0 ||
-			imgLen == 0 || imgLen > grp.imgLen-img {
+			x.blocks[i] > x.raw[i]/minRecord || imgLen == 0 || imgLen > grp.imgLen-img {
 			return nil, r.corruptf(grp.idxOff, what, "page %d is malformed", i)
 		}
 		if x.stored[i]&pageCompressed == 0 && sl != uint64(x.raw[i]) {
