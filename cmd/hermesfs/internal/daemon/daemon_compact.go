@@ -186,6 +186,7 @@ func (d *daemon) compactOnce(ctx context.Context, id, why string) error {
 	defer d.snapMu.Unlock()
 	d.mu.Lock()
 	current, expect, lost := d.st.LastPublished, d.expect, d.leaseState == "lost"
+	numbered := keepsLowerNumbers(&d.st, id)
 	d.mu.Unlock()
 	if current != id {
 		return errCompactionStale
@@ -204,7 +205,7 @@ func (d *daemon) compactOnce(ctx context.Context, id, why string) error {
 		}
 		defer comp.Close()
 		if d.hot != nil {
-			in.Hot = d.hotSet(comp, ps.Size)
+			in.Hot = d.hotSet(comp, ps.Size, numbered)
 		}
 		in.Standalone, in.Image = d.cfg.Standalone, comp
 	}

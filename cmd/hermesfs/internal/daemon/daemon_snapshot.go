@@ -251,7 +251,7 @@ func (d *daemon) snapshotOnce(ctx context.Context, parent, expect string, onBase
 		}
 		defer comp.Close()
 		if d.hot != nil {
-			in.Hot = d.hotSet(comp, ps.Size)
+			in.Hot = d.hotSet(comp, ps.Size, on.numbersOf(ps) != "")
 		}
 		in.Standalone, in.Image = d.cfg.Standalone, comp
 	}

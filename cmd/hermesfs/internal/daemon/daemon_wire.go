@@ -238,6 +238,9 @@ func (realParts) mount(ctx context.Context, d *daemon, lowerPath string) (overla
 	var lower fs.Lower
 	if reader != nil {
 		lower = reader
+		if d.hot != nil {
+			lower = hotLower{Reader: reader, hot: d.hot}
+		}
 	}
 	guard, err := memguard.New(memguard.Options{
 		MemoryLimit: d.cfg.MemoryLimit,
