@@ -3,11 +3,13 @@ package daemon
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	iofs "io/fs"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -268,9 +270,35 @@ func TestRunCompaction(t *testing.T) {
 	policy := image.CompactPolicy{Extents: 1}
 	withPolicy := func(c *Config, _ *Options) { c.compaction = &policy }
 
+	// The hook the compactions run before they publish: the test's
+	// current one.
+	var hookMu sync.Mutex
+	var hook func(ctx context.Context)
+	setHook := func(h func(ctx context.Context)) { hookMu.Lock(); hook = h; hookMu.Unlock() }
+	testCompactHook = func(ctx context.Context) {
+		hookMu.Lock()
+		h := hook
+		hookMu.Unlock()
+		if h != nil {
+			h(ctx)
+		}
+	}
+	t.Cleanup(func() { testCompactHook = nil })
+
+	// The image compacted is read before the compaction publishes: then
+	// it goes (its compaction takes its place in retention).
+	written, publish := make(chan struct{}), make(chan struct{})
+	setHook(func(context.Context) { close(written); <-publish; setHook(nil) })
 	d := startDaemonWith(t, store, mp, state, runDir, withPolicy)
 	appendLine(t, session, `{"n":1}`)
 	s1 := requestSnapshot(t, state)
+	select {
+	case <-written:
+	case <-time.After(90 * time.Second):
+		t.Fatalf("no compaction started; logs:\n%s", d.logs)
+	}
+	r1 := snapshotImage(t, store, s1.ID)
+	close(publish)
 	st := waitStatus(t, d, state, "the compaction published", func(s statusReport) bool {
 		return s.Compaction != nil && s.Compaction.Done >= 1 && !s.Compaction.Running
 	})
@@ -285,8 +313,11 @@ func TestRunCompaction(t *testing.T) {
 	if latest := strings.TrimSpace(readFileT(t, filepath.Join(store, "LATEST"))); latest != c.ID {
 		t.Errorf("LATEST %s, want the compaction %s", latest, c.ID)
 	}
-	r1, rc := snapshotImage(t, store, s1.ID), snapshotImage(t, store, c.ID)
+	rc := snapshotImage(t, store, c.ID)
 	sameImages(t, rc, r1)
+	if _, err := os.Stat(filepath.Join(store, "snapshots", s1.ID+".json")); !errors.Is(err, iofs.ErrNotExist) {
+		t.Errorf("the compacted snapshot %s is still in the store (%v); its compaction takes its place", s1.ID, err)
+	}
 	if rc.Generation() != 0 || rc.GarbageBytes() != 0 {
 		t.Errorf("the compacted image: generation %d, garbage %d; want 0 and 0", rc.Generation(), rc.GarbageBytes())
 	}
@@ -297,8 +328,9 @@ func TestRunCompaction(t *testing.T) {
 		t.Errorf("state after the compaction: last %s numbered as %q (base %s)", s.LastPublished, s.LastNumbersOf, s.Base)
 	}
 
-	// The next snapshot extends the compacted image.
-	policy.Extents = 1 << 20
+	// The next snapshot extends the compacted image (a compaction of it
+	// waits for the stop, which cancels it).
+	setHook(func(ctx context.Context) { <-ctx.Done() })
 	appendLine(t, session, `{"n":2}`)
 	s2 := requestSnapshot(t, state)
 	r2 := snapshotImage(t, store, s2.ID)
@@ -312,15 +344,13 @@ func TestRunCompaction(t *testing.T) {
 	// A stop while a compaction runs: it is cancelled, the stop does not
 	// wait for it, and the final snapshot is published over the image it
 	// was compacting.
-	policy.Extents = 1
 	blocked := make(chan struct{})
 	cancelled := make(chan struct{})
-	testCompactHook = func(ctx context.Context) {
+	setHook(func(ctx context.Context) {
 		close(blocked)
 		<-ctx.Done()
 		close(cancelled)
-	}
-	t.Cleanup(func() { testCompactHook = nil })
+	})
 	d = startDaemonWith(t, store, mp, state, runDir, withPolicy)
 	appendLine(t, session, `{"n":3}`)
 	s3 := requestSnapshot(t, state)
