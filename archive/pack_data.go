@@ -296,6 +296,9 @@ func (d *dataWriter) store(out *output, j *job, frags *[]fragEntry) error {
 	if j.baseOff >= 0 && j.word != 0 {
 		out.copied(at, uint64(j.baseOff), uint64(len(j.out)))
 	}
+	if e := d.p.extend; e != nil && j.copyFrom != nil && j.copyFrom == d.p.opts.Base {
+		e.copied[j.copyOff] = true
+	}
 	return out.err
 }
 

@@ -114,7 +114,10 @@ type extender struct {
 
 	// Garbage: bytes of the image that nothing uses any more, found by
 	// this pack, and the base files whose blocks may be among them.
-	freed    uint64
+	freed uint64
+	// copied: offsets of Base's data and fragment blocks the new image
+	// copies (dataWriter.store).
+	copied   map[uint64]bool
 	oldFiles []*inode
 	live     int64 // inode numbers in use, change from the base's
 }
@@ -574,11 +577,19 @@ func (e *extender) dataGarbage(b *baseState) {
 		if err != nil {
 			continue
 		}
-		for _, w := range l.words {
-			e.freed += uint64(w &^ dataUncompBit)
+		// A block the new image copies (a changed file's unchanged
+		// block, found by its sum or its PartialSource) is the same
+		// stored bytes at another image offset: not freed where they
+		// are kept.
+		for i, w := range l.words {
+			if !e.copied[l.offs[i]] {
+				e.freed += uint64(w &^ dataUncompBit)
+			}
 		}
 		if l.frag >= 0 {
-			e.freed += uint64(l.size % int64(e.base.bs))
+			if f, err := e.base.fragAt(uint32(l.frag)); err != nil || !e.copied[f.start] {
+				e.freed += uint64(l.size % int64(e.base.bs))
+			}
 		}
 	}
 }
@@ -591,7 +602,7 @@ func (p *packer) packExtend(ctx context.Context, f packFile) (res PackResult, er
 	base := p.opts.Base
 	e := &extender{p: p, base: base, cfs: p.src.(ChangeFS), lfs: p.src.(iofs.ReadLinkFS),
 		links: map[linkKey]*node{}, parent: map[*node]*node{}, baseNames: map[Inode]int{},
-		kept: map[Inode]*node{}, dead: map[Inode]*inode{}, next: base.tr2.root.nextInode}
+		kept: map[Inode]*node{}, dead: map[Inode]*inode{}, next: base.tr2.root.nextInode, copied: map[uint64]bool{}}
 	p.extend = e
 	if err := e.scan(ctx); err != nil {
 		return res, err
