@@ -1,6 +1,13 @@
 package image
 
-import "fmt"
+import (
+	"context"
+	"fmt"
+	"os"
+
+	"github.com/hermesfs/hermesfs/archive"
+	"github.com/hermesfs/hermesfs/uploader"
+)
 
 // CompactPolicy says when a snapshot's image is rewritten afresh by
 // archive.Compact (in the background, never in a stop's snapshot).
@@ -52,4 +59,44 @@ func (p CompactPolicy) Due(size, garbage int64, extents, generation int) string 
 // String says the bounds, for status and logs.
 func (p CompactPolicy) String() string {
 	return fmt.Sprintf("garbage over %.0f%% of the image, over %d extents, or over %d snapshots since the last compaction", 100*p.GarbageShare, p.Extents, p.Generation)
+}
+
+// Compaction is an image compacted by Compact: the pack's result, and
+// the image as extents of out (the extents with an empty key) and of the
+// segments of the image compacted.
+type Compaction struct {
+	archive.PackResult
+	Extents []uploader.Extent
+	// Rewritten: bytes LayOut copied into out from segments the new image
+	// would use little of (or of the other encryption).
+	Rewritten int64
+}
+
+// Compact writes im's tree afresh into the new file out (archive.Compact
+// of r, im's archive: the same tree and inode numbers, data copied by
+// reference) and lays it out as extents (LayOut) over im's segments; out
+// then holds the new segment. encrypting: the new segment is to be
+// encrypted. The daemon's background compaction and the retention
+// simulator both call it. On an error out may be left partly written.
+func Compact(ctx context.Context, out string, r *archive.Reader, im *Image, encrypting bool, workers int) (Compaction, error) {
+	var c Compaction
+	f, err := os.OpenFile(out, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return c, err
+	}
+	c.PackResult, err = archive.Compact(ctx, f, r, archive.CompactOptions{Workers: workers})
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return c, fmt.Errorf("compact: %w", err)
+	}
+	c.Extents, c.Rewritten, err = LayOut(ctx, c.Runs, out, map[*archive.Reader]*Image{r: im}, encrypting)
+	if err != nil {
+		return c, fmt.Errorf("lay the compacted image out: %w", err)
+	}
+	return c, nil
 }

@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/hermesfs/hermesfs/archive"
 	"github.com/hermesfs/hermesfs/uploader"
 	"github.com/hermesfs/hermesfs/uploader/image"
 )
@@ -166,16 +165,12 @@ func (d *daemon) compactOnce(ctx context.Context, id, why string) error {
 	before := o.im.Manifest()
 	out := filepath.Join(d.sd.packDir(), "compact.seg")
 	defer os.Remove(out) // moved into the cache once published
-	res, err := packTo(out, func(f *os.File) (archive.PackResult, error) {
-		return archive.Compact(ctx, f, r, archive.CompactOptions{Workers: 1})
-	})
+	// One worker: it runs beside the agent, and nothing waits for it.
+	c, err := image.Compact(ctx, out, r, o.im, d.encryption != nil, 1)
 	if err != nil {
-		return fmt.Errorf("compact: %w", err)
+		return err
 	}
-	ext, rewritten, err := image.LayOut(ctx, res.Runs, out, map[*archive.Reader]*image.Image{r: o.im}, d.encryption != nil)
-	if err != nil {
-		return fmt.Errorf("lay the compacted image out: %w", err)
-	}
+	res, ext, rewritten := c.PackResult, c.Extents, c.Rewritten
 	ps := statsOf(res, ext, out)
 	if testCompactHook != nil {
 		testCompactHook(ctx)
