@@ -296,8 +296,13 @@ func (d *dataWriter) store(out *output, j *job, frags *[]fragEntry) error {
 	if j.baseOff >= 0 && j.word != 0 {
 		out.copied(at, uint64(j.baseOff), uint64(len(j.out)))
 	}
-	if e := d.p.extend; e != nil && j.copyFrom != nil && j.copyFrom == d.p.opts.Base {
-		e.copied[j.copyOff] = true
+	if e := d.p.extend; e != nil && j.copyFrom != nil {
+		if j.copyFrom == d.p.opts.Base {
+			e.copied[j.copyOff] = true
+		}
+		if (j.kind == jobData || j.kind == jobRaw) && j.sum.known() {
+			e.copiedSums[j.sum] = true
+		}
 	}
 	return out.err
 }

@@ -117,9 +117,12 @@ type extender struct {
 	freed uint64
 	// copied: offsets of Base's data and fragment blocks the new image
 	// copies (dataWriter.store).
-	copied   map[uint64]bool
-	oldFiles []*inode
-	live     int64 // inode numbers in use, change from the base's
+	copied map[uint64]bool
+	// copiedSums: content sums of the data blocks it copies from any
+	// archive.
+	copiedSums map[sum]bool
+	oldFiles   []*inode
+	live       int64 // inode numbers in use, change from the base's
 }
 
 // scanExtend walks the change into the node tree: every directory the
@@ -582,9 +585,16 @@ func (e *extender) dataGarbage(b *baseState) {
 		// stored bytes at another image offset: not freed where they
 		// are kept.
 		for i, w := range l.words {
-			if !e.copied[l.offs[i]] {
-				e.freed += uint64(w &^ dataUncompBit)
+			if e.copied[l.offs[i]] {
+				continue
 			}
+			// Copied from another archive (the lower layer a changed
+			// file was read from by range) with the same content: the
+			// base's block was most likely a copy of those bytes too.
+			if s := e.base.blockSumAt(l.offs[i]); s.known() && e.copiedSums[s] {
+				continue
+			}
+			e.freed += uint64(w &^ dataUncompBit)
 		}
 		if l.frag >= 0 {
 			if f, err := e.base.fragAt(uint32(l.frag)); err != nil || !e.copied[f.start] {
@@ -602,7 +612,7 @@ func (p *packer) packExtend(ctx context.Context, f packFile) (res PackResult, er
 	base := p.opts.Base
 	e := &extender{p: p, base: base, cfs: p.src.(ChangeFS), lfs: p.src.(iofs.ReadLinkFS),
 		links: map[linkKey]*node{}, parent: map[*node]*node{}, baseNames: map[Inode]int{},
-		kept: map[Inode]*node{}, dead: map[Inode]*inode{}, next: base.tr2.root.nextInode, copied: map[uint64]bool{}}
+		kept: map[Inode]*node{}, dead: map[Inode]*inode{}, next: base.tr2.root.nextInode, copied: map[uint64]bool{}, copiedSums: map[sum]bool{}}
 	p.extend = e
 	if err := e.scan(ctx); err != nil {
 		return res, err
