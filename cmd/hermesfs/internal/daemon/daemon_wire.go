@@ -88,6 +88,12 @@ func (realParts) packView(ctx context.Context, d *daemon, v frozenView, out stri
 		if err != nil {
 			return packStats{}, mark(err, errBadBase)
 		}
+		if lr, lo := d.lowerArchive(); lr != nil && lo == base {
+			// The lower layer's own reader: the blocks the view's files
+			// hand over (BlockSource, PartialSource) are then Base's,
+			// which the pack counts as kept, not freed.
+			r = lr
+		}
 		opts.Base = r
 		opts.Extend = extend
 		sources[r] = base
