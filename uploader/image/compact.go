@@ -28,8 +28,12 @@ type CompactPolicy struct {
 	// GarbageShare: compact once the image's garbage estimate
 	// (archive.Reader.GarbageBytes) passes this share of its size.
 	GarbageShare float64
-	// Extents: compact once the image is more than this many extents
-	// (its extents list's lines).
+	// Extents: compact once the image has this many more extents (its
+	// extents list's lines) than right after its lineage's last
+	// compaction (or fresh layout): what the snapshots since added. An
+	// image's data may lie in many segments after any compaction, so the
+	// bound is on what extending adds, which every later snapshot's
+	// extents list carries until a compaction.
 	Extents int
 	// Generation: compact once this many packs extended the image since
 	// its lineage's last fresh or compacted one.
@@ -38,18 +42,21 @@ type CompactPolicy struct {
 
 // DefaultCompactPolicy is the daemon's policy.
 func DefaultCompactPolicy() CompactPolicy {
-	return CompactPolicy{GarbageShare: 0.20, Extents: 600, Generation: 2000}
+	return CompactPolicy{GarbageShare: 0.25, Extents: 300, Generation: 1000}
 }
 
 // Due says why an image of size bytes with garbage of them dead, laid out
-// in extents extents, generation packs after its last compaction, should
-// be compacted now; "" if it should not.
-func (p CompactPolicy) Due(size, garbage int64, extents, generation int) string {
+// in extents extents (baseExtents right after its last compaction or
+// fresh layout; 0 if not known), generation packs after its last
+// compaction, should be compacted now; "" if it should not.
+func (p CompactPolicy) Due(size, garbage int64, extents, baseExtents, generation int) string {
 	switch {
+	case generation == 0:
+		return "" // fresh or compacted already
 	case p.GarbageShare > 0 && size > 0 && float64(garbage) > p.GarbageShare*float64(size):
 		return fmt.Sprintf("garbage %d of %d bytes (over %.0f%%)", garbage, size, 100*p.GarbageShare)
-	case p.Extents > 0 && extents > p.Extents:
-		return fmt.Sprintf("%d extents (over %d)", extents, p.Extents)
+	case p.Extents > 0 && extents-baseExtents > p.Extents:
+		return fmt.Sprintf("%d extents, %d added since the last compaction (over %d)", extents, extents-baseExtents, p.Extents)
 	case p.Generation > 0 && generation > p.Generation:
 		return fmt.Sprintf("generation %d (over %d)", generation, p.Generation)
 	}
@@ -58,7 +65,7 @@ func (p CompactPolicy) Due(size, garbage int64, extents, generation int) string 
 
 // String says the bounds, for status and logs.
 func (p CompactPolicy) String() string {
-	return fmt.Sprintf("garbage over %.0f%% of the image, over %d extents, or over %d snapshots since the last compaction", 100*p.GarbageShare, p.Extents, p.Generation)
+	return fmt.Sprintf("garbage over %.0f%% of the image, over %d extents added, or over %d snapshots since the last compaction", 100*p.GarbageShare, p.Extents, p.Generation)
 }
 
 // Compaction is an image compacted by Compact: the pack's result, and

@@ -110,6 +110,9 @@ type sim struct {
 	last    *image.Image
 	lastArc *archive.Reader
 	enc     bool
+	// baseExtents: the last image's lineage's extents right after its
+	// last compaction or fresh layout (the daemon's state.json keeps it).
+	baseExtents int
 	// firstSent, firstSegment: the first snapshot's figures (the whole
 	// home), left out of the averages.
 	firstSent, firstSegment int64
@@ -317,6 +320,9 @@ func (s *sim) snapshot(ctx context.Context) (snapResult, error) {
 	if s.last == nil {
 		s.firstSent, s.firstSegment = pub.Sent, r.segment
 	}
+	if res.Generation == 0 {
+		s.baseExtents = pub.ExtentCount
+	}
 	return r, s.adopt(ctx, out, pub)
 }
 
@@ -360,7 +366,7 @@ func (s *sim) adopt(ctx context.Context, out string, pub uploader.Published) err
 func (s *sim) compact(ctx context.Context) (compactResult, error) {
 	var c compactResult
 	m := s.last.Manifest()
-	c.why = s.c.policy.Due(m.Size, s.lastArc.GarbageBytes(), m.ExtentCount, s.lastArc.Generation())
+	c.why = s.c.policy.Due(m.Size, s.lastArc.GarbageBytes(), m.ExtentCount, s.baseExtents, s.lastArc.Generation())
 	if c.why == "" || s.c.fresh {
 		return c, nil
 	}
@@ -385,6 +391,7 @@ func (s *sim) compact(ctx context.Context) (compactResult, error) {
 		return c, fmt.Errorf("publish the compaction: %w", err)
 	}
 	c.pub, c.segment, c.rewritten = pub, cr.SegmentSize+cr.Rewritten, cr.Rewritten
+	s.baseExtents = pub.ExtentCount
 	return c, s.adopt(ctx, out, pub)
 }
 

@@ -501,7 +501,7 @@ func (d *daemon) seed(ctx context.Context) (string, error) {
 	}
 	d.log.Info("seeded the store from the existing directory", "id", pr.ID, "files", ps.Files,
 		"bytes_packed", ps.BytesPacked, "size", ps.Size, "pack", packTime.Round(time.Millisecond), "upload", time.Since(t1).Round(time.Millisecond))
-	d.st.Base, d.st.LastPublished, d.st.PublishedAt = pr.ID, pr.ID, time.Now().UTC()
+	d.st.Base, d.st.LastPublished, d.st.PublishedAt, d.st.CompactedExtents = pr.ID, pr.ID, time.Now().UTC(), pr.ExtentCount
 	d.expect = pr.ID
 	return d.sd.cached(pr.ID), d.sd.save(d.st)
 }

@@ -101,7 +101,10 @@ func (d *daemon) maybeCompact(reason string) {
 		return
 	}
 	m := o.im.Manifest()
-	why := d.compact.policy.Due(m.Size, r.GarbageBytes(), m.ExtentCount, r.Generation())
+	d.mu.Lock()
+	baseExtents := d.st.CompactedExtents
+	d.mu.Unlock()
+	why := d.compact.policy.Due(m.Size, r.GarbageBytes(), m.ExtentCount, baseExtents, r.Generation())
 	if why == "" {
 		return
 	}
@@ -223,7 +226,7 @@ func (d *daemon) compactOnce(ctx context.Context, id, why string) error {
 		Uploaded: pr.Sent, Rewrote: rewritten,
 	}
 	d.mu.Lock()
-	d.adoptCompactionLocked(id, pr.ID, pr.Manifest.ID)
+	d.adoptCompactionLocked(id, pr.ID, pr.Manifest.ID, pr.ExtentCount)
 	d.compact.last = rec
 	d.compact.done++
 	d.compact.freed += max(rec.Freed, 0)
@@ -245,10 +248,10 @@ func (d *daemon) compactOnce(ctx context.Context, id, why string) error {
 // adoptCompactionLocked makes snapshot id, a compaction of the last
 // published snapshot of, the last published one (d.mu held): the same
 // tree, and the same inode numbers.
-func (d *daemon) adoptCompactionLocked(of, id, pointer string) {
+func (d *daemon) adoptCompactionLocked(of, id, pointer string, extents int) {
 	st := &d.st
 	keeps := keepsLowerNumbers(st, of)
-	st.LastPublished, st.PublishedAt = id, time.Now().UTC()
+	st.LastPublished, st.PublishedAt, st.CompactedExtents = id, time.Now().UTC(), extents
 	st.LastNumbersOf = ""
 	if keeps {
 		st.LastNumbersOf = st.Base
@@ -291,7 +294,7 @@ func (d *daemon) resolveCompaction(ctx context.Context) {
 	defer d.mu.Unlock()
 	if latest.Compacts == of && latest.Host == d.host && latest.Parent == of && d.st.LastPublished == of {
 		d.log.Info("the compaction whose publish seemed to fail was published", "id", latest.ID, "of", of)
-		d.adoptCompactionLocked(of, latest.ID, latest.Pointer)
+		d.adoptCompactionLocked(of, latest.ID, latest.Pointer, 0)
 		return
 	}
 	d.compact.maybe = ""

@@ -278,6 +278,13 @@ func (d *daemon) snapshotOnce(ctx context.Context, parent, expect string, onBase
 	d.publishedGen, d.pending, d.expect = viewGen, false, pr.ID
 	d.count++
 	d.last = &snapshotRecord{ID: pr.ID, Time: time.Now().UTC(), snapshotFigures: r.snapshotFigures}
+	switch {
+	case ps.Generation == 0:
+		// Laid out afresh: what later snapshots add is counted from here.
+		d.st.CompactedExtents = pr.ExtentCount
+	case baseID != d.st.LastPublished:
+		d.st.CompactedExtents = 0 // extended another image: not known
+	}
 	d.st.LastPublished, d.st.PublishedAt = pr.ID, d.last.Time
 	d.st.LastNumbersOf = on.numbersOf(ps)
 	if err := d.sd.save(d.st); err != nil {
