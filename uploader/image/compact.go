@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strconv"
+	"strings"
 
 	"github.com/hermesfs/hermesfs/archive"
 	"github.com/hermesfs/hermesfs/uploader"
@@ -63,8 +65,52 @@ func (p CompactPolicy) Due(size, garbage int64, extents, baseExtents, generation
 	return ""
 }
 
+// ParseCompactPolicy reads a policy: "off" (never compact), or bounds
+// "garbage=25%,extents=300,snapshots=1000", any of them (the others keep
+// their defaults; 0 turns one off).
+func ParseCompactPolicy(s string) (CompactPolicy, error) {
+	s = strings.TrimSpace(s)
+	if s == "off" || s == "never" {
+		return CompactPolicy{}, nil
+	}
+	p := DefaultCompactPolicy()
+	if s == "" || s == "default" {
+		return p, nil
+	}
+	for _, kv := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
+		if !ok {
+			return p, fmt.Errorf("%q: want NAME=VALUE (garbage=25%%, extents=300, snapshots=1000) or off", kv)
+		}
+		switch k {
+		case "garbage":
+			n, err := strconv.ParseFloat(strings.TrimSuffix(v, "%"), 64)
+			if err != nil || n < 0 || n > 100 {
+				return p, fmt.Errorf("garbage=%s: want a share of the image from 0%% to 100%%", v)
+			}
+			p.GarbageShare = n / 100
+		case "extents", "snapshots":
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 0 {
+				return p, fmt.Errorf("%s=%s: want a count, 0 for no bound", k, v)
+			}
+			if k == "extents" {
+				p.Extents = n
+			} else {
+				p.Generation = n
+			}
+		default:
+			return p, fmt.Errorf("%q: unknown bound (garbage, extents, snapshots)", k)
+		}
+	}
+	return p, nil
+}
+
 // String says the bounds, for status and logs.
 func (p CompactPolicy) String() string {
+	if p == (CompactPolicy{}) {
+		return "off"
+	}
 	return fmt.Sprintf("garbage over %.0f%% of the image, over %d extents added, or over %d snapshots since the last compaction", 100*p.GarbageShare, p.Extents, p.Generation)
 }
 

@@ -100,15 +100,16 @@ type Config struct {
 
 	// recoveryGrace replaces defaultRecoveryGrace (writeback.go) in tests.
 	recoveryGrace time.Duration
-	// compaction replaces image.DefaultCompactPolicy in tests.
-	compaction *image.CompactPolicy
+	// Compact is when the last published image is compacted in the
+	// background (daemon_compact.go); nil: image.DefaultCompactPolicy.
+	Compact *image.CompactPolicy
 }
 
 // compactPolicy is when the last published image is compacted
 // (daemon_compact.go).
 func (c *Config) compactPolicy() image.CompactPolicy {
-	if c.compaction != nil {
-		return *c.compaction
+	if c.Compact != nil {
+		return *c.Compact
 	}
 	return image.DefaultCompactPolicy()
 }

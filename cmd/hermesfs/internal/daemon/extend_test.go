@@ -268,7 +268,7 @@ func TestRunCompaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	policy := image.CompactPolicy{Extents: 1}
-	withPolicy := func(c *Config, _ *Options) { c.compaction = &policy }
+	withPolicy := func(c *Config, _ *Options) { c.Compact = &policy }
 
 	// The hook the compactions run before they publish: the test's
 	// current one.
