@@ -30,8 +30,8 @@ type randomRun struct {
 }
 
 // TestExtendRandomRun runs 200 generations (HERMESFS_EXTEND_GENERATIONS
-// for more, HERMESFS_EXTEND_FULL=1 to have every image read by every
-// reader; HERMESFS_EXTEND_SEED to replay one).
+// for more, HERMESFS_EXTEND_FULL=1 to have every image extracted by
+// unsquashfs too; HERMESFS_EXTEND_SEED to replay one).
 func TestExtendRandomRun(t *testing.T) {
 	gens := 200
 	if v, err := strconv.Atoi(os.Getenv("HERMESFS_EXTEND_GENERATIONS")); err == nil && v > 0 {
@@ -84,9 +84,9 @@ func TestExtendRandomRun(t *testing.T) {
 		}
 		uses[string(res.Base)]++
 		want := scanTree(t, rr.dir)
-		// Every image is read by our reader, unsquashfs -l and the kernel;
-		// every eighth (and the last, every one after a compaction or
-		// fallen back) also extracted by unsquashfs and read by go-diskfs,
+		// Every image is read by our reader (and Verify), unsquashfs -l,
+		// go-diskfs and the kernel; every eighth (and the last, every one
+		// after a compaction or fallen back) also extracted by unsquashfs,
 		// every one with HERMESFS_EXTEND_FULL=1.
 		all := g%8 == 0 || g == gens-1 || compacted || res.Base != BaseExtended || os.Getenv("HERMESFS_EXTEND_FULL") == "1"
 		r := checkImageWith(t, img, want, all)
@@ -148,8 +148,9 @@ func (rr *randomRun) checkNumbers(g int, old, r *Reader) {
 	})
 }
 
-// seed makes the first tree: a bit of everything, a deep one, and a
-// directory past one metadata block and past the index threshold.
+// seed makes the first tree: a bit of everything (devices and other
+// owners where the test runs as root), a deep one, and a directory past
+// one metadata block and past the index threshold.
 func (rr *randomRun) seed() {
 	t := rr.t
 	for i := range 30 {
@@ -167,6 +168,19 @@ func (rr *randomRun) seed() {
 	os.Link(filepath.Join(rr.dir, "sessions", "s002.json"), filepath.Join(rr.dir, "s002.hard"))
 	if err := syscall.Mkfifo(filepath.Join(rr.dir, "fifo"), 0o640); err != nil {
 		t.Fatal(err)
+	}
+	if os.Geteuid() == 0 {
+		if err := os.MkdirAll(filepath.Join(rr.dir, "dev"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Mknod(filepath.Join(rr.dir, "dev", "null"), syscall.S_IFCHR|0o666, int(mkdev(1, 3))); err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Mknod(filepath.Join(rr.dir, "dev", "loop"), syscall.S_IFBLK|0o660, int(mkdev(7, 300))); err != nil {
+			t.Fatal(err)
+		}
+		os.Lchown(filepath.Join(rr.dir, "sessions", "s003.json"), 1000, 1000)
+		os.Lchown(filepath.Join(rr.dir, "link"), 1000, 100)
 	}
 	rr.settle(rr.dir)
 }
@@ -263,7 +277,7 @@ func (rr *randomRun) newName(dir string) string {
 // op applies one random change to the tree and tells the tracker.
 func (rr *randomRun) op() {
 	t, tr := rr.t, rr.tr
-	switch rr.rng.IntN(16) {
+	switch rr.rng.IntN(17) {
 	case 0, 1: // create a file
 		p := rr.newName(rr.pickDir())
 		if _, err := os.Lstat(rr.abs(p)); err == nil {
@@ -448,6 +462,17 @@ func (rr *randomRun) op() {
 		}
 		rr.stamp(rr.abs("big"))
 		tr.touch("big")
+	case 16: // chown (root only): owners the image may not have yet
+		p := rr.pick(rr.rng.IntN(3) == 0)
+		if p == "" || os.Geteuid() != 0 {
+			return
+		}
+		rr.hardOps = rr.hardOps || rr.linked(p)
+		ids := []int{0, 1000, 1001, 2000 + rr.rng.IntN(40), 65534}
+		if err := os.Lchown(rr.abs(p), ids[rr.rng.IntN(len(ids))], ids[rr.rng.IntN(len(ids))]); err != nil {
+			t.Fatal(err)
+		}
+		tr.touch(p)
 	case 15: // touch only
 		p := rr.pick(rr.rng.IntN(2) == 0)
 		if p == "" {

@@ -75,10 +75,10 @@ func TestExtendTamper(t *testing.T) {
 		if res.Base != BaseExtended {
 			t.Fatalf("not extended: %s", res.ExtendFallback)
 		}
-		base, baseBytes = openFile(t, img), b
+		base, baseBytes = checkImage(t, img, scanTree(t, src)), b
 		tr.reset(base)
 	}
-	r := checkImage(t, img, scanTree(t, src))
+	r := base
 	reused := reusedRanges(res)
 
 	type target struct {

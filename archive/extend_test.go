@@ -5,7 +5,9 @@ import (
 	iofs "io/fs"
 	"maps"
 	"os"
+	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -19,10 +21,9 @@ func TestExtendOneChange(t *testing.T) {
 	basePath, _ := packToFile(t, src, PackOptions{})
 	baseBytes, _ := os.ReadFile(basePath)
 	base := openFile(t, basePath)
-	before := scanArchive(t, base)
-	_ = before
 
 	tr := newTracker(src, base)
+	calls := &callLog{changeTracker: tr}
 	p := filepath.Join(src, "sessions", "small.json")
 	data, _ := os.ReadFile(p)
 	writeFile(t, p, append(data, "one more line\n"...), 0o644)
@@ -30,10 +31,23 @@ func TestExtendOneChange(t *testing.T) {
 	os.Chtimes(p, when, when)
 	tr.touch("sessions/small.json")
 
-	img, _, res := extendImage(t, tr, base, baseBytes, PackOptions{})
+	img, _, res := extendImage(t, calls, base, baseBytes, PackOptions{})
 	t.Logf("extended: %s, image %d bytes, segment %d, runs %d", res.Base, res.Size, res.SegmentSize, len(res.Runs))
 	if res.Base != BaseExtended {
 		t.Fatalf("Base = %q (%s), want extended", res.Base, res.ExtendFallback)
+	}
+	// The pack walked the change: the directories on its path listed,
+	// their entries stat'ed, the changed file read; nothing else.
+	if got, want := calls.list("ReadDir"), []string{".", "sessions"}; !slices.Equal(got, want) {
+		t.Errorf("listed %v, want %v", got, want)
+	}
+	if got := slices.Compact(calls.list("Open")); !slices.Equal(got, []string{"sessions/small.json"}) {
+		t.Errorf("opened %v, want only sessions/small.json", got)
+	}
+	for _, p := range calls.list("Lstat") {
+		if d := path.Dir(p); p != "." && d != "." && d != "sessions" {
+			t.Errorf("stat'ed %s, below a directory that did not change", p)
+		}
 	}
 	r := checkImage(t, img, scanTree(t, src))
 	for _, name := range []string{"config.yaml", "sessions/big.json", "memories/MEMORY.md", "sessions/small.json", "sessions", "."} {
@@ -79,7 +93,7 @@ func TestCompact(t *testing.T) {
 		if res.Base != BaseExtended {
 			t.Fatalf("round %d: %s (%s)", i, res.Base, res.ExtendFallback)
 		}
-		base, baseBytes = openFile(t, img), data
+		base, baseBytes = checkImage(t, img, scanTree(t, src)), data
 		tr.reset(base)
 	}
 	if base.GarbageBytes() == 0 || base.Generation() != 6 {
@@ -138,6 +152,8 @@ func walkBoth(t *testing.T, a, b *Reader, fn func(name string, x, y Attr)) {
 func numbersOf(t *testing.T, r *Reader) map[string]Inode {
 	t.Helper()
 	out := map[string]Inode{}
+	names := map[Inode][]string{}
+	attrs := map[Inode]Attr{}
 	err := iofs.WalkDir(r.FS(), ".", func(p string, d iofs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -147,10 +163,19 @@ func numbersOf(t *testing.T, r *Reader) map[string]Inode {
 			return err
 		}
 		out[p] = a.Ino
+		names[a.Ino] = append(names[a.Ino], p)
+		attrs[a.Ino] = a
 		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+	// A number named by several paths must be one hard-linked file with
+	// as many links.
+	for ino, ps := range names {
+		if a := attrs[ino]; len(ps) > 1 && (a.Mode.IsDir() || int(a.Nlink) != len(ps)) {
+			t.Errorf("inode %d (%v, %d links) is named by %v", ino, a.Mode, a.Nlink, ps)
+		}
 	}
 	return out
 }
@@ -253,7 +278,7 @@ func TestExtendInodeNumbers(t *testing.T) {
 	os.Remove(abs("sessions/new.json"))
 	tr.removed("sessions/new.json")
 	img, data, _ = extendImage(t, tr, base, baseBytes, PackOptions{})
-	r3 := openFile(t, img)
+	r3 := checkImage(t, img, scanTree(t, src))
 	tr.reset(r3)
 	writeFile(t, abs("sessions/newer.json"), text(700, 8), 0o644)
 	tr.created("sessions/newer.json")
@@ -301,28 +326,30 @@ func TestExtendFallback(t *testing.T) {
 	}
 	t.Run("no ChangeFS", func(t *testing.T) {
 		base, data := packBaseOf(PackOptions{})
-		p, res := packWith(os.DirFS(src).(iofs.FS), base, data, PackOptions{})
+		p, res := packWith(os.DirFS(src), base, data, PackOptions{})
 		fellBack(res, "ChangeFS")
-		checkImageWith(t, p, scanTree(t, src), false)
+		checkImage(t, p, scanTree(t, src))
 	})
 	t.Run("version 1 base", func(t *testing.T) {
 		base, data := packBaseOf(PackOptions{trailerV1: true})
 		p, res := packWith(newTracker(src, base), base, data, PackOptions{})
 		fellBack(res, "version 2")
-		r := checkImageWith(t, p, scanTree(t, src), false)
+		r := checkImage(t, p, scanTree(t, src))
 		if _, ok := r.Lineage(); !ok {
 			t.Error("the first image after a version 1 base starts no lineage")
 		}
 	})
 	t.Run("other compression", func(t *testing.T) {
 		base, data := packBaseOf(PackOptions{Compression: Gzip})
-		_, res := packWith(newTracker(src, base), base, data, PackOptions{})
+		p, res := packWith(newTracker(src, base), base, data, PackOptions{})
 		fellBack(res, "compressed with gzip")
+		checkImage(t, p, scanTree(t, src))
 	})
 	t.Run("other block size", func(t *testing.T) {
 		base, data := packBaseOf(PackOptions{BlockSize: 64 << 10})
-		_, res := packWith(newTracker(src, base), base, data, PackOptions{})
+		p, res := packWith(newTracker(src, base), base, data, PackOptions{})
 		fellBack(res, "block size")
+		checkImage(t, p, scanTree(t, src))
 	})
 	t.Run("hard link changed", func(t *testing.T) {
 		// memories/MEMORY.md and state-snapshots/MEMORY.link are one
@@ -350,7 +377,7 @@ func TestExtendFallback(t *testing.T) {
 		}
 	})
 	t.Run("source lies", func(t *testing.T) {
-		base, data := packBaseOf(PackOptions{})
+		base, _ := packBaseOf(PackOptions{})
 		tr := newTracker(src, base)
 		tr.touch("sessions/small.json") // listed, so its siblings are checked
 		later := time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -361,6 +388,5 @@ func TestExtendFallback(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "sessions/big.json") || !strings.Contains(err.Error(), "mtime") {
 			t.Errorf("a wrong unchanged entry: %v", err)
 		}
-		_ = data
 	})
 }
