@@ -44,7 +44,7 @@ type CompactPolicy struct {
 
 // DefaultCompactPolicy is the daemon's policy.
 func DefaultCompactPolicy() CompactPolicy {
-	return CompactPolicy{GarbageShare: 0.25, Extents: 300, Generation: 1000}
+	return CompactPolicy{GarbageShare: 0.25, Extents: 1000, Generation: 1000}
 }
 
 // Due says why an image of size bytes with garbage of them dead, laid out
@@ -114,6 +114,16 @@ func (p CompactPolicy) String() string {
 	return fmt.Sprintf("garbage over %.0f%% of the image, over %d extents added, or over %d snapshots since the last compaction", 100*p.GarbageShare, p.Extents, p.Generation)
 }
 
+// CompactRewrite is LayOut's MostlyDead for a compaction: it copies what
+// the compacted image uses of a segment it uses less than half of. An
+// extended image refers to its base's regions whole, dead bytes included,
+// so the snapshots between compactions never find a segment mostly dead;
+// the compaction, which refers only to what the tree uses, is where the
+// store's garbage is collected: a segment a long-lived file keeps a
+// sliver of (a session file appended to hour after hour) would otherwise
+// stay whole for as long as the file lives.
+const CompactRewrite = 0.5
+
 // Compaction is an image compacted by Compact: the pack's result, and
 // the image as extents of out (the extents with an empty key) and of the
 // segments of the image compacted.
@@ -147,7 +157,7 @@ func Compact(ctx context.Context, out string, r *archive.Reader, im *Image, encr
 	if err != nil {
 		return c, fmt.Errorf("compact: %w", err)
 	}
-	c.Extents, c.Rewritten, err = LayOut(ctx, c.Runs, out, map[*archive.Reader]*Image{r: im}, encrypting)
+	c.Extents, c.Rewritten, err = layOut(ctx, c.Runs, out, map[*archive.Reader]*Image{r: im}, encrypting, CompactRewrite)
 	if err != nil {
 		return c, fmt.Errorf("lay the compacted image out: %w", err)
 	}
