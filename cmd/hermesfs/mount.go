@@ -43,9 +43,14 @@ READY=1 is sent to systemd (NOTIFY_SOCKET). Runs in the foreground unless
 --background is given.
 
 Stopping: SIGTERM, SIGINT or 'hermesfs umount MOUNTPOINT' take a final
-snapshot, unmount and exit within --stop-timeout. If the final upload fails,
-the local changes stay in the state dir, the exit code is 5, and the next
-mount publishes them. After a crash or kill -9, the next mount with the same
+snapshot, unmount and exit within --stop-timeout, without waiting for the
+agent: from the final snapshot's freeze on, the mount refuses every change
+(EROFS; EIO for files open for writing through passthrough), so the snapshot
+holds every write a writer was told succeeded; files still open get a second,
+then ENOTCONN. 'hermesfs status' shows what the stop waits for. If the final
+upload fails, the local changes stay in the state dir, the exit code is 5,
+and the next mount publishes them. A second SIGINT or SIGTERM during the
+final snapshot stops at once without it (exit 5, local changes kept). After a crash or kill -9, the next mount with the same
 state dir mounts the local changes again (nothing written before the crash is
 lost) and publishes them at once; the dead mount the killed daemon left at
 MOUNTPOINT is detached first. A live FUSE mount at MOUNTPOINT (another
@@ -81,19 +86,22 @@ Examples:
                                                     # encrypted snapshots (see hermesfs keygen)
 
 Exit codes:
-  0  stopped cleanly, everything published
+  0  stopped cleanly: the final snapshot, with every write a writer was
+     told succeeded, is in the store
   1  failed (the message says why)
   2  bad command line
   3  a snapshot failed verification and no older one verifies
   4  conflict: another host holds the store, or published over our
      unpublished changes (see --on-conflict)
-  5  stopped, but the final snapshot did not reach the store; local
-     changes kept in the state dir for the next mount
+  5  stopped, but the final snapshot did not reach the store (upload
+     failed, --stop-timeout, a second signal); local changes kept in the
+     state dir for the next mount
   6  the snapshot to mount is encrypted and no --identity opens it, or
      LATEST is encrypted and --encrypt-to is missing (see --allow-plaintext);
      nothing mounted
 
-Signals: SIGTERM and SIGINT stop (final snapshot). Under systemd use
+Signals: SIGTERM and SIGINT stop (final snapshot); a second one during the
+final snapshot stops without it. Under systemd use
 Type=notify, KillMode=mixed and TimeoutStopSec larger than --stop-timeout
 (see scripts/hermesfs.service).
 

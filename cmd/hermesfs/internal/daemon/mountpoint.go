@@ -23,6 +23,21 @@ import (
 func (d *daemon) clearMountpoint(ctx context.Context) error {
 	cfg := d.cfg
 	mp := cfg.Mountpoint
+	// A daemon killed while a thread of it waited on its own mount has
+	// not finished exiting: its mount hangs, its control socket accepts
+	// and never answers. No need to wait for either to say so.
+	dying := lockHolder(cfg.StateDir)
+	if r, err := lookupRegistry(RuntimeDir(os.Getuid(), d.e.Getenv), mp); err == nil && processDying(r.PID) {
+		dying = r.PID
+	}
+	if processDying(dying) {
+		d.log.Warn("the daemon of the mount at the mountpoint was killed and has not finished exiting: aborting its FUSE connection", "mountpoint", mp, "pid", dying)
+		if err := fs.AbortConnection(mp, d.log); err != nil {
+			return fmt.Errorf("mountpoint %s: the mount of a killed daemon (pid %d) is there and cannot be aborted (%w); as root: echo 1 > /sys/fs/fuse/connections/<minor>/abort, then umount -l %s", mp, dying, err, mp)
+		}
+		d.log.Warn("aborted and detached the hung mount a killed daemon left at the mountpoint", "mountpoint", mp)
+		return nil
+	}
 	if loc, err := locateDaemon(d.e, mp, cfg.StateDir); err == nil {
 		// Bounded: a killed daemon stuck on its own mount (see
 		// FUSEHung) still holds its listening socket open.
