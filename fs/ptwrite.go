@@ -781,8 +781,10 @@ func revokedAttr(caller uint32, out *fuse.AttrOut) {
 // comes before the write. A chmod of a bad inode still takes the inode's
 // lock, which a passthrough write holds while it writes, and then fails
 // without a request: once it returns, the writes that passed the check
-// before are done. The kernel behaviour is verified once per process
-// (ptcheck.go).
+// before are done. (A write preempted between the check and its taking of
+// the lock can still land after: it changes the file's times, which
+// Generation sees, so it is never taken for unchanged.) The kernel
+// behaviour is verified once per process (ptcheck.go).
 func revokeFile(fd int, mode uint32) error {
 	tid := uint32(unix.Gettid())
 	revokers.Store(tid, struct{}{})
