@@ -816,7 +816,8 @@ loop:
 			sdNotify(d.e.Getenv, "WATCHDOG=1")
 		}
 	}
-	d.log.Info("stopping", "why", why, "stop_timeout", cfg.StopTimeout.String())
+	d.log.Info("stopping", "why", why, "stop_timeout", cfg.StopTimeout.String(),
+		"second_signal", "stops at once, without the final snapshot (exit 5, local changes kept for the next start)")
 	sdNotify(d.e.Getenv, "STOPPING=1\nSTATUS=stopping")
 	// Status and umount are still answered while the daemon stops.
 	ctl.refuse()
