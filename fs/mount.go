@@ -296,7 +296,9 @@ func (ov *overlay) close() {
 // namespace, until they are closed or the process ends; when the process
 // ends, the kernel aborts the connection itself and the open files get
 // ENOTCONN just the same. Either way, nothing the overlay acknowledged is
-// lost: the upper layer is on disk.
+// lost: the upper layer is on disk. Once the connection is aborted the
+// unmount ends as it would have (background copies stopped and made
+// durable, the overlay closed) before the error is returned.
 func (m *Mounted) Unmount(ctx context.Context) error {
 	var err error
 	select {
@@ -310,21 +312,28 @@ func (m *Mounted) Unmount(ctx context.Context) error {
 	select {
 	case <-m.done:
 	case <-ctx.Done():
+		err := fmt.Errorf("fs: unmount %s: files still open: %w", m.mountpoint, ctx.Err())
 		if m.abort() {
 			select {
 			case <-m.done:
+				m.endUnmount()
 			case <-time.After(5 * time.Second):
 			}
 		}
-		return fmt.Errorf("fs: unmount %s: files still open: %w", m.mountpoint, ctx.Err())
+		return err
 	}
+	m.endUnmount()
+	m.ov.log.Info("unmounted", "mountpoint", m.mountpoint)
+	return nil
+}
+
+// endUnmount ends an unmount once the server is done.
+func (m *Mounted) endUnmount() {
 	m.ov.unmounted.Store(true)
 	m.ov.partials.stopAll()
 	m.ov.partials.syncAll()
 	m.ov.prefetching.Wait() // no READ can start one any more: the server is done
 	m.ov.maybeClose()
-	m.ov.log.Info("unmounted", "mountpoint", m.mountpoint)
-	return nil
 }
 
 func detach(mountpoint string, privileged bool) error {
