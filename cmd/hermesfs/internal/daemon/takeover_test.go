@@ -22,15 +22,17 @@ import (
 )
 
 // lockHolderEnv makes this test binary a stand-in for a daemon that is
-// killed while one of its own threads waits on its own mount: it takes
-// the lock of the state dir it names, mounts a file system in the state
-// dir's work directory (where the barrier check mounts), chmods a file of
-// it from another thread, holds that request for ever, and prints "ready".
+// killed while one of its own threads waits on its own mount. Given
+// "STATE:MOUNTPOINT", it takes the lock of the state dir, mounts a file
+// system at the mountpoint and one in the state dir's work directory
+// (where the barrier check mounts), chmods a file of the latter from
+// another thread, holds that request for ever, and prints "ready".
 const lockHolderEnv = "HERMESFS_TEST_LOCK_HOLDER"
 
 func init() {
-	if state := os.Getenv(lockHolderEnv); state != "" {
-		os.Exit(runLockHolder(state))
+	if spec := os.Getenv(lockHolderEnv); spec != "" {
+		state, mp, _ := strings.Cut(spec, ":")
+		os.Exit(runLockHolder(state, mp))
 	}
 }
 
@@ -60,7 +62,7 @@ func (f *holdFile) Setattr(ctx context.Context, fh fusefs.FileHandle, in *fuse.S
 	select {} // never answered
 }
 
-func runLockHolder(state string) int {
+func runLockHolder(state, mp string) int {
 	fail := func(err error) int { fmt.Println("error:", err); return 1 }
 	mnt := filepath.Join(state, "upper", ".wh..wh..work", "ptcheck-"+strconv.Itoa(os.Getpid()), "mnt")
 	if err := os.MkdirAll(mnt, 0o700); err != nil {
@@ -75,6 +77,10 @@ func runLockHolder(state string) int {
 	}
 	lock.Truncate(0)
 	lock.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	opts := &fusefs.Options{MountOptions: fuse.MountOptions{FsName: "hermesfs", Name: "hermesfs", DirectMount: true}}
+	if _, err := fusefs.Mount(mp, &holdRoot{arrived: make(chan struct{})}, opts); err != nil {
+		return fail(err)
+	}
 	r := &holdRoot{arrived: make(chan struct{})}
 	if _, err := fusefs.Mount(mnt, r, &fusefs.Options{MountOptions: fuse.MountOptions{FsName: "hermesfs-check", Name: "hermesfs-check", DirectMount: true}}); err != nil {
 		return fail(err)
@@ -101,9 +107,11 @@ func threadStates(pid int) string {
 
 // TestBootTakesOverAKilledDaemonsStateDir: a daemon killed while one of
 // its threads waited on a mount it served never finishes exiting by
-// itself (a zombie whose stuck thread keeps the state dir's lock). The
-// next mount must take the state dir over on its first try: abort what
-// the killed daemon waits on, wait for it to go, and come up.
+// itself (a zombie whose stuck thread keeps the state dir's lock, and its
+// mount at the mountpoint, which hangs). The next mount must take the
+// mountpoint and the state dir over on its first try: abort the hung
+// mount and what the killed daemon waits on, wait for it to go, and come
+// up.
 func TestBootTakesOverAKilledDaemonsStateDir(t *testing.T) {
 	needFUSE(t)
 	if os.Geteuid() != 0 {
@@ -117,7 +125,7 @@ func TestBootTakesOverAKilledDaemonsStateDir(t *testing.T) {
 		}
 	}
 	holder := exec.Command(os.Args[0])
-	holder.Env = append(os.Environ(), lockHolderEnv+"="+state)
+	holder.Env = append(os.Environ(), lockHolderEnv+"="+state+":"+mp)
 	holder.Dir = "/"
 	out, err := holder.StdoutPipe()
 	if err != nil {
@@ -139,7 +147,7 @@ func TestBootTakesOverAKilledDaemonsStateDir(t *testing.T) {
 	}()
 	t.Cleanup(func() {
 		holder.Process.Kill()
-		for _, m := range fs.MountsBelow(state) {
+		for _, m := range append(fs.MountsBelow(state), fs.MountsBelow(mp)...) {
 			fs.AbortConnection(m, slog.Default())
 		}
 		<-reaped
@@ -167,8 +175,12 @@ func TestBootTakesOverAKilledDaemonsStateDir(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Errorf("the killed daemon is still there after the next mount came up: threads %q", threadStates(pid))
 	}
-	if logs := d.logs.String(); !strings.Contains(logs, "took over the state dir of the killed daemon") {
+	logs := d.logs.String()
+	if !strings.Contains(logs, "took over the state dir of the killed daemon") {
 		t.Errorf("the boot does not say it took the state dir over:\n%s", logs)
+	}
+	if !strings.Contains(logs, "its daemon was killed and has not finished exiting") {
+		t.Errorf("the boot does not say whose hung mount it aborted at the mountpoint:\n%s", logs)
 	}
 	if err := d.stop(t); err != nil {
 		t.Fatalf("stop: %v", err)
