@@ -380,3 +380,85 @@ func TestE2EKill9AtPassthroughBarrier(t *testing.T) {
 	}
 	d2.stopOK(t)
 }
+
+// TestE2EStopStatusAndSecondSignal: while the store holds the final
+// snapshot's upload, `hermesfs status` finds the daemon, running and
+// stopping, and says what it does; a second SIGTERM is acknowledged and
+// abandons the final snapshot: exit 5 without waiting for the store, the
+// change kept in the state dir, and the next start publishes it.
+func TestE2EStopStatusAndSecondSignal(t *testing.T) {
+	need(t, "/dev/fuse")
+	const bucket = "hermes-stop"
+	srv := launchS3(t, e2eDir(t, "s3data"), bucket)
+	stall := startStallProxy(t, srv.Endpoint)
+	mp := e2eDir(t, "home")
+	h := newHost(t, fmt.Sprintf("s3://%s/home?endpoint=%s&path_style=true", bucket, stall.URL))
+	d := h.mount(mp, "--interval", "0", "--write-back", "0", "--stop-timeout", "5m")
+	if err := os.WriteFile(filepath.Join(mp, "a.txt"), []byte("kept for the next start\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	stall.setHold(func(op, path string) bool { return isUpload(op) && strings.Contains(path, "/segments/") })
+	var held []*heldRequest
+	t.Cleanup(func() {
+		stall.setHold(nil)
+		for _, r := range held {
+			r.release <- false
+		}
+	})
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case r := <-stall.held:
+		held = append(held, r)
+	case <-d.done:
+		t.Fatalf("exit %d before the final snapshot's upload\n%s", d.code, d.stderr)
+	case <-time.After(time.Minute):
+		t.Fatalf("the final snapshot's upload did not come within a minute\n%s", d.stderr)
+	}
+
+	st, code := h.statusJSON(mp)
+	if code != 0 || !st.Running || st.PID != d.cmd.Process.Pid || !strings.HasPrefix(st.Stopping, "final snapshot") || st.StopDeadline.IsZero() {
+		t.Errorf("status while the final snapshot uploads: exit %d, running %v, pid %d (the daemon's: %d), stopping %q, gives up at %v; want the daemon, running, in its final snapshot",
+			code, st.Running, st.PID, d.cmd.Process.Pid, st.Stopping, st.StopDeadline)
+	}
+	if code, out, _ := h.run("status", mp); !strings.Contains(out, "stopping (pid ") {
+		t.Errorf("status (text) while the daemon stops: exit %d\n%s", code, out)
+	}
+
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(d.stderr.String(), "second signal: stopping now, without the final snapshot"); {
+		if time.Now().After(deadline) {
+			t.Fatalf("the second SIGTERM was not acknowledged within 30s\n%s", tail(d.stderr.String(), 20))
+		}
+		sleepMillis(10)
+	}
+	select {
+	case <-d.done:
+	case <-time.After(time.Minute):
+		t.Fatalf("the daemon still runs a minute after the second signal, its upload still held\n%s", tail(d.stderr.String(), 20))
+	}
+	if d.code != exitUnsynced {
+		t.Fatalf("exit %d after a second signal, want %d\n%s", d.code, exitUnsynced, tail(d.stderr.String(), 20))
+	}
+	if got := mustRead(t, filepath.Join(h.state, "upper", "a.txt")); got != "kept for the next start\n" {
+		t.Errorf("the upper layer after the abandoned stop: a.txt %q", got)
+	}
+
+	stall.setHold(nil)
+	for _, r := range held {
+		r.release <- false
+	}
+	held = nil
+	d2 := h.mount(mp, "--interval", "0", "--write-back", "0")
+	if got := mustRead(t, filepath.Join(mp, "a.txt")); got != "kept for the next start\n" {
+		t.Errorf("a.txt after the next start: %q", got)
+	}
+	d2.stopOK(t)
+	dir := filepath.Join(e2eDir(t, "restore"), "home")
+	if code, _, errs := newHost(t, h.store).run("restore", dir); code != 0 {
+		t.Fatalf("restore: exit %d\n%s", code, errs)
+	}
+	if got := mustRead(t, filepath.Join(dir, "a.txt")); got != "kept for the next start\n" {
+		t.Errorf("a.txt in the snapshot the next start published: %q", got)
+	}
+}
