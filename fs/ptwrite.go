@@ -782,9 +782,13 @@ func revokedAttr(caller uint32, out *fuse.AttrOut) {
 // lock, which a passthrough write holds while it writes, and then fails
 // without a request: once it returns, the writes that passed the check
 // before are done. (A write preempted between the check and its taking of
-// the lock can still land after: it changes the file's times, which
-// Generation sees, so it is never taken for unchanged.) The kernel
-// behaviour is verified once per process (ptcheck.go).
+// the lock can still land after: it changes the file's ctime, which
+// Generation compares, so the stop sees it and keeps the upper layer. A
+// file system with multigrain timestamps (ext4, xfs, btrfs, tmpfs from
+// kernel 6.13) gives a change after a stat a later ctime even within the
+// clock's tick; elsewhere such a write in the same tick as the seal's
+// note would go unseen.) The kernel behaviour is verified once per
+// process (ptcheck.go).
 func revokeFile(fd int, mode uint32) error {
 	tid := uint32(unix.Gettid())
 	revokers.Store(tid, struct{}{})
