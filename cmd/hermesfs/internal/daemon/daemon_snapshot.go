@@ -219,7 +219,8 @@ func (d *daemon) packBase(ctx context.Context) (*openImage, string) {
 func (d *daemon) snapshotOnce(ctx context.Context, parent, expect string, onBase bool, view frozenView) (snapshotDone, error) {
 	var r snapshotDone
 	t0 := time.Now()
-	if view == nil {
+	given := view != nil
+	if !given {
 		d.resolveHot() // not part of the stall: nothing is frozen yet
 		t0 = time.Now()
 		var err error
@@ -231,6 +232,11 @@ func (d *daemon) snapshotOnce(ctx context.Context, parent, expect string, onBase
 	closeView := sync.OnceValue(view.Close)
 	defer closeView()
 	r.FreezeStall = time.Since(t0)
+	if given {
+		// The stop's sealed view: the hot set still ends before the
+		// pack reads the lower layer.
+		d.resolveHot()
+	}
 	viewGen := view.Generation()
 	if onBase {
 		// SQLite creates and removes a database's -wal and -shm even for
