@@ -336,19 +336,24 @@ func TestRunSecondSignalAbandonsTheFinalSnapshot(t *testing.T) {
 			<-release
 		})
 	}})
-	t.Cleanup(func() { testViewHook.Store(nil) })
+	var releaseOnce sync.Once
+	letGo := func() { releaseOnce.Do(func() { close(release) }) }
+	// A failure below must not leave the pack held until the stop times out.
+	t.Cleanup(func() {
+		testViewHook.Store(nil)
+		letGo()
+	})
 	d.cancel() // the first signal
 	select {
 	case <-inPack:
 	case <-time.After(time.Minute):
-		close(release)
 		t.Fatal("the final snapshot did not start")
 	}
 	sigs <- syscall.SIGINT
 	waitFor(t, 30*time.Second, "the second signal acknowledged in the log", func() bool {
 		return strings.Contains(d.logs.String(), "second signal: stopping now, without the final snapshot")
 	})
-	close(release)
+	letGo()
 	select {
 	case <-d.done:
 	case <-time.After(time.Minute):
