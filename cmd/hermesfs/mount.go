@@ -47,9 +47,10 @@ without waiting for the agent. A snapshot in progress finishes; then the
 final snapshot seals the mount: from its freeze on, every change is refused
 (EROFS; EIO for files open for writing through passthrough), so it holds
 exactly what writers were told succeeded and nothing written after it can be
-lost. It is uploaded, the mount is detached, files still open on it get one
-second to be closed (then ENOTCONN), and the daemon exits: a second or so
-plus the upload, all within --stop-timeout. Stop the agent first when you
+lost. It is uploaded, the mount is detached, files still open on it get up
+to a second to be closed (never past 1.5s after the signal; then ENOTCONN),
+and the daemon exits: under two seconds with a quick upload, all within
+--stop-timeout. Stop the agent first when you
 can: its writes fail from the final snapshot on, as on a disk being
 unmounted. While it stops, 'hermesfs status' says what it waits for and
 until when, and the log says it every 5s. If the final upload fails or

@@ -22,8 +22,9 @@ import (
 // passthrough), and the snapshot is exactly the last state any writer was
 // told succeeded. Nothing written after it can be lost, because nothing
 // can be written after it. Then the mount is detached lazily, the files
-// still open on it get a short grace (unmountGrace) to be closed, and the
-// connection is aborted: open files never hold the stop. Exit 0 when the
+// still open on it get a short grace (unmountGrace, ending at most
+// unmountGraceEnds after the signal) to be closed, and the connection is
+// aborted: open files never hold the stop. Exit 0 when the
 // final snapshot is published (or nothing changed), 5 when it is not (the
 // upper layer is kept and the next start publishes it).
 //
@@ -37,6 +38,12 @@ import (
 // unmountGrace is how long the stop waits, once the mount is detached, for
 // the files still open on it to be closed before it aborts the connection.
 var unmountGrace = time.Second
+
+// unmountGraceEnds is how long after the signal the grace ends at the
+// latest: the grace is a courtesy (the files can change nothing), and it
+// must not make a stop whose snapshot was slow miss a container's grace.
+// With a quick final snapshot the stop exits within about this long.
+const unmountGraceEnds = 1500 * time.Millisecond
 
 // stopProgressEvery is how often a stop says what it still waits for.
 const stopProgressEvery = 5 * time.Second
@@ -205,7 +212,11 @@ func (d *daemon) stop(waitBg func()) shutdownResult {
 		d.mu.Unlock()
 	}
 
-	d.unmountForStop(&res, deadline.Add(reserve/2))
+	graceBy := t0.Add(unmountGraceEnds)
+	if by := deadline.Add(reserve / 2); by.Before(graceBy) {
+		graceBy = by
+	}
+	d.unmountForStop(&res, graceBy)
 	// Snapshot goroutines see the cancelled mount and return.
 	waitDone := make(chan struct{})
 	go func() { waitBg(); close(waitDone) }()
@@ -257,16 +268,16 @@ func (d *daemon) stop(waitBg func()) shutdownResult {
 }
 
 // unmountForStop detaches the mount and waits at most unmountGrace (none
-// once a second signal came, never past by) for the files still open on
+// once a second signal came, never past graceBy) for the files still open on
 // it, then aborts the connection. Files still open are no failure: the
 // mount is sealed (or read-only, or gone) and they can change nothing.
-func (d *daemon) unmountForStop(res *shutdownResult, by time.Time) {
+func (d *daemon) unmountForStop(res *shutdownResult, graceBy time.Time) {
 	d.setStopPhase(stepUnmount, "unmounting")
 	grace := unmountGrace
 	if d.abandoned.Load() {
 		grace = 0
 	}
-	if until := time.Until(by); grace > until {
+	if until := time.Until(graceBy); grace > until {
 		grace = max(until, 0)
 	}
 	if hs := d.ov.Holders(8); len(hs) > 0 {
