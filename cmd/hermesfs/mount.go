@@ -42,15 +42,32 @@ Once the mount answers, one line starting "ready " is printed on stdout and
 READY=1 is sent to systemd (NOTIFY_SOCKET). Runs in the foreground unless
 --background is given.
 
-Stopping: SIGTERM, SIGINT or 'hermesfs umount MOUNTPOINT' take a final
-snapshot, unmount and exit within --stop-timeout. If the final upload fails,
-the local changes stay in the state dir, the exit code is 5, and the next
-mount publishes them. After a crash or kill -9, the next mount with the same
-state dir mounts the local changes again (nothing written before the crash is
-lost) and publishes them at once; the dead mount the killed daemon left at
-MOUNTPOINT is detached first. A live FUSE mount at MOUNTPOINT (another
-hermesfs, whatever its store) is never mounted over: exit 1, naming its
-daemon. A snapshot that fails, even on a bug (a panic), keeps everything
+Stopping: SIGTERM, SIGINT or 'hermesfs umount MOUNTPOINT' stop the daemon
+without waiting for the agent. A snapshot in progress finishes; then the
+final snapshot seals the mount: from its freeze on, every change is refused
+(EROFS; EIO for files open for writing through passthrough), so it holds
+exactly what writers were told succeeded and nothing written after it can be
+lost. It is uploaded, the mount is detached, files still open on it get up
+to a second to be closed (never past 1.5s after the signal; then ENOTCONN),
+and the daemon exits: under two seconds with a quick upload, all within
+--stop-timeout. Stop the agent first when you
+can: its writes fail from the final snapshot on, as on a disk being
+unmounted. While it stops, 'hermesfs status' says what it waits for and
+until when, and the log says it every 5s. If the final upload fails or
+--stop-timeout runs out, the local changes stay in the state dir, the exit
+code is 5, and the next mount publishes them. A second SIGINT or SIGTERM
+during the final snapshot (Ctrl-C twice) stops at once without it, also
+with exit 5 and the local changes kept: in a container without a state
+volume, let the first one finish.
+
+After a crash or kill -9, the next mount with the same state dir mounts the
+local changes again (nothing written before the crash is lost) and publishes
+them at once; the dead mount the killed daemon left at MOUNTPOINT is
+detached first, and a killed daemon that has not finished exiting (a zombie
+whose thread waits on a FUSE request) is taken over on the first try: the
+connections it waits on are aborted. A live FUSE mount at MOUNTPOINT
+(another hermesfs, whatever its store) is never mounted over: exit 1, naming
+its daemon. A snapshot that fails, even on a bug (a panic), keeps everything
 local and the mount serving; the stop then exits 5.
 
 One host writes a store prefix at a time (a lease in the store, renewed every
@@ -81,21 +98,26 @@ Examples:
                                                     # encrypted snapshots (see hermesfs keygen)
 
 Exit codes:
-  0  stopped cleanly, everything published
+  0  stopped cleanly: the final snapshot, with every write a writer was
+     told succeeded, is in the store
   1  failed (the message says why)
   2  bad command line
   3  a snapshot failed verification and no older one verifies
   4  conflict: another host holds the store, or published over our
      unpublished changes (see --on-conflict)
-  5  stopped, but the final snapshot did not reach the store; local
-     changes kept in the state dir for the next mount
+  5  stopped, but the store lacks local changes: the final snapshot did
+     not reach it (upload failed, --stop-timeout, a second signal), or
+     stores into a shared mapping (mmap) went on after it; local changes
+     kept in the state dir for the next mount
   6  the snapshot to mount is encrypted and no --identity opens it, or
      LATEST is encrypted and --encrypt-to is missing (see --allow-plaintext);
      nothing mounted
 
-Signals: SIGTERM and SIGINT stop (final snapshot). Under systemd use
-Type=notify, KillMode=mixed and TimeoutStopSec larger than --stop-timeout
-(see scripts/hermesfs.service).
+Signals: SIGTERM and SIGINT stop (final snapshot, which seals the mount); a
+second one during the final snapshot stops at once without it (exit 5),
+later ones are only acknowledged. Under systemd use Type=notify,
+KillMode=mixed and TimeoutStopSec larger than --stop-timeout (see
+scripts/hermesfs.service).
 
 ` + storeHelp,
 		flags: func(fs *flag.FlagSet) {

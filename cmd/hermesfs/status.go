@@ -176,6 +176,9 @@ func printStatus(w io.Writer, rs []daemon.StatusReport, asJSON bool) error {
 			if r.ReadOnly {
 				state += ", read-only"
 			}
+			if r.Stopping != "" {
+				state = fmt.Sprintf("stopping (pid %d): %s; gives up at %s", r.PID, r.Stopping, r.StopDeadline.Local().Format(time.TimeOnly))
+			}
 		}
 		row("mountpoint", "%s", r.Mountpoint)
 		row("state", "%s", state)

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -28,7 +29,8 @@ import (
 //
 // Life: boot (lock the state dir, open the store, take the lease, decide the
 // lower layer, mount) -> serve (ready line, READY=1, control socket, timer)
-// -> stop (final snapshot with the mount live, unmount, rebase, release).
+// -> stop (final snapshot, which seals the mount, unmount, rebase, release:
+// stop.go).
 // A signal during boot aborts it; once ready, a signal starts stop, which
 // runs to its end on its own deadline (--stop-timeout).
 //
@@ -121,6 +123,15 @@ type daemon struct {
 	// relet passes the serve loop the Lost channel of a lease taken again.
 	relet chan (<-chan struct{})
 
+	// The stop (stop.go): what it does now and since when (status shows
+	// it), when it gives up, and whether a second signal abandoned its
+	// final snapshot.
+	stopStep  stopStep
+	stopPhase string
+	stopSince time.Time
+	stopBy    time.Time
+	abandoned atomic.Bool
+
 	stopOnce  sync.Once
 	stopCh    chan struct{}
 	result    shutdownResult // set before resultSet is closed
@@ -188,7 +199,7 @@ func (d *daemon) boot(ctx context.Context) error {
 		return fmt.Errorf("mountpoint %s: not a directory", cfg.Mountpoint)
 	}
 
-	sd, err := openStateDir(cfg.StateDir)
+	sd, err := d.lockStateDir(cfg.StateDir)
 	if err != nil {
 		return err
 	}
@@ -788,9 +799,11 @@ loop:
 			sdNotify(d.e.Getenv, "WATCHDOG=1")
 		}
 	}
-	d.log.Info("stopping", "why", why)
-	sdNotify(d.e.Getenv, "STOPPING=1\nSTATUS=final snapshot")
-	ctl.stopAccepting()
+	d.log.Info("stopping", "why", why, "stop_timeout", cfg.StopTimeout.String(),
+		"second_signal", "stops at once, without the final snapshot (exit 5, local changes kept for the next start)")
+	sdNotify(d.e.Getenv, "STOPPING=1\nSTATUS=stopping")
+	// Status and umount are still answered while the daemon stops.
+	ctl.refuse()
 	res := d.stop(bg.Wait)
 	d.result = res
 	close(d.resultSet)
@@ -799,127 +812,6 @@ loop:
 		return withCode(res.Code, errors.New(res.Error))
 	}
 	return nil
-}
-
-// stop takes the final snapshot with the mount live, unmounts and
-// rebases, all within the stop timeout.
-func (d *daemon) stop(waitBg func()) shutdownResult {
-	cfg := d.cfg
-	deadline := time.Now().Add(cfg.StopTimeout)
-	// Keep a part of the budget for the unmount.
-	reserve := min(10*time.Second, cfg.StopTimeout/4)
-	snapCtx, cancel := context.WithDeadline(context.Background(), deadline.Add(-reserve))
-	defer cancel()
-
-	// Snapshots still running are cancelled when the deadline nears.
-	t := time.AfterFunc(time.Until(deadline.Add(-reserve)), d.bgCancel)
-	defer t.Stop()
-
-	d.stopLazyFill()
-	res := shutdownResult{Code: exitOK}
-	var finalGen uint64
-	gone := false
-	select {
-	case <-d.ov.Done():
-		gone = true
-	default:
-	}
-	switch {
-	case cfg.ReadOnly:
-	case gone:
-		// Nothing can be frozen any more; the upper layer is intact on
-		// disk and the next start publishes it, if anything changed.
-		d.snapMu.Lock()
-		d.mu.Lock()
-		finalGen, res.FinalID = d.publishedGen, d.st.LastPublished
-		d.mu.Unlock()
-		changed := d.changedSincePublished()
-		d.snapMu.Unlock()
-		if changed {
-			res.Code, res.Error = exitUnsynced, fmt.Sprintf("the mount went away before a final snapshot; local changes are kept in %s and published by the next start", d.sd.path)
-		} else {
-			gone = false // nothing to lose: a clean stop
-		}
-	default:
-		// A snapshot in progress finishes (or fails) first, within the
-		// same deadline (bgCancel above): never a half-published snapshot.
-		locked := make(chan struct{})
-		go func() { d.snapMu.Lock(); close(locked) }()
-		var r snapshotResult
-		var err error
-		select {
-		case <-locked:
-			r, err = d.snapshotLocked(snapCtx, "final")
-			// Writers that went on during the final snapshot (the agent
-			// was not stopped first): take what they wrote too, a couple
-			// of times at most, while time remains.
-			for i := 0; i < 2 && err == nil && snapCtx.Err() == nil && d.changedSincePublished(); i++ {
-				var again snapshotResult
-				if again, err = d.snapshotLocked(snapCtx, "final, writes went on"); err == nil {
-					r = again
-				}
-			}
-			d.snapMu.Unlock()
-		case <-snapCtx.Done():
-			err = fmt.Errorf("a snapshot in progress did not finish within --stop-timeout %s", cfg.StopTimeout)
-			go func() { <-locked; d.snapMu.Unlock() }()
-		}
-		if err != nil {
-			res.Code, res.Error = exitUnsynced, fmt.Sprintf("final snapshot failed: %v; local changes are kept in %s and published by the next start", err, d.sd.path)
-			if errors.Is(err, errLeaseLost) || errors.Is(err, errConflict) {
-				res.Code = exitConflict
-			}
-		} else {
-			res.FinalID = r.ID
-		}
-		d.mu.Lock()
-		finalGen = d.publishedGen
-		d.mu.Unlock()
-	}
-
-	uctx, ucancel := context.WithDeadline(context.Background(), deadline.Add(reserve/2))
-	defer ucancel()
-	if err := d.ov.Unmount(uctx); err != nil {
-		d.log.Error("unmount", "err", err)
-		if res.Code == exitOK {
-			res.Code, res.Error = exitFailure, fmt.Sprintf("unmount: %v", err)
-		}
-	}
-	// Snapshot goroutines see the cancelled mount and return.
-	waitDone := make(chan struct{})
-	go func() { waitBg(); close(waitDone) }()
-	select {
-	case <-waitDone:
-	case <-time.After(time.Until(deadline) + reserve):
-	}
-	d.closeImages()
-
-	if !cfg.ReadOnly && res.Code == exitOK && !gone && d.ov.Generation() != finalGen {
-		// Acknowledged writes came after the final snapshot's freeze (the
-		// mount was still live): they are only in the upper layer, and
-		// exit 0 would tell whoever throws this machine away that the
-		// store has everything.
-		res.Code = exitUnsynced
-		res.Error = fmt.Sprintf("writes went on after the final snapshot %s; they are kept in %s and published by the next start (stop the writers before hermesfs)", OrNone(res.FinalID), d.sd.path)
-	}
-	if !cfg.ReadOnly {
-		d.finish(res.Code == exitOK && !gone, finalGen)
-	}
-	if d.lease != nil {
-		rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
-		if err := d.lease.Release(rctx); err != nil {
-			d.log.Warn("lease release", "err", err)
-		}
-		rcancel()
-	}
-	d.cat.Close()
-	d.sd.close()
-	if res.Code == exitOK {
-		d.log.Info("stopped", "final_snapshot", OrNone(res.FinalID))
-	} else {
-		d.log.Error("stopped with unpublished changes", "err", res.Error, "code", res.Code)
-	}
-	return res
 }
 
 // reacquireLease takes the writer lease again when it was lost, which

@@ -5,6 +5,7 @@ import (
 	"errors"
 	iofs "io/fs"
 
+	"github.com/hermesfs/hermesfs/fs"
 	"github.com/hermesfs/hermesfs/uploader"
 	"github.com/hermesfs/hermesfs/uploader/crypt"
 )
@@ -23,6 +24,14 @@ type overlay interface {
 	Dirty(since uint64) (files int, bytes int64)
 	// Freeze captures the merged tree at one instant.
 	Freeze(ctx context.Context) (frozenView, error)
+	// Seal is the stop's freeze: after it, every change fails
+	// (fs.Mounted.Seal).
+	Seal(ctx context.Context) (frozenView, error)
+	// Unrevoked counts the files open for writing through passthrough
+	// whose writes Seal could not refuse.
+	Unrevoked() int
+	// Holders lists (at most max of) the files open on the mount.
+	Holders(max int) []fs.Holder
 	// Unmount detaches the mount (lazily, open files allowed) and waits for
 	// the server to stop.
 	Unmount(ctx context.Context) error

@@ -170,6 +170,14 @@ func (m *mountAdapter) Freeze(ctx context.Context) (frozenView, error) {
 	return &viewAdapter{v}, nil
 }
 
+func (m *mountAdapter) Seal(ctx context.Context) (frozenView, error) {
+	v, err := m.Mounted.Seal(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &viewAdapter{v}, nil
+}
+
 func (m *mountAdapter) Done() <-chan struct{} { return m.done }
 
 func (m *mountAdapter) Unmount(ctx context.Context) error {

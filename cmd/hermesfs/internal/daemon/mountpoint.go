@@ -23,7 +23,20 @@ import (
 func (d *daemon) clearMountpoint(ctx context.Context) error {
 	cfg := d.cfg
 	mp := cfg.Mountpoint
-	if loc, err := locateDaemon(d.e, mp, cfg.StateDir); err == nil {
+	// A daemon killed while a thread of it waited on its own mount (the
+	// registered daemon of this mountpoint, or the holder of this state
+	// dir's lock) has not finished exiting: its control socket accepts
+	// and never answers, so it is not asked. Its mount hangs, which the
+	// probe below finds; a live mount answers the probe and is left alone,
+	// whoever holds what.
+	dying := lockHolder(cfg.StateDir)
+	if r, err := lookupRegistry(RuntimeDir(os.Getuid(), d.e.Getenv), mp); err == nil && processDying(r.PID) {
+		dying = r.PID
+	}
+	if !processDying(dying) {
+		dying = 0
+	}
+	if loc, err := locateDaemon(d.e, mp, cfg.StateDir); err == nil && dying == 0 {
 		// Bounded: a killed daemon stuck on its own mount (see
 		// FUSEHung) still holds its listening socket open.
 		cctx, cancel := context.WithTimeout(ctx, hungMountWait)
@@ -54,7 +67,11 @@ func (d *daemon) clearMountpoint(ctx context.Context) error {
 		// waited on its mount never exits, and its mount hangs every
 		// request. Aborting the connection frees the processes stuck in
 		// it; the changes are in the upper layer.
-		d.log.Warn("the mount at the mountpoint does not answer and no hermesfs answers its control socket: aborting its FUSE connection", "mountpoint", mp, "waited", hungMountWait)
+		if dying > 0 {
+			d.log.Warn("the mount at the mountpoint does not answer: its daemon was killed and has not finished exiting (a thread of it waits on a FUSE request); aborting its FUSE connection", "mountpoint", mp, "pid", dying, "waited", hungMountWait)
+		} else {
+			d.log.Warn("the mount at the mountpoint does not answer and no hermesfs answers its control socket: aborting its FUSE connection", "mountpoint", mp, "waited", hungMountWait)
+		}
 		if err := fs.AbortConnection(mp, d.log); err != nil {
 			return fmt.Errorf("mountpoint %s: a hung FUSE mount is there and cannot be aborted (%w); as root: echo 1 > /sys/fs/fuse/connections/<minor>/abort, then umount -l %s", mp, err, mp)
 		}

@@ -17,10 +17,14 @@ type statusReport struct {
 	Mountpoint string `json:"mountpoint"`
 	Running    bool   `json:"running"`
 	PID        int    `json:"pid,omitempty"`
-	Store      string `json:"store"`
-	StateDir   string `json:"state_dir"`
-	Host       string `json:"host,omitempty"`
-	ReadOnly   bool   `json:"read_only,omitempty"`
+	// Stopping is what a daemon that is stopping does now (empty while
+	// it serves); StopDeadline is when it gives up (--stop-timeout).
+	Stopping     string    `json:"stopping,omitempty"`
+	StopDeadline time.Time `json:"stop_deadline,omitzero"`
+	Store        string    `json:"store"`
+	StateDir     string    `json:"state_dir"`
+	Host         string    `json:"host,omitempty"`
+	ReadOnly     bool      `json:"read_only,omitempty"`
 	// Base is the snapshot the lower layer is; LastPublished the newest
 	// snapshot published from this mount.
 	Base          string `json:"base,omitempty"`
