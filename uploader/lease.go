@@ -61,7 +61,7 @@ var (
 	// ErrLeaseLapsed is a lost lease that expired because its renewals
 	// failed (the store did not answer), not one another holder took:
 	// errors.Is(err, ErrLeaseLost) holds for it too.
-	ErrLeaseLapsed = errors.New("lease lapsed: it could not be renewed within its TTL")
+	ErrLeaseLapsed = errors.New("lease lapsed")
 )
 
 // LeaseHeldError names the live holder: which writer, on this machine or
@@ -465,7 +465,7 @@ func (l *Lease) Renew(ctx context.Context) error {
 		cur, _, _ := l.c.ReadLease(ctx)
 		return l.markLost(fmt.Errorf("%w: taken over by %s, generation %d", ErrLeaseLost, l.c.describe(cur), cur.Generation))
 	case l.c.opts.Mono() >= l.valid:
-		return l.markLost(fmt.Errorf("%w (%w) of %s: %w", ErrLeaseLost, ErrLeaseLapsed, l.opts.TTL, err))
+		return l.markLost(fmt.Errorf("%w: %w: not renewed within its TTL of %s: %w", ErrLeaseLost, ErrLeaseLapsed, l.opts.TTL, err))
 	}
 	// No answer: the store may have applied it.
 	l.unsure = append(l.unsure, rec.Write)
@@ -509,7 +509,7 @@ func (l *Lease) Err() error {
 		return l.err
 	}
 	if l.c.opts.Mono() >= l.valid {
-		return l.markLost(fmt.Errorf("%w (%w) of %s", ErrLeaseLost, ErrLeaseLapsed, l.opts.TTL))
+		return l.markLost(fmt.Errorf("%w: %w: not renewed within its TTL of %s", ErrLeaseLost, ErrLeaseLapsed, l.opts.TTL))
 	}
 	return nil
 }

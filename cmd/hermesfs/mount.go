@@ -113,6 +113,9 @@ Type=notify, KillMode=mixed and TimeoutStopSec larger than --stop-timeout
 			if err := cfg.validate(); err != nil {
 				return err
 			}
+			if err := cfg.testKnobs(e.getenv); err != nil {
+				return err
+			}
 			if cfg.Background {
 				// The daemon refuses these too, but only after the log
 				// file is made in the state dir.
