@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hermesfs/hermesfs/fs"
+	"github.com/hermesfs/hermesfs/uploader"
 )
 
 // onAnotherMachine makes h's daemons run as on another machine: in a UTS
@@ -113,3 +114,37 @@ func TestE2EReplacementHostWaitsForLease(t *testing.T) {
 
 // waitSeen is what a test keeps of the status of a mount that waits.
 type waitSeen struct{ lease, waitFor, holder, showing string }
+
+// TestE2EBackgroundRefusedLeavesNoStateDir: a --background mount refused
+// by the daemon (here: the lease is another host's and --lease-wait 0)
+// says why, with the daemon's last log lines, and leaves no state dir
+// behind: not even the log file that was made for it.
+func TestE2EBackgroundRefusedLeavesNoStateDir(t *testing.T) {
+	need(t, "/dev/fuse")
+	storeDir := e2eDir(t, "store")
+	mp := e2eDir(t, "home")
+	s, err := uploader.NewLocal(storeDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := uploader.NewCatalog(s, uploader.CatalogOptions{Host: "vm2-1a2b3c4d", Machine: uploader.Machine{Hostname: "vm2", ID: "2"}})
+	l, err := other.AcquireLease(t.Context(), uploader.LeaseOptions{Holder: "hermesfs mount /elsewhere", Heartbeat: -1, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(t.Context())
+	h := newHost(t, "file://"+storeDir)
+	parent := filepath.Join(e2eDir(t, "states"), "new")
+	h.state = filepath.Join(parent, "state")
+	code, out, errOut := h.run("mount", "--background", "--lease-wait", "0", mp)
+	if code != exitConflict || out != "" || !strings.Contains(errOut, "the store is in use by hermesfs mount /elsewhere on host vm2") {
+		t.Errorf("refused --background mount: exit %d %q\n%s", code, out, errOut)
+	}
+	if _, err := os.Stat(parent); !errors.Is(err, os.ErrNotExist) {
+		ents, _ := filepath.Glob(filepath.Join(parent, "*", "*"))
+		t.Errorf("a refused --background mount left %s behind (%v): %v", parent, err, ents)
+	}
+	if fs.IsMountpoint(mp) {
+		t.Error("a refused mount left a mount")
+	}
+}

@@ -287,11 +287,22 @@ func TestE2ESdNotifyAndBackground(t *testing.T) {
 	if !fs.IsMountpoint(mp) {
 		t.Fatal("--background returned but nothing is mounted")
 	}
+	// STATUS= lines come first, saying what the boot does.
 	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
 	buf := make([]byte, 4096)
-	n, err := conn.Read(buf)
-	if err != nil || !strings.Contains(string(buf[:n]), "READY=1") {
-		t.Fatalf("sd_notify: %q %v", buf[:n], err)
+	var before []string
+	for {
+		n, err := conn.Read(buf)
+		if err != nil {
+			t.Fatalf("sd_notify: no READY=1 after %q: %v", before, err)
+		}
+		if strings.Contains(string(buf[:n]), "READY=1") {
+			break
+		}
+		before = append(before, string(buf[:n]))
+	}
+	if len(before) == 0 || !strings.HasPrefix(before[0], "STATUS=") {
+		t.Errorf("no STATUS= before READY=1: %q", before)
 	}
 	r, _ := h.statusJSON(mp)
 	if !r.Running || r.PID <= 0 {
