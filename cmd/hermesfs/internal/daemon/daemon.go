@@ -694,6 +694,13 @@ func (d *daemon) openBase(ctx context.Context, id string) (*openImage, error) {
 		d.verifyBase = true
 		o, complete, err = d.bootImage(ctx, id, &m)
 	}
+	if err == nil {
+		// An encrypted snapshot complete in the cache reads without a
+		// key: the identities are checked against it all the same, so
+		// that a wrong or missing --identity is refused (exit 6) here,
+		// not on the next host.
+		err = o.im.CheckIdentities(ctx)
+	}
 	if err != nil {
 		return nil, bootError(err)
 	}

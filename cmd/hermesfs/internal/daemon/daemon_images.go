@@ -280,7 +280,7 @@ func (d *daemon) cleanCache(keep ...string) {
 			}
 		}
 		base := n
-		for _, ext := range []string{".partial", ".present", ".etag", uploader.SumsExt, uploader.EncryptedExt} {
+		for _, ext := range []string{image.HeaderExt, ".partial", ".present", ".etag", uploader.SumsExt, uploader.EncryptedExt} {
 			base = strings.TrimSuffix(base, ext)
 		}
 		base = strings.TrimSuffix(base, uploader.EncryptedExt)
