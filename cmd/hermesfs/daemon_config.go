@@ -159,11 +159,13 @@ func (c *mountConfig) validate() error {
 	if c.Mountpoint == "" {
 		return usageError("missing MOUNTPOINT")
 	}
-	mp, err := filepath.Abs(c.Mountpoint)
+	// Symlinks resolved: the state dir's name, the registry and the check
+	// for a live mount all go by the directory mounted over.
+	mp, err := daemon.ResolveMountpoint(c.Mountpoint)
 	if err != nil {
-		return usageError("mountpoint %s: %v", c.Mountpoint, err)
+		return usageError("%v", err)
 	}
-	c.Mountpoint = filepath.Clean(mp)
+	c.Mountpoint = mp
 	if c.Interval < 0 {
 		return usageError("--interval %s: must not be negative", c.Interval)
 	}

@@ -254,6 +254,16 @@ func (d *daemon) resolveStoreErr(by string) {
 // boot goes from nothing to a ready mount.
 func (d *daemon) boot(ctx context.Context) error {
 	cfg := d.cfg
+	mp, err := ResolveMountpoint(cfg.Mountpoint)
+	if err != nil {
+		return err
+	}
+	if mp != cfg.Mountpoint {
+		d.log.Info("the mountpoint is a symlink: mounting on the directory it names", "symlink", cfg.Mountpoint, "target", mp)
+		cfg.Mountpoint = mp
+		d.base = d.root.With("mountpoint", mp)
+		d.log = d.base.With("component", "daemon")
+	}
 	if cfg.StateDir == "" {
 		sd, err := DefaultStateDir(cfg.Mountpoint, os.Getuid(), d.e.Getenv)
 		if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/hermesfs/hermesfs/fs"
@@ -117,4 +118,43 @@ func MountedFS(mp string) (fstype, source string) {
 		}
 	}
 	return fstype, source
+}
+
+// ResolveMountpoint returns the absolute, clean path mp names with every
+// symlink in it resolved: the directory a mount of mp covers. The mount,
+// its registry entry, its default state dir and the check for a live mount
+// there all go by that path, so a symlink to a live mount is found to be
+// one. A last component that cannot be looked at (a dead FUSE mount
+// answers ENOTCONN) or does not exist is kept as it is: later checks say
+// what is wrong with it.
+func ResolveMountpoint(mp string) (string, error) {
+	p, err := filepath.Abs(mp)
+	if err != nil {
+		return "", err
+	}
+	p = filepath.Clean(p)
+	for range 40 {
+		dir, base := filepath.Split(p)
+		if base == "" {
+			return p, nil // the root
+		}
+		rdir, err := filepath.EvalSymlinks(dir)
+		if err != nil {
+			return p, nil
+		}
+		p = filepath.Join(rdir, base)
+		fi, err := os.Lstat(p)
+		if err != nil || fi.Mode()&os.ModeSymlink == 0 {
+			return p, nil
+		}
+		target, err := os.Readlink(p)
+		if err != nil {
+			return "", fmt.Errorf("mountpoint %s: %w", mp, err)
+		}
+		if !filepath.IsAbs(target) {
+			target = filepath.Join(rdir, target)
+		}
+		p = filepath.Clean(target)
+	}
+	return "", fmt.Errorf("mountpoint %s: too many levels of symbolic links", mp)
 }
