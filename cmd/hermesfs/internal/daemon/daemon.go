@@ -608,6 +608,8 @@ func (d *daemon) warnHidden(id string) {
 // and makes it the base.
 func (d *daemon) seed(ctx context.Context) (string, error) {
 	t0 := time.Now()
+	d.notify("seeding the store: packing " + d.cfg.Mountpoint + " as the first snapshot")
+	d.log.Info("seeding the store: packing the mountpoint directory as the first snapshot", "dir", d.cfg.Mountpoint)
 	out := filepath.Join(d.sd.packDir(), "next.seg")
 	ps, err := d.parts.packDir(ctx, d.cfg.Mountpoint, out)
 	if err != nil {
@@ -615,6 +617,7 @@ func (d *daemon) seed(ctx context.Context) (string, error) {
 	}
 	packTime := time.Since(t0)
 	t1 := time.Now()
+	d.notify(fmt.Sprintf("seeding the store: uploading the first snapshot (%s, %d files)", HumanBytes(ps.Segment), ps.Files))
 	var pr uploader.Published
 	err = contain(func() (err error) {
 		in := uploader.ImageInput{Segment: out, Extents: ps.Extents, Files: ps.Files, MetaOffset: ps.MetaOffset}
@@ -690,6 +693,7 @@ func (d *daemon) baseFile(ctx context.Context, base string) (string, error) {
 // hermesfs's) is downloaded whole into the cache first.
 func (d *daemon) openBase(ctx context.Context, id string) (*openImage, error) {
 	t0 := time.Now()
+	d.notify("opening snapshot " + id)
 	o, complete, err := d.bootImage(ctx, id, nil)
 	if errors.Is(err, image.ErrNoDigests) {
 		m, merr := d.cachedManifest(ctx, id)
@@ -697,6 +701,7 @@ func (d *daemon) openBase(ctx context.Context, id string) (*openImage, error) {
 			return nil, merr
 		}
 		d.log.Info("the snapshot has no chunk digests (an older hermesfs made it); downloading it whole", "id", id)
+		d.notify("downloading snapshot " + id + " whole (an older hermesfs made it)")
 		dst := filepath.Join(d.sd.segmentsDir(), image.PlainName(m.Archive))
 		if _, err := d.cat.Fetch(ctx, id, dst); err != nil {
 			return nil, err

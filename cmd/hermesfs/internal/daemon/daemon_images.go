@@ -329,6 +329,7 @@ func (d *daemon) bootImage(ctx context.Context, id string, m *uploader.Manifest)
 
 // fetchWhole fetches every byte of im into the cache and waits for it.
 func (d *daemon) fetchWhole(ctx context.Context, im *image.Image) error {
+	d.notify(fmt.Sprintf("downloading snapshot %s (%s) before mounting (--lazy=false)", im.Manifest().ID, HumanBytes(im.Size())))
 	if err := im.Prefetch(ctx, 0, im.Size()); err != nil {
 		return fmt.Errorf("fetch the snapshot: %w", err)
 	}

@@ -691,3 +691,54 @@ func TestRunLeaseLapsesInOutage(t *testing.T) {
 		t.Fatalf("stop: %v", err)
 	}
 }
+
+// TestRunNotifiesBootSteps: during a boot that seeds the store from the
+// mountpoint directory, the systemd status line says so (packing, then
+// uploading) before READY=1, instead of nothing until then.
+func TestRunNotifiesBootSteps(t *testing.T) {
+	needFUSE(t)
+	root := tempDir(t)
+	store, mp := filepath.Join(root, "store"), filepath.Join(root, "home")
+	for _, d := range []string{store, mp} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(mp, "existing.txt"), []byte("my home before hermesfs\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	nl, addr := listenNotify(t, root)
+	r := startDaemonWith(t, store, mp, filepath.Join(root, "state"), filepath.Join(root, "run"), func(c *Config, o *Options) { withNotify(o, addr) })
+	var msgs []string
+	waitFor(t, r, "READY=1", func() bool {
+		msgs = nl.all()
+		for _, m := range msgs {
+			if strings.Contains(m, "READY=1") {
+				return true
+			}
+		}
+		return false
+	})
+	step := func(prefix string) int {
+		for i, m := range msgs {
+			if strings.HasPrefix(m, "STATUS="+prefix) {
+				return i
+			}
+		}
+		return -1
+	}
+	packing, uploading := step("seeding the store: packing "+mp), step("seeding the store: uploading the first snapshot")
+	ready := -1
+	for i, m := range msgs {
+		if strings.Contains(m, "READY=1") {
+			ready = i
+			break
+		}
+	}
+	if packing < 0 || uploading < packing || ready < uploading {
+		t.Errorf("notifications %q: want the seed's packing, then its upload, then READY=1", msgs)
+	}
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+}
