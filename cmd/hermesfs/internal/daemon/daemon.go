@@ -274,6 +274,9 @@ func (d *daemon) boot(ctx context.Context) error {
 	if err := d.checkStoreConfig(); err != nil {
 		return err
 	}
+	if err := checkFUSE(); err != nil {
+		return err
+	}
 	if fs.IsMountpoint(cfg.Mountpoint) {
 		if err := d.clearMountpoint(ctx); err != nil {
 			return err

@@ -2,10 +2,13 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"github.com/hermesfs/hermesfs/fs"
 )
@@ -157,4 +160,59 @@ func ResolveMountpoint(mp string) (string, error) {
 		p = filepath.Clean(target)
 	}
 	return "", fmt.Errorf("mountpoint %s: too many levels of symbolic links", mp)
+}
+
+// checkFUSE checks, before anything is created or published (a first boot
+// seeds the store before it mounts), what the mount will need of FUSE:
+// the device /dev/fuse, which a daemon with root opens itself, and, for
+// one without, fusermount3 (or fuse2's fusermount) to mount through, able
+// to open the device (setuid root, as installed).
+func checkFUSE() error {
+	const dev = "/dev/fuse"
+	hint := "load the fuse module (modprobe fuse); in a container, pass the device (docker run --device /dev/fuse --cap-add SYS_ADMIN)"
+	fi, err := os.Stat(dev)
+	if err != nil {
+		return fmt.Errorf("FUSE is not available here: %w; %s", err, hint)
+	}
+	if fi.Mode()&os.ModeCharDevice == 0 {
+		return fmt.Errorf("FUSE is not available here: %s is not a character device; %s", dev, hint)
+	}
+	f, openErr := os.OpenFile(dev, os.O_RDWR|syscall.O_CLOEXEC, 0)
+	if openErr == nil {
+		f.Close()
+	}
+	if os.Geteuid() == 0 {
+		if openErr != nil {
+			return fmt.Errorf("FUSE is not available here: %w; %s", openErr, hint)
+		}
+		return nil
+	}
+	bin := ""
+	for _, name := range []string{"fusermount3", "fusermount"} {
+		if p, err := exec.LookPath(name); err == nil {
+			bin = p
+			break
+		}
+		if p := filepath.Join("/bin", name); isExecutable(p) {
+			bin = p
+			break
+		}
+	}
+	if bin == "" {
+		return errors.New("cannot mount without root: fusermount3, through which a mount without root is made, is not installed (install the fuse3 package), or run hermesfs as root")
+	}
+	if openErr == nil {
+		return nil
+	}
+	if st, err := os.Stat(bin); err == nil && st.Mode()&os.ModeSetuid != 0 {
+		if sys, ok := st.Sys().(*syscall.Stat_t); ok && sys.Uid == 0 {
+			return nil
+		}
+	}
+	return fmt.Errorf("cannot mount without root: %s is not setuid root, and this user cannot open /dev/fuse (%w)", bin, openErr)
+}
+
+func isExecutable(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0
 }

@@ -24,6 +24,7 @@ import (
 // it created (the dir and its parents, lock, cache/, pack/, upper/) is taken
 // away again, and what was there before stays as it was.
 func TestRunRefusedLeavesStateDir(t *testing.T) {
+	needFUSE(t) // checked before any of these refusals
 	root := tempDir(t)
 	mp := filepath.Join(root, "home")
 	if err := os.Mkdir(mp, 0o700); err != nil {
