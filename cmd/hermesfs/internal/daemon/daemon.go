@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	iofs "io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -119,6 +120,10 @@ type daemon struct {
 	// when the stop timeout is near.
 	bgCtx    context.Context
 	bgCancel context.CancelFunc
+
+	// newStoreDir is the local store directory this boot creates, named
+	// explicitly but missing (checkStoreConfig).
+	newStoreDir string
 
 	// relet passes the serve loop the Lost channel of a lease taken again.
 	relet chan (<-chan struct{})
@@ -324,6 +329,9 @@ func (d *daemon) boot(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("store %s: %w", d.st.Store, err)
 	}
+	if d.newStoreDir != "" {
+		d.log.Warn("NEW EMPTY STORE: the store directory did not exist and was created; if you meant an existing store, stop now and check --store (a typo?)", "store", d.newStoreDir)
+	}
 
 	if cfg.ReadOnly {
 		d.leaseState = "none"
@@ -388,8 +396,21 @@ func (d *daemon) checkStoreConfig() error {
 	if err != nil {
 		return err
 	}
-	if _, err := storeurl.Parse(raw, o); err != nil {
+	loc, err := storeurl.Parse(raw, o)
+	if err != nil {
 		return usageError("%v", err)
+	}
+	if loc.Scheme == "file" && raw != "" && !d.cfg.ReadOnly {
+		// A store named by a path that does not exist is most likely a
+		// typo: a new store is made only where its parent exists, and
+		// said loudly (newStoreDir).
+		if _, err := os.Stat(loc.Dir); errors.Is(err, iofs.ErrNotExist) {
+			parent := filepath.Dir(loc.Dir)
+			if _, err := os.Stat(parent); err != nil {
+				return usageError("store %s: the directory does not exist, nor its parent %s (a typo?); to start a new store there, create the parent first (mkdir -p %s)", loc.Dir, parent, parent)
+			}
+			d.newStoreDir = loc.Dir
+		}
 	}
 	var co uploader.CatalogOptions
 	return d.e.Encryption(&co)
