@@ -245,6 +245,9 @@ func (d *daemon) noteWait(w *waitReport, err error) {
 	} else {
 		w.For, w.Holder, w.Until = "store", "", time.Time{}
 		w.Error = err.Error()
+		if plain := uploader.Explain(err); plain != "" {
+			w.Error = plain + ": " + w.Error
+		}
 	}
 	d.mu.Lock()
 	cp := *w
