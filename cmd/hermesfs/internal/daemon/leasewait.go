@@ -58,8 +58,9 @@ var (
 // waitReport is what a mount waiting to become writable waits for, as
 // status shows it.
 type waitReport struct {
-	// For is "lease" (another holder has the writer lease) or "store"
-	// (the store does not answer).
+	// For is "lease" (another holder has the writer lease), "store" (the
+	// store does not answer) or "boot" (the lease is ours now: the base
+	// is being decided and mounted writable).
 	For string `json:"for"`
 	// Holder names the lease's holder and where it runs; Until is when
 	// its lease lapses unless renewed (lease).
@@ -84,6 +85,8 @@ func (w *waitReport) Describe() string {
 		if !w.Until.IsZero() {
 			s += fmt.Sprintf(" (valid until %s unless renewed)", w.Until.Local().Format(time.TimeOnly))
 		}
+	case "boot":
+		return "for the mount to be writable: the writer lease is ours, the snapshot to write on is being decided"
 	default:
 		s = "for the store to answer (" + w.Error + ")"
 	}
@@ -122,7 +125,13 @@ func (d *daemon) takeLease(ctx context.Context) error {
 
 func (d *daemon) setLease(l lease) {
 	d.mu.Lock()
-	d.lease, d.leaseState, d.waiting = l, "held", nil
+	d.lease, d.leaseState = l, "held"
+	if d.waiting != nil {
+		// Until ready: the lease is ours, the base being decided.
+		w := *d.waiting
+		w.For, w.Holder, w.Until, w.Error = "boot", "", time.Time{}, ""
+		d.waiting = &w
+	}
 	d.mu.Unlock()
 }
 
