@@ -142,6 +142,7 @@ type daemon struct {
 	showing      string
 	offline      bool
 	previewing   bool
+	previewErr   string
 	refuseWrites bool
 	ctl          *controlServer
 

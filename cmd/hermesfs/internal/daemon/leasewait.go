@@ -364,7 +364,10 @@ func (d *daemon) showPreview(ctx context.Context, online bool) error {
 	case ExitCode(err) != exitFailure:
 		return err
 	}
-	d.log.Warn("cannot show the home while waiting for the writer lease", "err", err)
+	if msg := err.Error(); msg != d.previewErr {
+		d.previewErr = msg // said once, not at every try
+		d.log.Warn("cannot show the home while waiting for the writer lease", "err", err)
+	}
 	return nil
 }
 

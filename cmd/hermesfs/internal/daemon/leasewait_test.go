@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/hermesfs/hermesfs/archive"
+	"github.com/hermesfs/hermesfs/fs"
 	"github.com/hermesfs/hermesfs/uploader"
 	"github.com/hermesfs/hermesfs/uploader/faultproxy"
 	"github.com/hermesfs/hermesfs/uploader/image"
@@ -740,5 +741,50 @@ func TestRunNotifiesBootSteps(t *testing.T) {
 	}
 	if err := r.stop(t); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestRunStopWhileWaiting: `hermesfs umount` (the control socket's
+// shutdown) of a mount waiting for the lease ends it cleanly: the answer
+// says exit 0, Run returns nil, nothing stays mounted, nothing was
+// published.
+func TestRunStopWhileWaiting(t *testing.T) {
+	needFUSE(t)
+	root := tempDir(t)
+	store, mp, runDir := filepath.Join(root, "store"), filepath.Join(root, "home"), filepath.Join(root, "run")
+	for _, d := range []string{store, mp} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first := seedStore(t, store, mp, filepath.Join(root, "state-old"), runDir, map[string]string{"a.txt": "a\n"})
+	holdForeignLease(t, store, vanished)
+	state := filepath.Join(root, "state-new")
+	r, _ := launchDaemonWith(t, store, mp, state, runDir, func(c *Config, o *Options) { c.LeaseWait = time.Hour })
+	waitFor(t, r, "the mount waits, showing the home", func() bool {
+		st, ok := statusOf(t, state)
+		return ok && st.Waiting != nil && st.Waiting.Showing != ""
+	})
+	resp, err := ControlCall(t.Context(), filepath.Join(state, "control.sock"), controlRequest{Op: "snapshot"})
+	if err == nil || ExitCode(err) != ExitConflict {
+		t.Errorf("a snapshot while waiting: %+v %v, want it refused", resp, err)
+	}
+	resp, err = ControlCall(t.Context(), filepath.Join(state, "control.sock"), controlRequest{Op: "shutdown"})
+	if err != nil || resp.Shutdown == nil || resp.Shutdown.Code != ExitOK {
+		t.Fatalf("shutdown while waiting: %+v %v", resp, err)
+	}
+	select {
+	case <-r.done:
+	case <-time.After(90 * time.Second):
+		t.Fatal("Run did not return after the shutdown")
+	}
+	if r.err != nil {
+		t.Errorf("Run after a shutdown while waiting: %v", r.err)
+	}
+	if fs.IsMountpoint(mp) {
+		t.Error("still mounted")
+	}
+	if got := localLatestID(t, store); got != first {
+		t.Errorf("LATEST %s after a stop while waiting, want %s", got, first)
 	}
 }
