@@ -356,12 +356,8 @@ func (d *daemon) boot(ctx context.Context) error {
 	if l, ok := d.lease.(interface{ SetBase(string) }); ok && d.st.Base != "" {
 		l.SetBase(d.st.Base) // the lease names it: prune keeps it
 	}
-	if d.ov != nil {
-		// The tree shown while waiting is the one decided: it becomes
-		// writable as it is, with no remount.
-		d.ov.AllowWrites()
-		d.log.Info("the writer lease is ours: the mount is writable", "snapshot", OrNone(d.st.Base), "waited", time.Since(d.started).Round(time.Millisecond))
-	} else {
+	shown := d.ov != nil // the tree shown while waiting is the one decided
+	if !shown {
 		d.notify("mounting " + cfg.Mountpoint)
 		ov, err := d.parts.mount(ctx, d, lower)
 		if err != nil {
@@ -385,6 +381,12 @@ func (d *daemon) boot(ctx context.Context) error {
 		// again if this boot fails before the save. A read-only mount
 		// saves nothing and leaves it to the writer.
 		os.Remove(filepath.Join(d.sd.packDir(), "next.seg"))
+	}
+	if shown {
+		// Writable as it is, with no remount; only now that state.json
+		// says the upper layer may hold unpublished changes.
+		d.ov.AllowWrites()
+		d.log.Info("the writer lease is ours: the mount is writable", "snapshot", OrNone(d.st.Base), "waited", time.Since(d.started).Round(time.Millisecond))
 	}
 	return nil
 }
