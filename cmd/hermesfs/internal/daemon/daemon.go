@@ -472,6 +472,9 @@ func (d *daemon) decideBase(ctx context.Context) (string, error) {
 	if err := d.openCache(); err != nil {
 		return "", err
 	}
+	// Decided anew: a decision made while the lease was awaited (what to
+	// show) may have found local changes that this one sets aside.
+	d.pending = false
 	// inUse: the mount shown while the lease was awaited (leasewait.go)
 	// serves the upper layer: nothing may move it; a decision that
 	// would is errRemount, taken before anything changes.

@@ -788,3 +788,80 @@ func TestRunStopWhileWaiting(t *testing.T) {
 		t.Errorf("LATEST %s after a stop while waiting, want %s", got, first)
 	}
 }
+
+// TestRunWaitDiscardLocalLatestMoved: a state dir holds local changes over
+// snapshot B (a crash left them); the mount waits for the lease of a live
+// holder, showing those changes read-only. The holder publishes C and
+// stops. With --on-conflict discard-local the mount, once the lease is its
+// own, sets the local changes aside and shows C: nothing of the decision
+// made while waiting survives, so it publishes nothing (C stays LATEST)
+// and does not call C's tree recovered changes.
+func TestRunWaitDiscardLocalLatestMoved(t *testing.T) {
+	needFUSE(t)
+	root := tempDir(t)
+	store, mpA, mpB, runDir := filepath.Join(root, "store"), filepath.Join(root, "home-a"), filepath.Join(root, "home-b"), filepath.Join(root, "run")
+	for _, d := range []string{store, mpA, mpB} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stateA, stateB := filepath.Join(root, "state-a"), filepath.Join(root, "state-b")
+	a := startDaemon(t, store, mpA, stateA, runDir)
+	writeSynced(t, filepath.Join(mpA, "notes.txt"), "v1\n")
+	base := controlSnapshot(t, stateA)
+
+	// What a crash of a mount based on B leaves in its state dir.
+	if err := os.MkdirAll(filepath.Join(stateB, "upper"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(stateB, "upper", "notes.txt"), []byte("local\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	st := fmt.Sprintf(`{"mountpoint": %q, "host": "crashed-5e6f7a8b", "base": %q, "unpublished": true}`, mpB, base)
+	if err := os.WriteFile(filepath.Join(stateB, "state.json"), []byte(st), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	out := &readyWriter{ready: make(chan struct{})}
+	b, _ := launchDaemonWith(t, store, mpB, stateB, runDir, func(c *Config, o *Options) {
+		c.LeaseWait, c.OnConflict = 2*time.Minute, "discard-local"
+		o.Stdout = out // its ready line, read below
+	})
+	read := func() string { got, _ := os.ReadFile(filepath.Join(mpB, "notes.txt")); return string(got) }
+	waitFor(t, b, "the local changes shown while waiting", func() bool {
+		st, ok := statusOf(t, stateB)
+		return ok && st.Waiting != nil && strings.Contains(st.Waiting.Showing, "local changes") && read() == "local\n"
+	})
+
+	writeSynced(t, filepath.Join(mpA, "notes.txt"), "v2\n")
+	if err := a.stop(t); err != nil {
+		t.Fatalf("A's stop: %v", err)
+	}
+	theirs := localLatestID(t, store)
+	if theirs == base {
+		t.Fatal("A's stop published nothing")
+	}
+	waitReady(t, b, out.ready)
+	if got := read(); got != "v2\n" {
+		t.Errorf("ready showing notes.txt %q, want A's last snapshot (v2)", got)
+	}
+	out.mu.Lock()
+	line := out.buf.String()
+	out.mu.Unlock()
+	if strings.Contains(line, "local=") {
+		t.Errorf("ready line %q: the local changes were set aside, nothing recovered is shown", line)
+	}
+	if err := b.stop(t); err != nil {
+		t.Fatalf("B's stop: %v", err)
+	}
+	if got := localLatestID(t, store); got != theirs {
+		t.Errorf("LATEST %s after B's mount, which changed nothing; want A's %s", got, theirs)
+	}
+	aside, _ := filepath.Glob(filepath.Join(stateB, "upper.discarded-*", "notes.txt"))
+	if len(aside) != 1 {
+		t.Fatalf("the local changes set aside: %v", aside)
+	}
+	if got, _ := os.ReadFile(aside[0]); string(got) != "local\n" {
+		t.Errorf("set aside: notes.txt %q", got)
+	}
+}
