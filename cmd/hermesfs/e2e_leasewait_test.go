@@ -148,33 +148,3 @@ func TestE2EBackgroundRefusedLeavesNoStateDir(t *testing.T) {
 		t.Error("a refused mount left a mount")
 	}
 }
-
-// TestE2ENoFUSEChecksBeforeSeeding: where FUSE is missing (a container
-// without --device /dev/fuse: here a mount namespace whose /dev lacks it),
-// a first mount of a non-empty home is refused before it publishes
-// anything: no snapshot in the store, no state dir left, a message that
-// says what is missing.
-func TestE2ENoFUSEChecksBeforeSeeding(t *testing.T) {
-	need(t, "unshare", "mknod")
-	if os.Geteuid() != 0 {
-		t.Skip("a mount namespace needs root")
-	}
-	storeDir := e2eDir(t, "store")
-	mp := e2eDir(t, "home")
-	writeFile(t, filepath.Join(mp, "memories", "MEMORY.md"), "my home before hermesfs\n", 0o644)
-	h := newHost(t, "file://"+storeDir)
-	h.state = filepath.Join(e2eDir(t, "states"), "state")
-	h.wrap = []string{"unshare", "-m", "--propagation", "private", "sh", "-c",
-		`mount -t tmpfs tmpfs /dev && mknod -m 666 /dev/null c 1 3 && exec "$@"`, "sh"}
-	d := h.start(mp)
-	code := d.wait()
-	if code == 0 || !strings.Contains(d.stderr.String(), "FUSE is not available here") || !strings.Contains(d.stderr.String(), "/dev/fuse") {
-		t.Errorf("a mount without /dev/fuse: exit %d\n%s", code, d.stderr)
-	}
-	if ents, _ := os.ReadDir(filepath.Join(storeDir, "snapshots")); len(ents) > 0 {
-		t.Errorf("the store was seeded before the mount could be made: %d objects in snapshots/", len(ents))
-	}
-	if _, err := os.Stat(h.state); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("the refused mount left its state dir: %v", err)
-	}
-}
