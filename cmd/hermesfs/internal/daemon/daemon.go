@@ -693,6 +693,13 @@ func (d *daemon) adoptSegment(out string, p uploader.Published) error {
 		if err := uploader.WriteFileAtomic(filepath.Join(dir, image.PlainName(p.Segment)+uploader.SumsExt), p.SegmentSums, 0o600); err != nil {
 			return err
 		}
+		if len(p.SegmentHeader) > 0 {
+			// The identities are checked against it at the next boot,
+			// which may find the store silent (Image.CheckIdentities).
+			if err := uploader.WriteFileAtomic(filepath.Join(dir, image.PlainName(p.Segment)+image.HeaderExt), p.SegmentHeader, 0o600); err != nil {
+				return err
+			}
+		}
 	} else {
 		os.Remove(out)
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/hermesfs/hermesfs/archive"
 	"github.com/hermesfs/hermesfs/fs"
 	"github.com/hermesfs/hermesfs/uploader"
+	"github.com/hermesfs/hermesfs/uploader/crypt"
 	"github.com/hermesfs/hermesfs/uploader/faultproxy"
 	"github.com/hermesfs/hermesfs/uploader/image"
 	"github.com/hermesfs/hermesfs/uploader/s3test"
@@ -39,11 +40,17 @@ type notifyLog struct {
 	msgs []string
 }
 
-// listenNotify listens on a datagram socket in dir and returns its log and
-// the socket's address.
+// listenNotify listens on a datagram socket and returns its log and the
+// socket's address (in a directory of its own: dir may be too long a path
+// for a socket).
 func listenNotify(t *testing.T, dir string) (*notifyLog, string) {
 	t.Helper()
-	addr := filepath.Join(dir, "notify.sock")
+	short, err := os.MkdirTemp("", "sd-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(short) })
+	addr := filepath.Join(short, "notify.sock")
 	c, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: addr, Net: "unixgram"})
 	if err != nil {
 		t.Fatal(err)
@@ -190,7 +197,7 @@ func snapshotHas(t *testing.T, store, id, name string) string {
 
 // snapshotFromS3 reads name from the newest snapshot of the S3 store the
 // daemons of s3ViaProxy use.
-func snapshotFromS3(t *testing.T, endpoint, bucket, key, secret, name string) string {
+func snapshotFromS3(t *testing.T, endpoint, bucket, key, secret string, ids *crypt.Identities, name string) string {
 	t.Helper()
 	env := map[string]string{"AWS_ACCESS_KEY_ID": key, "AWS_SECRET_ACCESS_KEY": secret, "AWS_REGION": "us-east-1"}
 	s, _, err := storeurl.Open(t.Context(), fmt.Sprintf("s3://%s/home?endpoint=%s&path_style=true", bucket, endpoint),
@@ -198,15 +205,21 @@ func snapshotFromS3(t *testing.T, endpoint, bucket, key, secret, name string) st
 	if err != nil {
 		t.Fatal(err)
 	}
-	return snapshotFile(t, s, "", name)
+	return snapshotFileWith(t, s, ids, "", name)
 }
 
 // snapshotFile reads name from snapshot id ("": the newest) of s.
 func snapshotFile(t *testing.T, s uploader.Store, id, name string) string {
 	t.Helper()
+	return snapshotFileWith(t, s, nil, id, name)
+}
+
+// snapshotFileWith is snapshotFile decrypting with ids.
+func snapshotFileWith(t *testing.T, s uploader.Store, ids *crypt.Identities, id, name string) string {
+	t.Helper()
 	dst := filepath.Join(tempDir(t), "restored.sqfs")
-	if _, err := uploader.NewCatalog(s, uploader.CatalogOptions{Host: "checker"}).Restore(t.Context(), dst,
-		uploader.RestoreOptions{ID: id, Image: image.Opener(s, nil, "")}); err != nil {
+	if _, err := uploader.NewCatalog(s, uploader.CatalogOptions{Host: "checker", Identities: ids}).Restore(t.Context(), dst,
+		uploader.RestoreOptions{ID: id, Image: image.Opener(s, ids, "")}); err != nil {
 		t.Fatal(err)
 	}
 	f, err := os.Open(dst)
@@ -552,13 +565,20 @@ func s3ViaProxy(fp *faultproxy.Proxy, bucket, key, secret string) func(*Config, 
 	}
 }
 
-// TestRunStoreUnreachableAtBoot: a state dir holds a base and local
-// changes a failed stop left; the host boots while the store does not
+// TestRunStoreUnreachableAtBoot: the host boots while the store does not
 // answer. Run shows what the state dir holds at once, read-only, says the
 // store does not answer, and once it does, takes the lease, finds LATEST
 // still its base, makes the same mount writable and publishes the local
-// changes.
+// changes and what is written then. The state dir holds local changes a
+// failed stop left (plaintext), or, after a clean stop, the encrypted
+// snapshot that stop published: the identity is checked against it
+// without the store.
 func TestRunStoreUnreachableAtBoot(t *testing.T) {
+	t.Run("local", func(t *testing.T) { testStoreUnreachableAtBoot(t, false) })
+	t.Run("enc", func(t *testing.T) { testStoreUnreachableAtBoot(t, true) })
+}
+
+func testStoreUnreachableAtBoot(t *testing.T, encrypted bool) {
 	needFUSE(t)
 	endpoint, bucket, key, secret := s3test.Start(t)
 	fp, err := faultproxy.Start(endpoint)
@@ -572,13 +592,37 @@ func TestRunStoreUnreachableAtBoot(t *testing.T) {
 		t.Fatal(err)
 	}
 	viaProxy := s3ViaProxy(fp, bucket, key, secret)
+	var ids *crypt.Identities
+	if encrypted {
+		k, keyPath := keyFile(t, root, "key.txt")
+		enc := encryptWith(t, k.Recipient().String(), keyPath)
+		plain := viaProxy
+		viaProxy = func(c *Config, o *Options) { plain(c, o); enc(c, o) }
+		var err error
+		if ids, err = crypt.LoadIdentities([]string{keyPath}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	a := startDaemonWith(t, "", mp, state, runDir, viaProxy)
 	writeSynced(t, filepath.Join(mp, "base.txt"), "published\n")
 	base := controlSnapshot(t, state)
-	writeSynced(t, filepath.Join(mp, "local.txt"), "only in the state dir\n")
-	fp.SetRule(func(faultproxy.Request) faultproxy.Fault { return faultproxy.Reset })
-	if err := a.stop(t); ExitCode(err) != ExitUnsynced {
-		t.Fatalf("stop with the store down: %v (exit %d), want exit %d", err, ExitCode(err), ExitUnsynced)
+	want := map[string]string{"base.txt": "published\n"}
+	local := !encrypted
+	if local {
+		writeSynced(t, filepath.Join(mp, "local.txt"), "only in the state dir\n")
+		want["local.txt"] = "only in the state dir\n"
+		fp.SetRule(func(faultproxy.Request) faultproxy.Fault { return faultproxy.Reset })
+		if err := a.stop(t); ExitCode(err) != ExitUnsynced {
+			t.Fatalf("stop with the store down: %v (exit %d), want exit %d", err, ExitCode(err), ExitUnsynced)
+		}
+	} else {
+		if err := a.stop(t); err != nil {
+			t.Fatalf("clean stop: %v", err)
+		}
+		if st, _ := ReadState(state); !st.CleanShutdown || st.Base != base {
+			t.Fatalf("state after a clean stop: %+v, want based on %s", st, base)
+		}
+		fp.SetRule(func(faultproxy.Request) faultproxy.Fault { return faultproxy.Reset })
 	}
 
 	nl, addr := listenNotify(t, root)
@@ -593,7 +637,7 @@ func TestRunStoreUnreachableAtBoot(t *testing.T) {
 		st, ok = statusOf(t, state)
 		return ok && st.Waiting != nil && st.Waiting.Showing != ""
 	})
-	for name, want := range map[string]string{"base.txt": "published\n", "local.txt": "only in the state dir\n"} {
+	for name, want := range want {
 		if got, err := os.ReadFile(filepath.Join(mp, name)); err != nil || string(got) != want {
 			t.Errorf("while the store is down, %s: %q %v", name, got, err)
 		}
@@ -602,7 +646,7 @@ func TestRunStoreUnreachableAtBoot(t *testing.T) {
 		t.Errorf("a write before the lease is ours: %v, want EROFS", err)
 	}
 	if st.Waiting.For != "store" || st.Waiting.Error == "" || !strings.Contains(st.Waiting.Showing, base) ||
-		!strings.Contains(st.Waiting.Showing, "local changes") {
+		strings.Contains(st.Waiting.Showing, "local changes") != local {
 		t.Errorf("status while the store is down: %+v", st.Waiting)
 	}
 	waitFor(t, r, "the systemd status line says the store does not answer", func() bool {
@@ -623,19 +667,21 @@ func TestRunStoreUnreachableAtBoot(t *testing.T) {
 
 	fp.SetRule(nil)
 	waitReady(t, r, ready)
-	sameMount(t, root0, "local.txt")
+	sameMount(t, root0, "base.txt")
+	if local {
+		waitFor(t, r, "the local changes published by themselves", func() bool {
+			st, ok := statusOf(t, state)
+			return ok && st.LastPublished != "" && st.LastPublished != base
+		})
+	}
 	writeSynced(t, filepath.Join(mp, "more.txt"), "written once the store answered\n")
-	var last string
-	waitFor(t, r, "the local changes published", func() bool {
-		st, ok := statusOf(t, state)
-		last = st.LastPublished
-		return ok && st.LastPublished != "" && st.LastPublished != base
-	})
+	want["more.txt"] = "written once the store answered\n"
+	last := controlSnapshot(t, state)
 	if err := r.stop(t); err != nil {
 		t.Fatalf("stop: %v", err)
 	}
-	for name, want := range map[string]string{"local.txt": "only in the state dir\n", "more.txt": "written once the store answered\n"} {
-		if got := snapshotFromS3(t, endpoint, bucket, key, secret, name); got != want {
+	for name, want := range want {
+		if got := snapshotFromS3(t, endpoint, bucket, key, secret, ids, name); got != want {
 			t.Errorf("%s in the store after the outage (first published after it: %s): %q", name, last, got)
 		}
 	}
