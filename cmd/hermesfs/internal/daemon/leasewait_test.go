@@ -793,7 +793,8 @@ func TestRunNotifiesBootSteps(t *testing.T) {
 // TestRunStopWhileWaiting: `hermesfs umount` (the control socket's
 // shutdown) of a mount waiting for the lease ends it cleanly: the answer
 // says exit 0, Run returns nil, nothing stays mounted, nothing was
-// published.
+// published, and the state dir made for the mount (where the snapshot
+// shown was opened) is gone.
 func TestRunStopWhileWaiting(t *testing.T) {
 	needFUSE(t)
 	root := tempDir(t)
@@ -832,6 +833,9 @@ func TestRunStopWhileWaiting(t *testing.T) {
 	}
 	if got := localLatestID(t, store); got != first {
 		t.Errorf("LATEST %s after a stop while waiting, want %s", got, first)
+	}
+	if left := tree(t, state); left != nil {
+		t.Errorf("the state dir made for the mount is left after a stop while waiting: %v", left)
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hermesfs/hermesfs/fs"
 	"github.com/hermesfs/hermesfs/uploader"
 )
 
@@ -185,11 +186,19 @@ func sameFile(f *os.File, path string) (bool, error) {
 
 // removeCreated takes away what openStateDir created, newest first, for a
 // boot that does not go ahead: the lock file, then each directory it made
-// that is still empty. Nothing that existed before, and nothing the boot
-// wrote since (a download, state.json), is removed. Call it before close,
-// with the lock held.
+// that is still empty. A state dir it made goes whole, with what the boot
+// wrote there since (state.json, a download, the bookkeeping of a mount
+// shown read-only while the lease was awaited), unless its upper layer
+// holds changes. Nothing that existed before is removed. Call it before
+// close, with the lock held.
 func (s *stateDir) removeCreated() {
+	changed, err := fs.UpperHasChanges(s.upper())
+	whole := err == nil && !changed
 	for i := len(s.created) - 1; i >= 0; i-- {
+		if s.created[i] == s.path && whole {
+			os.RemoveAll(s.path)
+			continue
+		}
 		if s.created[i] == s.segmentsDir() {
 			// Made by this boot: what it holds (a manifest's segment
 			// digests, fetched before the mount was refused) is only a
