@@ -32,6 +32,11 @@ func TestE2ES3ErrorsExplained(t *testing.T) {
 			"the store refused the credentials: the secret key does not match the access key"},
 		{"no credentials", bucket, nil,
 			"no AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"},
+		// As on a machine with no instance role: the SDK asks the
+		// instance metadata service last (here a closed loopback port).
+		{"no credentials, no instance role", bucket,
+			[]string{"AWS_EC2_METADATA_DISABLED=false", "AWS_EC2_METADATA_SERVICE_ENDPOINT=http://127.0.0.1:9"},
+			"no AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"},
 	} {
 		h := newHost(t, fmt.Sprintf("s3://%s/home?endpoint=%s&path_style=true", c.bucket, endpoint))
 		h.extraEnv = append(append([]string(nil), noAWS...), c.env...)
