@@ -437,7 +437,9 @@ func (d *daemon) cleanupBoot(refused bool) {
 	}
 	if d.sd != nil {
 		if refused {
-			d.sd.removeCreated()
+			// A state dir this boot made goes whole unless a seed
+			// published from it.
+			d.sd.removeCreated(d.st.LastPublished == "")
 		}
 		d.sd.close()
 	}

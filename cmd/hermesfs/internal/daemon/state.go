@@ -70,7 +70,7 @@ func openStateDir(path string) (_ *stateDir, err error) {
 	s := &stateDir{path: path}
 	defer func() {
 		if err != nil {
-			s.removeCreated()
+			s.removeCreated(false)
 		}
 	}()
 	if s.created, err = mkdirAll(path); err != nil {
@@ -186,14 +186,17 @@ func sameFile(f *os.File, path string) (bool, error) {
 
 // removeCreated takes away what openStateDir created, newest first, for a
 // boot that does not go ahead: the lock file, then each directory it made
-// that is still empty. A state dir it made goes whole, with what the boot
-// wrote there since (state.json, a download, the bookkeeping of a mount
-// shown read-only while the lease was awaited), unless its upper layer
-// holds changes. Nothing that existed before is removed. Call it before
-// close, with the lock held.
-func (s *stateDir) removeCreated() {
-	changed, err := fs.UpperHasChanges(s.upper())
-	whole := err == nil && !changed
+// that is still empty. With whole (the boot published nothing), a state
+// dir it made goes whole, with what the boot wrote there since
+// (state.json, a download, the bookkeeping of a mount shown read-only
+// while the lease was awaited), unless its upper layer holds changes.
+// Nothing that existed before is removed. Call it before close, with the
+// lock held.
+func (s *stateDir) removeCreated(whole bool) {
+	if whole {
+		changed, err := fs.UpperHasChanges(s.upper())
+		whole = err == nil && !changed
+	}
 	for i := len(s.created) - 1; i >= 0; i-- {
 		if s.created[i] == s.path && whole {
 			os.RemoveAll(s.path)
