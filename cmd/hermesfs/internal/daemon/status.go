@@ -77,6 +77,10 @@ type statusReport struct {
 	// PartialCopyUps are files copied up by range whose background copy
 	// has not finished.
 	PartialCopyUps []fs.PartialCopyUp `json:"partial_copy_ups,omitempty"`
+
+	// Adopted is what this mount took in at boot from the mountpoint
+	// directory: files written there while no mount covered it.
+	Adopted []fs.Adopted `json:"adopted_underneath,omitempty"`
 }
 
 // snapshotFigures are the measurements of one snapshot, logged and shown.
