@@ -148,6 +148,9 @@ type daemon struct {
 	previewErr   string
 	refuseWrites bool
 	ctl          *controlServer
+	// underneath: the mountpoint directory, opened before the mount
+	// shown while waiting covered it (underneathWaits).
+	underneath *os.File
 
 	stopOnce  sync.Once
 	stopCh    chan struct{}
@@ -352,6 +355,13 @@ func (d *daemon) boot(ctx context.Context) error {
 		d.log.Info("the tree shown while waiting is not the one to write on: replacing it before any write", "shown", OrNone(d.showing), "latest", OrNone(d.expect))
 		d.dropPreview()
 		lower, err = d.decideBase(ctx)
+	} else if d.ov != nil && err == nil && d.underneathWaits(ctx) {
+		// Files written into the mountpoint directory before the home
+		// was shown over it: a mount takes them in before it covers
+		// the directory (underneath.go).
+		d.log.Info("the mountpoint directory underneath the tree shown while waiting holds files to take in: mounting again before any write", "shown", OrNone(d.showing))
+		d.dropPreview()
+		lower, err = d.decideBase(ctx)
 	}
 	if err != nil {
 		return err
@@ -428,6 +438,10 @@ func (d *daemon) checkStoreConfig() error {
 func (d *daemon) cleanupBoot(refused bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	if d.underneath != nil {
+		d.underneath.Close()
+		d.underneath = nil
+	}
 	if d.ov != nil {
 		d.ov.Unmount(ctx)
 	}

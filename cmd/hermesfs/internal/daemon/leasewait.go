@@ -39,7 +39,10 @@ import (
 //     same mount becomes writable (AllowWrites); otherwise (LATEST moved
 //     while it waited, local changes to set aside) the mount shown is
 //     replaced before anything is written: never a write over a stale
-//     base.
+//     base. Files written into the mountpoint directory before the mount
+//     covered it are taken in over that decided base, not over the tree
+//     shown (underneathWaits): a mount shown that must take some in is
+//     replaced too.
 //   - A holder this machine can prove gone (the lease was written during
 //     this boot of this machine, and the holder's state dir lock is free
 //     or its process is gone) is not waited for.
@@ -418,6 +421,10 @@ func (d *daemon) offlineBase(ctx context.Context) (string, error) {
 
 // dropPreview unmounts the mount shown while waiting.
 func (d *daemon) dropPreview() {
+	if d.underneath != nil {
+		d.underneath.Close()
+		d.underneath = nil
+	}
 	if d.ov == nil {
 		return
 	}

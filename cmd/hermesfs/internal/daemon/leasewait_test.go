@@ -421,6 +421,60 @@ func TestRunWaitLatestMovedWhileWaiting(t *testing.T) {
 	}
 }
 
+// TestRunWaitTakesInUnderneathOverLatest: a new host's mountpoint
+// directory holds a file written there before the mount (an agent started
+// first), and the holder of the lease publishes while the new host waits.
+// The tree shown meanwhile takes nothing in (it is not the one to write
+// on); once the lease is ours the file is taken in over the holder's last
+// snapshot and published with it, instead of being set against that
+// snapshot as a local change (a conflict) or left hidden.
+func TestRunWaitTakesInUnderneathOverLatest(t *testing.T) {
+	needFUSE(t)
+	root := tempDir(t)
+	store, mpA, mpB, runDir := filepath.Join(root, "store"), filepath.Join(root, "home-a"), filepath.Join(root, "home-b"), filepath.Join(root, "run")
+	for _, d := range []string{store, mpA, mpB} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeSynced(t, filepath.Join(mpB, "under.txt"), "written before the mount\n")
+	stateA, stateB := filepath.Join(root, "state-a"), filepath.Join(root, "state-b")
+	a := startDaemon(t, store, mpA, stateA, runDir)
+	writeSynced(t, filepath.Join(mpA, "notes.txt"), "v1\n")
+	controlSnapshot(t, stateA)
+
+	b, ready := launchDaemonWith(t, store, mpB, stateB, runDir, func(c *Config, o *Options) { c.LeaseWait = 2 * time.Minute })
+	read := func(name string) string { got, _ := os.ReadFile(filepath.Join(mpB, name)); return string(got) }
+	waitFor(t, b, "the second mount shows v1 read-only", func() bool { return read("notes.txt") == "v1\n" })
+	if _, err := os.Lstat(filepath.Join(stateB, "upper", "under.txt")); err == nil {
+		t.Error("the tree shown while waiting took the file underneath into the upper layer")
+	}
+	writeSynced(t, filepath.Join(mpA, "notes.txt"), "v2\n")
+	if err := a.stop(t); err != nil {
+		t.Fatalf("A's stop: %v", err)
+	}
+	latest := localLatestID(t, store)
+	waitReady(t, b, ready)
+	if got := read("notes.txt"); got != "v2\n" {
+		t.Errorf("B ready showing notes.txt %q, want A's last snapshot (v2)", got)
+	}
+	if got := read("under.txt"); got != "written before the mount\n" {
+		t.Errorf("B ready showing under.txt %q, want the file written underneath", got)
+	}
+	id := controlSnapshot(t, stateB)
+	s, _ := uploader.NewLocal(store)
+	m, err := uploader.NewCatalog(s, uploader.CatalogOptions{Host: "checker"}).Manifest(t.Context(), id)
+	if err != nil || m.Parent != latest {
+		t.Errorf("B's first snapshot %s has parent %q (%v), want A's last %s", id, m.Parent, err, latest)
+	}
+	if got := snapshotHas(t, store, id, "under.txt"); got != "written before the mount\n" {
+		t.Errorf("under.txt in B's snapshot: %q", got)
+	}
+	if err := b.stop(t); err != nil {
+		t.Fatalf("B's stop: %v", err)
+	}
+}
+
 // sameMount checks that dir, the mount's root opened while the mount
 // waited for the lease, still reads name: the mount became writable in
 // place, not replaced by another. It closes dir (an open file would keep
