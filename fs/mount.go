@@ -102,6 +102,10 @@ func Mount(ctx context.Context, mountpoint string, opts Options) (*Mounted, erro
 		},
 	}
 	var raw fuse.RawFileSystem = &rawFS{RawFileSystem: fusefs.NewNodeFS(root, fopts), ov: ov}
+	if opts.RefuseWrites && !opts.ReadOnly {
+		ov.writesRefused.Store(true)
+		raw = &writeGate{RawFileSystem: raw, ov: ov}
+	}
 	if opts.Stats != nil {
 		raw = &timedFS{RawFileSystem: raw, s: opts.Stats}
 	}

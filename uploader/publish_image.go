@@ -68,6 +68,8 @@ type publishSegment struct {
 	ref  SegmentRef
 	sums []byte
 	sent int64 // bytes put (the ciphertext when encrypted)
+	// header is an encrypted segment's first bytes (its age header).
+	header []byte
 }
 
 // PublishImage publishes a format 4 snapshot: its new segment and the
@@ -130,7 +132,7 @@ func (c *Catalog) PublishImage(ctx context.Context, in ImageInput) (Published, e
 		}
 		refs[segKey] = seg.ref
 		p.Sent += seg.sent
-		p.Segment, p.SegmentSums = segKey, seg.sums
+		p.Segment, p.SegmentSums, p.SegmentHeader = segKey, seg.sums, seg.header
 	}
 
 	keys, bytesOf := ext.Segments()
@@ -365,6 +367,7 @@ func (c *Catalog) putSegment(ctx context.Context, key, path string, n int64) (*p
 	body := io.ReaderAt(f)
 	size := n
 	plain := int64(0)
+	var header []byte
 	if r := c.opts.Recipients; r != nil {
 		tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-age-*")
 		if err != nil {
@@ -377,6 +380,10 @@ func (c *Catalog) putSegment(ctx context.Context, key, path string, n int64) (*p
 			return nil, err
 		}
 		body, size, plain = tmp, cw.n, n
+		header = make([]byte, min(size, crypt.HeaderMax))
+		if _, err := tmp.ReadAt(header, 0); err != nil {
+			return nil, fmt.Errorf("read the sealed segment's header: %w", err)
+		}
 	}
 	whole, chunks, got, err := ChunkSums(ctx, io.NewSectionReader(body, 0, size), DefaultChunkSize)
 	if err != nil {
@@ -404,7 +411,7 @@ func (c *Catalog) putSegment(ctx context.Context, key, path string, n int64) (*p
 		return nil, fmt.Errorf("upload digests of the segment: %w", err)
 	}
 	sum := sha256.Sum256(b)
-	return &publishSegment{ref: SegmentRef{Key: key, Size: size, SumsSHA256: hex.EncodeToString(sum[:])}, sums: b, sent: size + int64(len(b))}, nil
+	return &publishSegment{ref: SegmentRef{Key: key, Size: size, SumsSHA256: hex.EncodeToString(sum[:])}, sums: b, sent: size + int64(len(b)), header: header}, nil
 }
 
 // putStandalone stores the image laid out by ext (its plaintext readable

@@ -60,6 +60,12 @@ type mountConfig struct {
 // what that costs and why not 2 s or 60 s).
 const defaultWriteBack = 10 * time.Second
 
+// defaultLeaseWait is --lease-wait's default: longer than a dead host's
+// lease takes to lapse (25 s) and than a live host's stop takes to
+// release it (--stop-timeout, 90 s by default), short enough that a host
+// refused by a live holder says so within minutes.
+const defaultLeaseWait = 5 * time.Minute
+
 // newMountConfig returns the defaults.
 func newMountConfig() *mountConfig {
 	return &mountConfig{
@@ -67,6 +73,7 @@ func newMountConfig() *mountConfig {
 			Interval:    15 * time.Minute,
 			WriteBack:   defaultWriteBack,
 			StopTimeout: 90 * time.Second,
+			LeaseWait:   defaultLeaseWait,
 			LogFormat:   "text",
 			LogLevel:    "info",
 			MemoryLimit: 2200,
@@ -88,6 +95,7 @@ var envFlags = map[string]string{
 	"HERMESFS_WRITE_BACK":   "write-back",
 	"HERMESFS_KEEP":         "keep",
 	"HERMESFS_STOP_TIMEOUT": "stop-timeout",
+	"HERMESFS_LEASE_WAIT":   "lease-wait",
 	"HERMESFS_LOG_FORMAT":   "log-format",
 	"HERMESFS_LOG_LEVEL":    "log-level",
 	"HERMESFS_OWNER":        "owner",
@@ -111,6 +119,7 @@ func (c *mountConfig) addFlags(fs *flag.FlagSet) {
 	addRetentionFlags(fs, &c.Keep)
 	fs.BoolVar(&c.ReadOnly, "read-only", c.ReadOnly, "mount the newest snapshot read-only and never publish (allowed while another host holds the store)")
 	fs.StringVar(&c.OnConflict, "on-conflict", c.OnConflict, "when local unpublished changes meet a snapshot published by another host: keep-local or discard-local (default: refuse)")
+	fs.DurationVar(&c.LeaseWait, "lease-wait", c.LeaseWait, "how long to wait, at boot, for the store's writer lease another host holds (a dead host's lapses within 25s; a host that stops releases it) or for a store that does not answer; meanwhile the home is shown read-only (writes fail with EROFS) and the wait is in the log, 'hermesfs status' and the systemd status line. 0: refuse at once, exit 4 (env HERMESFS_LEASE_WAIT)")
 	fs.DurationVar(&c.StopTimeout, "stop-timeout", c.StopTimeout, "bound on shutdown (final snapshot, upload, unmount; files the agent keeps open do not extend it: the final snapshot seals the mount); set systemd TimeoutStopSec larger (env HERMESFS_STOP_TIMEOUT)")
 	fs.BoolVar(&c.Background, "background", c.Background, "return once the mount is ready; the daemon keeps running, logging to --log-file")
 	fs.StringVar(&c.LogFile, "log-file", c.LogFile, "log file in --background mode (default <state dir>/hermesfs.log)")
@@ -150,11 +159,13 @@ func (c *mountConfig) validate() error {
 	if c.Mountpoint == "" {
 		return usageError("missing MOUNTPOINT")
 	}
-	mp, err := filepath.Abs(c.Mountpoint)
+	// Symlinks resolved: the state dir's name, the registry and the check
+	// for a live mount all go by the directory mounted over.
+	mp, err := daemon.ResolveMountpoint(c.Mountpoint)
 	if err != nil {
-		return usageError("mountpoint %s: %v", c.Mountpoint, err)
+		return usageError("%v", err)
 	}
-	c.Mountpoint = filepath.Clean(mp)
+	c.Mountpoint = mp
 	if c.Interval < 0 {
 		return usageError("--interval %s: must not be negative", c.Interval)
 	}
@@ -175,6 +186,9 @@ func (c *mountConfig) validate() error {
 	}
 	if c.StopTimeout <= 0 {
 		return usageError("--stop-timeout %s: must be positive", c.StopTimeout)
+	}
+	if c.LeaseWait < 0 {
+		return usageError("--lease-wait %s: must not be negative (0 refuses at once)", c.LeaseWait)
 	}
 	if c.ReadTimeout <= 0 {
 		return usageError("--read-timeout %s: must be positive", c.ReadTimeout)
@@ -246,4 +260,19 @@ func (c *mountConfig) daemonOptions(e *env) daemon.Options {
 			return cryptOptions(e, c.flags, o)
 		},
 	}
+}
+
+// testKnobs reads the settings only tests change, from the environment:
+// HERMESFS_TEST_LEASE_TTL shortens the writer lease's TTL (25s), so that
+// a test of a host that takes over from a killed one runs in seconds.
+// Nothing else about the lease changes.
+func (c *mountConfig) testKnobs(getenv func(string) string) error {
+	if v := getenv("HERMESFS_TEST_LEASE_TTL"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < time.Second {
+			return usageError("HERMESFS_TEST_LEASE_TTL=%q: want a duration of at least 1s", v)
+		}
+		c.LeaseTTL = d
+	}
+	return nil
 }

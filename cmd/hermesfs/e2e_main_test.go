@@ -127,6 +127,9 @@ type host struct {
 	runtime  string
 	store    string
 	extraEnv []string
+	// wrap, if set, runs the daemon of start through this command line
+	// (the daemon's own command line appended).
+	wrap []string
 }
 
 func newHost(t *testing.T, store string) *host {
@@ -196,7 +199,11 @@ func (s *syncBuffer) String() string {
 func (h *host) start(mp string, args ...string) *daemonProc {
 	h.t.Helper()
 	t := h.t
-	cmd := exec.Command(hermesfsBin(t), append(append([]string{"mount"}, args...), mp)...)
+	argv := append([]string{hermesfsBin(t), "mount"}, append(args, mp)...)
+	if h.wrap != nil {
+		argv = append(append([]string(nil), h.wrap...), argv...)
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = h.env()
 	cmd.Dir = "/"
 	d := &daemonProc{t: t, cmd: cmd, mp: mp, stderr: &syncBuffer{}, done: make(chan struct{})}

@@ -38,9 +38,10 @@ The first time, on an empty store, a non-empty MOUNTPOINT (your existing
 ~/.hermes) becomes the first snapshot before anything is mounted over it; the
 original directory stays untouched underneath the mount.
 
-Once the mount answers, one line starting "ready " is printed on stdout and
-READY=1 is sent to systemd (NOTIFY_SOCKET). Runs in the foreground unless
---background is given.
+Once the mount answers and is writable, one line starting "ready " is printed
+on stdout and READY=1 is sent to systemd (NOTIFY_SOCKET); before that, the
+systemd status line (STATUS=) says what the boot is doing. Runs in the
+foreground unless --background is given.
 
 Stopping: SIGTERM, SIGINT or 'hermesfs umount MOUNTPOINT' stop the daemon
 without waiting for the agent. A snapshot in progress finishes; then the
@@ -71,7 +72,18 @@ its daemon. A snapshot that fails, even on a bug (a panic), keeps everything
 local and the mount serving; the stop then exits 5.
 
 One host writes a store prefix at a time (a lease in the store, renewed every
-10s, stale after 25s). A second host is refused (exit 4) unless --read-only.
+10s, stale after 25s). A mount that finds the lease held by another host (a
+killed host's lapses within 25s; a host that stops releases it), or the store
+not answering, waits for it up to --lease-wait (default 5m) instead of giving
+up: meanwhile it shows the home read-only (the newest snapshot, or what the
+state dir holds while the store does not answer; writes fail with EROFS) and
+says what it waits for on stderr, in 'hermesfs status' and on the systemd
+status line. The moment the lease is its own it checks LATEST again, as any
+boot does, and becomes writable (showing the newest snapshot first if it
+moved meanwhile), then ready. A holder on this machine that is provably gone
+(its state dir's lock free, or its process gone) is not waited for. After
+--lease-wait: exit 4 (the lease still held) or 1 (the store still silent).
+--lease-wait 0 refuses at once. --read-only mounts next to a live writer.
 
 Defaults: store = local directory under the data dir
 (/var/lib/hermesfs/store for root, ~/.local/share/hermesfs/store otherwise);
@@ -81,7 +93,7 @@ interval 15m; retention (after every publish, as 'hermesfs prune': see its
 help) keeps the newest 10 snapshots, then one an hour for 24 hours, one a day
 for 14 days, one a week for 8 weeks.
 
-Environment: HERMESFS_STORE, HERMESFS_STATE_DIR, HERMESFS_INTERVAL, HERMESFS_WRITE_BACK,
+Environment: HERMESFS_STORE, HERMESFS_STATE_DIR, HERMESFS_INTERVAL, HERMESFS_WRITE_BACK, HERMESFS_LEASE_WAIT,
 HERMESFS_KEEP, HERMESFS_KEEP_LAST/HOURLY/DAILY/WEEKLY/MONTHLY/YEARLY/WITHIN, HERMESFS_STOP_TIMEOUT, HERMESFS_LOG_FORMAT, HERMESFS_LOG_LEVEL,
 HERMESFS_WRITE_PASSTHROUGH_MAX (a flag on the command line wins), plus the AWS variables for S3
 (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL_S3).
@@ -103,8 +115,8 @@ Exit codes:
   1  failed (the message says why)
   2  bad command line
   3  a snapshot failed verification and no older one verifies
-  4  conflict: another host holds the store, or published over our
-     unpublished changes (see --on-conflict)
+  4  conflict: another host still holds the store after --lease-wait, or
+     published over our unpublished changes (see --on-conflict)
   5  stopped, but the store lacks local changes: the final snapshot did
      not reach it (upload failed, --stop-timeout, a second signal), or
      stores into a shared mapping (mmap) went on after it; local changes
@@ -133,6 +145,9 @@ scripts/hermesfs.service).
 			}
 			cfg.Mountpoint = args[0]
 			if err := cfg.validate(); err != nil {
+				return err
+			}
+			if err := cfg.testKnobs(e.getenv); err != nil {
 				return err
 			}
 			if cfg.Background {

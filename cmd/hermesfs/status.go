@@ -176,6 +176,9 @@ func printStatus(w io.Writer, rs []daemon.StatusReport, asJSON bool) error {
 			if r.ReadOnly {
 				state += ", read-only"
 			}
+			if r.Waiting != nil {
+				state += ", not writable yet"
+			}
 			if r.Stopping != "" {
 				state = fmt.Sprintf("stopping (pid %d): %s; gives up at %s", r.PID, r.Stopping, r.StopDeadline.Local().Format(time.TimeOnly))
 			}
@@ -184,6 +187,12 @@ func printStatus(w io.Writer, rs []daemon.StatusReport, asJSON bool) error {
 		row("state", "%s", state)
 		row("store", "%s", r.Store)
 		row("state dir", "%s", r.StateDir)
+		if r.Waiting != nil {
+			row("waiting", "%s (since %s)", r.Waiting.Describe(), r.Waiting.Since.Local().Format(time.TimeOnly))
+			row("lease", "%s", r.Lease)
+			tw.Flush()
+			continue
+		}
 		row("base snapshot", "%s", daemon.OrNone(r.Base))
 		if l := r.Lazy; l != nil {
 			row("lazy fill", "%s", daemon.LazyLine(l))
@@ -208,7 +217,11 @@ func printStatus(w io.Writer, rs []daemon.StatusReport, asJSON bool) error {
 			row("next snapshot", "due %s (in %s)", r.NextDue.Local().Format(time.TimeOnly), time.Until(r.NextDue).Round(time.Second))
 		}
 		if r.LastError != "" {
-			row("last error", "%s (%s)", r.LastError, r.LastErrorAt.Local().Format(time.DateTime))
+			when := r.LastErrorAt.Local().Format(time.DateTime)
+			if !r.LastErrorOver.IsZero() {
+				when += fmt.Sprintf("; over since %s: %s", r.LastErrorOver.Local().Format(time.DateTime), r.LastErrorOverBy)
+			}
+			row("last error", "%s (%s)", r.LastError, when)
 		}
 		row("lease", "%s", r.Lease)
 		if r.Encryption != nil {

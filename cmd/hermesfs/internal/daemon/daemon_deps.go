@@ -37,6 +37,9 @@ type overlay interface {
 	Unmount(ctx context.Context) error
 	// Done is closed once the mount is gone, however it went.
 	Done() <-chan struct{}
+	// AllowWrites lets changes through a mount made refusing them
+	// (daemon.refuseWrites).
+	AllowWrites()
 }
 
 // frozenView is the merged tree at a freeze instant, packable by the
@@ -103,6 +106,9 @@ type lease interface {
 	Lost() <-chan struct{}
 	// Release gives the lease up.
 	Release(ctx context.Context) error
+	// Err is nil while the lease is held; once lost, why
+	// (uploader.ErrLeaseLapsed: the store did not answer its renewals).
+	Err() error
 }
 
 var (

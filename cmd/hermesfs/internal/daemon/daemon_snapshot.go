@@ -82,11 +82,11 @@ func (d *daemon) snapshotOf(ctx context.Context, reason string, view frozenView)
 		err = fmt.Errorf("snapshot (%s): the writer lease lapsed while the store was unreachable and cannot be taken again yet: %w", reason, err)
 		d.met.snapshotFailed(mark(err, errLeaseReacquire))
 		d.log.Warn("not publishing", "err", err)
-		d.setErr(err)
+		d.setStoreErr(err)
 		return snapshotResult{}, err
 	}
 	d.mu.Lock()
-	lost, base := d.leaseState == "lost", d.st.Base
+	lost, base := d.leaseState != "held", d.st.Base
 	d.mu.Unlock()
 	if lost {
 		d.met.snapshotFailed(errLeaseLost)
@@ -122,7 +122,7 @@ func (d *daemon) snapshotOf(ctx context.Context, reason string, view frozenView)
 			err = fmt.Errorf("snapshot (%s): %w", reason, err)
 			d.log.Error("snapshot failed; local state kept, retrying at the next tick", "err", err)
 		}
-		d.setErr(err)
+		d.setStoreErr(err)
 		if errors.Is(err, errConflict) || errors.Is(err, errLeaseLost) {
 			return r.snapshotResult, withCode(exitConflict, err)
 		}
@@ -142,7 +142,8 @@ func (d *daemon) snapshotOf(ctx context.Context, reason string, view frozenView)
 		"segment_bytes", r.segment, "rewritten_bytes", r.rewritten, "extents", r.extents, "segments", r.segments,
 		"packed_on", OrNone(r.packedOn))
 	d.met.snapshotPublished(r)
-	sdNotify(d.e.Getenv, "STATUS=snapshot "+r.ID+" published")
+	d.resolveStoreErr("snapshot " + r.ID + " published")
+	d.notify("snapshot " + r.ID + " published")
 
 	d.maybePrune(ctx, reason)
 	return r.snapshotResult, nil
@@ -364,12 +365,26 @@ var _ controlHandler = (*daemon)(nil)
 func (d *daemon) status() statusReport {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.booting {
+		// The boot owns the state until the mount is ready; what it
+		// waits for is all there is to say.
+		r := statusReport{
+			Mountpoint: d.cfg.Mountpoint, Running: true, PID: os.Getpid(), StateDir: d.sd.path, Host: d.host,
+			Store: d.parts.storeURL(d), Lease: d.leaseState, Started: d.started,
+		}
+		if d.waiting != nil {
+			w := *d.waiting
+			r.Waiting = &w
+		}
+		return r
+	}
 	r := statusReport{
 		Mountpoint: d.cfg.Mountpoint, Running: true, PID: os.Getpid(),
 		Store: d.st.Store, StateDir: d.sd.path, Host: d.host, ReadOnly: d.cfg.ReadOnly,
 		Base: d.st.Base, LastPublished: d.st.LastPublished,
 		Snapshots: d.count, Last: d.last, NextDue: d.nextDue, InProgress: d.inProgress,
-		LastError: d.lastErr, LastErrorAt: d.lastErrAt, Lease: d.leaseState, Started: d.started,
+		LastError: d.lastErr, LastErrorAt: d.lastErrAt, LastErrorOver: d.lastErrOver, LastErrorOverBy: d.lastErrOverBy,
+		Lease: d.leaseState, Started: d.started,
 		Generation: d.ov.Generation(), Encryption: d.encryption,
 		Stopping: d.stopPhase, StopDeadline: d.stopBy,
 	}
@@ -392,6 +407,12 @@ func (d *daemon) status() statusReport {
 }
 
 func (d *daemon) snapshot(ctx context.Context) (snapshotResult, error) {
+	d.mu.Lock()
+	booting := d.booting
+	d.mu.Unlock()
+	if booting {
+		return snapshotResult{}, withCode(exitConflict, errors.New("the mount is not writable yet (waiting for the writer lease): nothing to snapshot"))
+	}
 	// Bounded like the periodic snapshots, so the final one never waits
 	// on a request past the stop timeout.
 	ctx, cancel := context.WithCancel(ctx)

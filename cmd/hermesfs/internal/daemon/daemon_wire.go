@@ -277,6 +277,8 @@ func (realParts) mount(ctx context.Context, d *daemon, lowerPath string) (overla
 		AllowOther:          d.cfg.Owner != nil,
 		CopyUpByRangeMin:    d.cfg.CopyUpMin,
 	}
+	// Shown while the writer lease is awaited (leasewait.go).
+	opts.RefuseWrites = d.refuseWrites
 	m, err := fs.Mount(ctx, d.cfg.Mountpoint, opts)
 	if err != nil {
 		guard.Close()

@@ -74,7 +74,7 @@ func openStateDir(path string) (_ *stateDir, err error) {
 	s := &stateDir{path: path}
 	defer func() {
 		if err != nil {
-			s.removeCreated()
+			s.removeCreated(false)
 		}
 	}()
 	if s.created, err = mkdirAll(path); err != nil {
@@ -263,11 +263,22 @@ func sameFile(f *os.File, path string) (bool, error) {
 
 // removeCreated takes away what openStateDir created, newest first, for a
 // boot that does not go ahead: the lock file, then each directory it made
-// that is still empty. Nothing that existed before, and nothing the boot
-// wrote since (a download, state.json), is removed. Call it before close,
-// with the lock held.
-func (s *stateDir) removeCreated() {
+// that is still empty. With whole (the boot published nothing), a state
+// dir it made goes whole, with what the boot wrote there since
+// (state.json, a download, the bookkeeping of a mount shown read-only
+// while the lease was awaited), unless its upper layer holds changes.
+// Nothing that existed before is removed. Call it before close, with the
+// lock held.
+func (s *stateDir) removeCreated(whole bool) {
+	if whole {
+		changed, err := fs.UpperHasChanges(s.upper())
+		whole = err == nil && !changed
+	}
 	for i := len(s.created) - 1; i >= 0; i-- {
+		if s.created[i] == s.path && whole {
+			os.RemoveAll(s.path)
+			continue
+		}
 		if s.created[i] == s.segmentsDir() {
 			// Made by this boot: what it holds (a manifest's segment
 			// digests, fetched before the mount was refused) is only a

@@ -40,6 +40,11 @@ type statusReport struct {
 	InProgress  bool            `json:"snapshot_in_progress,omitempty"`
 	LastError   string          `json:"last_error,omitempty"`
 	LastErrorAt time.Time       `json:"last_error_at,omitzero"`
+	// LastErrorOver is when the condition of the last error ended (a
+	// snapshot published after a store outage), LastErrorOverBy how;
+	// zero while it may still hold.
+	LastErrorOver   time.Time `json:"last_error_over_at,omitzero"`
+	LastErrorOverBy string    `json:"last_error_over_by,omitempty"`
 
 	// WriteBack is --write-back (0: off).
 	WriteBack time.Duration `json:"write_back_ns,omitempty"`
@@ -53,8 +58,13 @@ type statusReport struct {
 	RecoveryPointWarning string        `json:"recovery_point_warning,omitempty"`
 
 	// Lease: "held", "lost" (another host took it over: publishing
-	// stopped), "none" (read-only) or "released".
+	// stopped), "lapsed" (the store did not answer its renewals: taken
+	// again when it does), "waiting" (at boot: see Waiting), "none"
+	// (read-only) or "released".
 	Lease string `json:"lease"`
+	// Waiting is what a mount that is not writable yet waits for: the
+	// writer lease another holder has, or the store (leasewait.go).
+	Waiting *waitReport `json:"waiting,omitempty"`
 	// Encryption is how this mount encrypts new snapshots; absent when it
 	// publishes plaintext. Never key material.
 	Encryption *encryptionInfo `json:"encryption,omitempty"`
