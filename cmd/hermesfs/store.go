@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	iofs "io/fs"
 	"log/slog"
 	"os"
 	"strconv"
@@ -188,6 +189,28 @@ func snapshotError(err error) error {
 		return withCode(exitConflict, err)
 	}
 	return daemon.CryptError(err)
+}
+
+// checkNamedSnapshot says, before a command reads anything of it, whether
+// the store holds snapshot id, which the user named: when the store has
+// no trace of it (no manifest, no extents, no archive), the id is wrong,
+// not the snapshot corrupt: exit 7, pointing to 'hermesfs list'. A
+// snapshot with some of its objects but no manifest (a publish in
+// progress, or one that crashed), or one pruned later, while the command
+// reads it, is the command's to report, as corrupt.
+func checkNamedSnapshot(ctx context.Context, cat *uploader.Catalog, loc storeurl.Location, id string) error {
+	if id == "" {
+		return nil
+	}
+	if _, err := cat.Manifest(ctx, id); err == nil || !errors.Is(err, iofs.ErrNotExist) {
+		return nil
+	}
+	for _, key := range []string{uploader.ManifestKey(id), uploader.ExtentsKey(id), uploader.ArchiveKey(id)} {
+		if _, err := cat.Store().Stat(ctx, key); !errors.Is(err, iofs.ErrNotExist) {
+			return nil
+		}
+	}
+	return withCode(exitNotFound, fmt.Errorf("no snapshot %s in %s ('hermesfs list' shows the snapshots it holds)", id, loc))
 }
 
 // progress draws a one-line progress bar on a terminal, and nothing
