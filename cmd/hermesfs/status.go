@@ -202,7 +202,7 @@ func printStatus(w io.Writer, rs []daemon.StatusReport, asJSON bool) error {
 		if r.InProgress {
 			row("next snapshot", "in progress")
 		} else if !r.NextDue.IsZero() {
-			row("next snapshot", "due %s (in %s)", r.NextDue.Local().Format(time.TimeOnly), time.Until(r.NextDue).Round(time.Second))
+			row("next snapshot", "due %s (in %s)", clockTime(r.NextDue, time.Now()), time.Until(r.NextDue).Round(time.Second))
 		}
 		if r.LastError != "" {
 			row("last error", "%s (%s)", r.LastError, r.LastErrorAt.Local().Format(time.DateTime))

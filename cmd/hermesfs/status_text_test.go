@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -76,5 +77,44 @@ func TestStatusRecoveryPointRows(t *testing.T) {
 	r = daemon.StatusReport{Mountpoint: "/h", Unpublished: true, Lease: "none"}
 	if out, want := show(), "unpublished:    yes: local changes not yet in any snapshot"; !strings.Contains(out, want) || strings.Contains(out, "write-back") {
 		t.Errorf("status of a stopped mount: want %q and no write-back row:\n%s", want, out)
+	}
+}
+
+// TestStatusNextSnapshotDate: a next snapshot due tomorrow shows its date
+// (the time of day alone reads as today); one due today shows the time
+// alone; --json has the instant in RFC 3339.
+func TestStatusNextSnapshotDate(t *testing.T) {
+	now := time.Now()
+	due := now.Add(24 * time.Hour)
+	r := daemon.StatusReport{Mountpoint: "/h", Running: true, PID: 1, Lease: "held", NextDue: due}
+	var b bytes.Buffer
+	printStatus(&b, []daemon.StatusReport{r}, false)
+	if want := "due " + due.Local().Format(time.DateTime) + " (in "; !strings.Contains(b.String(), want) {
+		t.Errorf("status lacks %q:\n%s", want, b.String())
+	}
+	b.Reset()
+	printStatus(&b, []daemon.StatusReport{r}, true)
+	var j struct {
+		NextDue string `json:"next_due"`
+	}
+	if err := json.Unmarshal(b.Bytes(), &j); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := time.Parse(time.RFC3339, j.NextDue); err != nil || !got.Equal(due) {
+		t.Errorf("status --json next_due %q: %v, want %s in RFC 3339", j.NextDue, err, due)
+	}
+
+	midnight := time.Date(now.Year(), now.Month(), now.Day(), 0, 0, 0, 0, time.Local)
+	for _, c := range []struct {
+		t    time.Time
+		want string
+	}{
+		{midnight.Add(90 * time.Minute), midnight.Add(90 * time.Minute).Format(time.TimeOnly)},
+		{midnight.Add(-time.Second), midnight.Add(-time.Second).Format(time.DateTime)},
+		{midnight.Add(24 * time.Hour), midnight.Add(24 * time.Hour).Format(time.DateTime)},
+	} {
+		if got := clockTime(c.t, midnight.Add(12*time.Hour)); got != c.want {
+			t.Errorf("clockTime(%s) = %q, want %q", c.t, got, c.want)
+		}
 	}
 }
