@@ -39,7 +39,10 @@ When no daemon runs for MOUNTPOINT, status says so and shows what its state
 dir records (for instance local changes that were never published): the
 state dir its last mount used (the registry in the runtime dir remembers it
 until a reboot), else the default one. When neither holds any state, status
-says so: pass the --state-dir the mount was made with.
+says so: pass the --state-dir the mount was made with. A live mount whose
+daemon runs as another user (root, with --owner) is shown as running, with
+its pid and user and what to run to see the rest: its state is that
+user's alone.
 
 Exit codes: 0 running, 1 not running (or an error), 2 bad command line.
 
@@ -71,6 +74,13 @@ func statusOne(ctx context.Context, e *env, mountpoint, stateDir string, asJSON 
 	resp, err := daemon.ControlCall(ctx, loc.Socket, daemon.ControlRequest{Op: "status"})
 	if err == nil && resp.Status != nil {
 		return printStatus(e.stdout, []daemon.StatusReport{*resp.Status}, asJSON)
+	}
+	if errors.Is(err, daemon.ErrNoDaemon) || errors.Is(err, os.ErrPermission) {
+		// Not ours to read: a daemon of another user (root, with
+		// --owner) may serve the mount.
+		if others := daemon.OtherUserMounts(loc.Mountpoint, true); len(others) > 0 {
+			return printStatus(e.stdout, []daemon.StatusReport{otherUserReport(others[0])}, asJSON)
+		}
 	}
 	if !errors.Is(err, daemon.ErrNoDaemon) {
 		if err == nil {
@@ -145,11 +155,37 @@ func statusAll(ctx context.Context, e *env, asJSON bool) error {
 		}
 		reports = append(reports, *resp.Status)
 	}
+	if os.Getuid() != 0 {
+		// Mounts of daemons of other users (root, with --owner), whose
+		// registry this user cannot read.
+		known := map[string]bool{}
+		for _, r := range reports {
+			known[r.Mountpoint] = true
+		}
+		for _, o := range daemon.OtherUserMounts("/", false) {
+			if !known[o.Mountpoint] {
+				reports = append(reports, otherUserReport(o))
+			}
+		}
+	}
 	if len(reports) == 0 && !asJSON {
 		fmt.Fprintln(e.stdout, "no hermesfs mounts are running")
 		return nil
 	}
 	return printStatus(e.stdout, reports, asJSON)
+}
+
+// otherUserReport is what status can say of a mount whose daemon runs as
+// another user: that it runs, as whom, and how to see the rest.
+func otherUserReport(o daemon.OtherUserDaemon) daemon.StatusReport {
+	sudo := "sudo "
+	if o.UID != 0 {
+		sudo = "as " + o.User + ": "
+	}
+	return daemon.StatusReport{
+		Mountpoint: o.Mountpoint, Running: true, PID: o.PID, RunsAs: o.User,
+		Restricted: fmt.Sprintf("its state dir and control socket are readable by %s only: run '%shermesfs status %s'", o.User, sudo, o.Mountpoint),
+	}
 }
 
 func printStatus(w io.Writer, rs []daemon.StatusReport, asJSON bool) error {
@@ -176,6 +212,17 @@ func printStatus(w io.Writer, rs []daemon.StatusReport, asJSON bool) error {
 			if r.ReadOnly {
 				state += ", read-only"
 			}
+		}
+		if r.Restricted != "" {
+			state = "running (as " + r.RunsAs + ")"
+			if r.PID > 0 {
+				state = fmt.Sprintf("running (pid %d, as %s)", r.PID, r.RunsAs)
+			}
+			row("mountpoint", "%s", r.Mountpoint)
+			row("state", "%s", state)
+			row("details", "%s", r.Restricted)
+			tw.Flush()
+			continue
 		}
 		row("mountpoint", "%s", r.Mountpoint)
 		row("state", "%s", state)

@@ -67,6 +67,13 @@ type statusReport struct {
 	// PartialCopyUps are files copied up by range whose background copy
 	// has not finished.
 	PartialCopyUps []fs.PartialCopyUp `json:"partial_copy_ups,omitempty"`
+
+	// Restricted is set by `status` (never by the daemon) for a mount whose
+	// daemon runs as another user, whose state it cannot read: why the
+	// rest of the report is missing, and what to run instead.
+	Restricted string `json:"restricted,omitempty"`
+	// RunsAs is that daemon's user.
+	RunsAs string `json:"runs_as,omitempty"`
 }
 
 // snapshotFigures are the measurements of one snapshot, logged and shown.
