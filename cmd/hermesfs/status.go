@@ -39,7 +39,9 @@ When no daemon runs for MOUNTPOINT, status says so and shows what its state
 dir records (for instance local changes that were never published): the
 state dir its last mount used (the registry in the runtime dir remembers it
 until a reboot), else the default one. When neither holds any state, status
-says so: pass the --state-dir the mount was made with. A live mount whose
+says so: pass the --state-dir the mount was made with. A daemon that is not
+ready yet (a first mount packing and uploading a big home) is shown as
+starting, with what it does. A live mount whose
 daemon runs as another user (root, with --owner) is shown as running, with
 its pid and user and what to run to see the rest: its state is that
 user's alone.
@@ -87,6 +89,10 @@ func statusOne(ctx context.Context, e *env, mountpoint, stateDir string, asJSON 
 			err = errors.New("empty answer")
 		}
 		return err
+	}
+	if r, ok := daemon.BootingReport(loc.Mountpoint, loc.StateDir); ok {
+		// Not ready yet: its control socket answers once it is.
+		return printStatus(e.stdout, []daemon.StatusReport{r}, asJSON)
 	}
 	if !stateKnown(loc.StateDir) {
 		return noStateKnown(loc)
@@ -212,6 +218,14 @@ func printStatus(w io.Writer, rs []daemon.StatusReport, asJSON bool) error {
 			if r.ReadOnly {
 				state += ", read-only"
 			}
+		}
+		if r.Boot != "" {
+			row("mountpoint", "%s", r.Mountpoint)
+			row("state", "starting, not ready yet (pid %d, since %s)", r.PID, r.Started.Local().Format(time.DateTime))
+			row("state dir", "%s", r.StateDir)
+			row("doing", "%s", r.Boot)
+			tw.Flush()
+			continue
 		}
 		if r.Restricted != "" {
 			state = "running (as " + r.RunsAs + ")"

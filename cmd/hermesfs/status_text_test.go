@@ -118,3 +118,17 @@ func TestStatusNextSnapshotDate(t *testing.T) {
 		}
 	}
 }
+
+// TestStatusWhileBooting: a daemon that is not ready yet (a first seed)
+// is shown as starting, with what it does.
+func TestStatusWhileBooting(t *testing.T) {
+	r := daemon.StatusReport{Mountpoint: "/h", StateDir: "/st", Running: true, PID: 7, Started: time.Now(),
+		Boot: "seeding the store from the existing directory: packed 120 of 5000 files (1.2 MiB of 409.6 MiB)"}
+	var b bytes.Buffer
+	printStatus(&b, []daemon.StatusReport{r}, false)
+	for _, want := range []string{"state:       starting, not ready yet (pid 7, since ", "doing:       seeding the store from the existing directory: packed 120 of 5000 files"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("status lacks %q:\n%s", want, b.String())
+		}
+	}
+}

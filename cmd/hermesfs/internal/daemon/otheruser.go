@@ -31,7 +31,8 @@ type OtherUserDaemon struct {
 
 // OtherUserMounts returns the live hermesfs mounts (below prefix, or
 // exactly at it when exact) that a daemon of a user other than the caller
-// serves. A mount that does not answer within a second is left out.
+// serves and the caller can reach. A mount that does not answer within a
+// second is left out.
 func OtherUserMounts(prefix string, exact bool) []OtherUserDaemon {
 	b, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
@@ -75,6 +76,9 @@ func OtherUserMounts(prefix string, exact bool) []OtherUserDaemon {
 		o := top[mp]
 		if o.UID < 0 || o.UID == me || ProbeFUSE(mp, time.Second) != FUSELive {
 			continue
+		}
+		if _, err := os.Stat(mp); err != nil {
+			continue // not this user's to reach (a directory it may not enter)
 		}
 		o.User = strconv.Itoa(o.UID)
 		if u, err := user.LookupId(o.User); err == nil {
