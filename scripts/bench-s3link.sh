@@ -1,0 +1,45 @@
+# Sourced by the benchmarks that reach S3 through a shaped link
+# (bench-cost.sh, bench-lazy.sh, bench-rpo.sh); POSIX sh, run from the
+# checkout's root.
+#
+#   s3link_start NAME
+#     starts versitygw ($vgw) on a free loopback port over $work/s3 with
+#     one bucket, "bench", and the shaped proxy ($work/shapedproxy, built
+#     if missing) in front of it: $LINK_RATE each way, $LINK_LATENCY added
+#     to every request. Exports the credentials (AWS_*), adds both
+#     processes to $pids (the caller's cleanup kills them) and sets ep (the
+#     server itself), pep (through the link) and ctl (the proxy's control
+#     URL: GET $ctl/stats, POST $ctl/reset). NAME starts its errors.
+#   s3curl ARGS...
+#     curl with the request signed with those credentials.
+
+s3curl() {
+	curl -sS --fail --aws-sigv4 "aws:amz:us-east-1:s3" --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" \
+		-H "x-amz-content-sha256: UNSIGNED-PAYLOAD" "$@"
+}
+
+s3link_start() {
+	[ -x "$work/shapedproxy" ] || go build -o "$work/shapedproxy" ./uploader/faultproxy/cmd/shapedproxy
+	mkdir -p "$work/s3"
+	port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+	export AWS_ACCESS_KEY_ID=bench AWS_SECRET_ACCESS_KEY=bench-secret AWS_REGION=us-east-1
+	"$vgw" --access "$AWS_ACCESS_KEY_ID" --secret "$AWS_SECRET_ACCESS_KEY" --port "127.0.0.1:$port" posix "$work/s3" >"$work/versitygw.log" 2>&1 &
+	pids="$pids $!"
+	ep=http://127.0.0.1:$port
+	i=0
+	until s3curl -X PUT "$ep/bench" >/dev/null 2>&1; do
+		i=$((i + 1))
+		[ $i -lt 100 ] || { echo "$1: versitygw did not start" >&2; cat "$work/versitygw.log" >&2; exit 1; }
+		sleep 0.1
+	done
+	"$work/shapedproxy" -target "$ep" -latency "$LINK_LATENCY" -rate "$LINK_RATE" >"$work/proxy.out" 2>"$work/proxy.log" &
+	pids="$pids $!"
+	i=0
+	until grep -qs '^proxy ' "$work/proxy.out"; do
+		i=$((i + 1))
+		[ $i -lt 600 ] || { echo "$1: shapedproxy did not start" >&2; cat "$work/proxy.log" >&2; exit 1; }
+		sleep 0.05
+	done
+	pep=$(awk '/^proxy / {print $2}' "$work/proxy.out")
+	ctl=$(awk '/^proxy / {print $4}' "$work/proxy.out")
+}
