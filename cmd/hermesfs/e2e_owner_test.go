@@ -117,6 +117,7 @@ func checkOwned(t *testing.T, root string, uid int, names ...string) {
 // the home's modes; what the agent made stays the agent's in the archive
 // and on a new host.
 func TestOwnerServesAgentUser(t *testing.T) {
+	t.Parallel()
 	need(t, "/dev/fuse", "sqlite3", "flock", "unsquashfs")
 	if os.Geteuid() != 0 {
 		missing(t, "root")
