@@ -2,14 +2,16 @@
 # (bench-cost.sh, bench-lazy.sh, bench-rpo.sh); POSIX sh, run from the
 # checkout's root.
 #
-#   s3link_start NAME
+#   s3_start NAME
 #     starts versitygw ($vgw) on a free loopback port over $work/s3 with
-#     one bucket, "bench", and the shaped proxy ($work/shapedproxy, built
-#     if missing) in front of it: $LINK_RATE each way, $LINK_LATENCY added
-#     to every request. Exports the credentials (AWS_*), adds both
-#     processes to $pids (the caller's cleanup kills them) and sets ep (the
-#     server itself), pep (through the link) and ctl (the proxy's control
-#     URL: GET $ctl/stats, POST $ctl/reset). NAME starts its errors.
+#     one bucket, "bench"; exports the credentials (AWS_*), adds the
+#     process to $pids (the caller's cleanup kills them) and sets ep, the
+#     server's URL. NAME starts its errors.
+#   s3link_start NAME
+#     s3_start, and the shaped proxy ($work/shapedproxy, built if missing)
+#     in front of it: $LINK_RATE each way, $LINK_LATENCY added to every
+#     request. Sets pep (through the link) and ctl (the proxy's control
+#     URL: GET $ctl/stats, POST $ctl/reset).
 #   s3curl ARGS...
 #     curl with the request signed with those credentials.
 
@@ -18,8 +20,7 @@ s3curl() {
 		-H "x-amz-content-sha256: UNSIGNED-PAYLOAD" "$@"
 }
 
-s3link_start() {
-	[ -x "$work/shapedproxy" ] || go build -o "$work/shapedproxy" ./uploader/faultproxy/cmd/shapedproxy
+s3_start() {
 	mkdir -p "$work/s3"
 	port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 	export AWS_ACCESS_KEY_ID=bench AWS_SECRET_ACCESS_KEY=bench-secret AWS_REGION=us-east-1
@@ -32,6 +33,11 @@ s3link_start() {
 		[ $i -lt 100 ] || { echo "$1: versitygw did not start" >&2; cat "$work/versitygw.log" >&2; exit 1; }
 		sleep 0.1
 	done
+}
+
+s3link_start() {
+	[ -x "$work/shapedproxy" ] || go build -o "$work/shapedproxy" ./uploader/faultproxy/cmd/shapedproxy
+	s3_start "$1"
 	"$work/shapedproxy" -target "$ep" -latency "$LINK_LATENCY" -rate "$LINK_RATE" >"$work/proxy.out" 2>"$work/proxy.log" &
 	pids="$pids $!"
 	i=0
