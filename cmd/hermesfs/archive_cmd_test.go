@@ -75,7 +75,6 @@ func sameTree(t *testing.T, a, b string) {
 }
 
 func TestPackUnpackVerifyCommands(t *testing.T) {
-	t.Parallel()
 	src := archiveTree(t)
 	outDir := t.TempDir()
 	file := filepath.Join(outDir, "home.sqfs")

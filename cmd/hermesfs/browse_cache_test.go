@@ -179,7 +179,6 @@ func copyTree(t *testing.T, dir string) string {
 // within the bound, a file whose bytes were evicted is fetched again, and
 // what the store returns damaged is EIO, never wrong bytes.
 func TestBrowseCacheBound(t *testing.T) {
-	t.Parallel()
 	need(t, "/dev/fuse", "diff", "cat", "cp")
 	endpoint, bucket, access, secret := s3test.Start(t)
 	proxy, err := faultproxy.Start(endpoint)
@@ -351,7 +350,6 @@ func rewriteFormat1(t *testing.T, s uploader.Store, m uploader.Manifest) {
 // --path; one whose archive has no block checksums either (not written by
 // hermesfs) is refused with what to do instead.
 func TestBrowseFormat1(t *testing.T) {
-	t.Parallel()
 	need(t, "/dev/fuse", "mksquashfs")
 	storeDir := t.TempDir()
 	s, err := uploader.NewLocal(storeDir)

@@ -117,7 +117,6 @@ func putSyntheticSnapshots(t *testing.T, s uploader.Store, n int) {
 }
 
 func TestBrowseS3(t *testing.T) {
-	t.Parallel()
 	need(t, "/dev/fuse", "diff", "ls", "cat")
 	endpoint, bucket, access, secret := s3test.Start(t)
 	proxy, err := faultproxy.Start(endpoint)
@@ -281,7 +280,6 @@ func TestBrowseS3(t *testing.T) {
 // A browse tree on a local store stops cleanly when its context ends (the
 // signal path), and bad flags lose nothing.
 func TestBrowseStopsOnSignal(t *testing.T) {
-	t.Parallel()
 	need(t, "/dev/fuse")
 	storeDir := t.TempDir()
 	s, err := uploader.NewLocal(storeDir)
@@ -342,7 +340,6 @@ func TestBrowseStopsOnSignal(t *testing.T) {
 // A manifest with chunk digests has every fetched chunk checked: restore
 // --path works with the right ones and fails as corrupt with wrong ones.
 func TestRestorePathChunkDigests(t *testing.T) {
-	t.Parallel()
 	storeDir := t.TempDir()
 	s, err := uploader.NewLocal(storeDir)
 	if err != nil {

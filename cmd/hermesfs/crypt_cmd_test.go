@@ -54,7 +54,6 @@ func TestCryptFlagsAndEnv(t *testing.T) {
 }
 
 func TestCryptCommands(t *testing.T) {
-	t.Parallel()
 	dir := t.TempDir()
 	key := filepath.Join(dir, "key.txt")
 	environ := map[string]string{"HERMESFS_STORE": "file://" + filepath.Join(dir, "store")}

@@ -109,7 +109,6 @@ func flipBit(t *testing.T, s uploader.Store, key string) {
 }
 
 func TestStoreCommandsLocal(t *testing.T) {
-	t.Parallel()
 	storeDir := t.TempDir()
 	url := "file://" + storeDir
 	s, err := uploader.NewLocal(storeDir)
@@ -226,7 +225,6 @@ func TestStoreCommandsLocal(t *testing.T) {
 }
 
 func TestStoreCommandsS3(t *testing.T) {
-	t.Parallel()
 	endpoint, bucket, access, secret := s3test.Start(t)
 	environ := map[string]string{
 		"AWS_ACCESS_KEY_ID": access, "AWS_SECRET_ACCESS_KEY": secret, "AWS_REGION": "us-east-1",
