@@ -70,6 +70,11 @@ func get(t testing.TB) *watch {
 	return w
 }
 
+// Start arms t's deadline (Wait and Extend do too): a helper every test
+// of a package calls (the one that mounts) starts it, so that a test hung
+// where no helper waits still fails at its deadline.
+func Start(t testing.TB) { get(t) }
+
 // Extend gives t the deadline limit from its start (a test known to run
 // long: the torture tests).
 func Extend(t testing.TB, limit time.Duration) {
