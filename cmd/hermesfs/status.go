@@ -39,12 +39,12 @@ When no daemon runs for MOUNTPOINT, status says so and shows what its state
 dir records (for instance local changes that were never published): the
 state dir its last mount used (the registry in the runtime dir remembers it
 until a reboot), else the default one. When neither holds any state, status
-says so: pass the --state-dir the mount was made with. A daemon that is not
-ready yet (a first mount packing and uploading a big home) is shown as
-starting, with what it does. A live mount whose
-daemon runs as another user (root, with --owner) is shown as running, with
-its pid and user and what to run to see the rest: its state is that
-user's alone.
+says so: pass the --state-dir the mount was made with.
+
+A daemon that is not ready yet (a first mount packing and uploading a big
+home) is shown as starting, with what it does. A live mount whose daemon
+runs as another user (root, with --owner) is shown as running, with its pid
+and user and what to run to see the rest: its state is that user's alone.
 
 Exit codes: 0 running, 1 not running (or an error), 2 bad command line.
 
