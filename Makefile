@@ -40,7 +40,8 @@ lint: deps
 	$(GO) vet ./...
 	staticcheck ./...
 
-bench: deps build
+bench: build
+	@scripts/deps.sh bench
 	HERMESFS_BIN=$(CURDIR)/$(BIN) scripts/bench.sh
 
 FUZZTIME ?= 60s

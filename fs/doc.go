@@ -48,6 +48,10 @@
 //	                       records its file's path, which a copy of the
 //	                       state dir keeps (partial_names.go)
 //
+// Adopt (adopt.go) writes the same layout without a mount: it takes what
+// the mountpoint directory gained while no mount covered it into the upper
+// layer, beside whatever the merged tree holds at a name, never over it.
+//
 // An upper entry and a whiteout of the same name may coexist: the upper entry
 // wins. That ordering is what makes each operation crash-safe with no journal:
 // a whiteout is made durable (file, then fsync of its directory) before the
@@ -87,6 +91,20 @@
 // the packer as an archive.PartialSource: only the changed blocks are read
 // and compressed. A tracked file's writable opens are served by the
 // daemon; one the kernel forces into passthrough counts all as changed.
+//
+// A copy of the state dir made while the daemon runs reads a partial file
+// and its map at different moments, so a copied map (its self record is
+// not its own inode) is checked against its copied file before the mount
+// serves it (partial_copied.go): every block it calls present is compared
+// with the lower file. Where the map says a range never changed, the lower
+// bytes are right (changes are recorded before they are made) and are
+// written back over whatever the copy holds, holes included; where it says
+// changed, the copy's bytes are the user's, unless the copy may have read
+// the block before it came in: a 512-byte sector of zeros over lower data
+// cannot be told from the user's own zeros, and when the copy gives reason
+// to doubt (the file and map disagreed elsewhere, or the map was copied
+// from a daemon that was running or killed) the mount is refused naming
+// the file. Neither zeros nor lower bytes are ever guessed.
 //
 // Renaming works for lower files and whole lower directories and never
 // returns EXDEV: the file is copied up first; a directory takes a redirect
@@ -202,7 +220,9 @@
 // must not commit an empty file; an O_TRUNC with no write at all is committed
 // at release. A Guard that also implements GuardWriteChecker is asked at
 // every write too, so a writer that ignores close(2) (a shell appending past
-// the limit) sees the write fail. A file created by the writer whose first
+// the limit, or appending blocked content) sees the write fail; it is told
+// whether the handle can only append (O_APPEND), since only then is content
+// already written certain to stay. A file created by the writer whose first
 // content is refused is removed again: a refused creation leaves no file. rename(2) of a file over a guarded name, truncate(2) of one,
 // and a directory rename that brings one are checked the same way before they
 // happen. Symlinks, device nodes and hard links cannot be made at a guarded

@@ -243,6 +243,7 @@ func (ov *overlay) openGuarded(ctx context.Context, n *node, rel string, flags u
 		pid:        callerPid(ctx),
 		appendMode: flags&syscall.O_APPEND != 0,
 		stage:      -1,
+		liftAt:     -1,
 		existed:    created == 0,
 		createdIno: created,
 	}
@@ -291,6 +292,11 @@ type guardFile struct {
 	// commits nothing, and its close judges (and audits) refused instead.
 	refused      []byte
 	refusedErrno syscall.Errno
+	// liftAt is the staged size before an append refused for its content
+	// (-1 for any other refusal): a truncation through the handle to at
+	// most that size takes away everything the refused append would have
+	// added, and with it the refusal.
+	liftAt int64
 }
 
 var (
@@ -337,7 +343,7 @@ func (g *guardFile) discard() {
 		g.stage, g.stageName = -1, ""
 	}
 	g.dirty, g.written = false, false
-	g.refused, g.refusedErrno = nil, 0
+	g.refused, g.refusedErrno, g.liftAt = nil, 0, -1
 }
 
 func (g *guardFile) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
@@ -373,16 +379,20 @@ func (g *guardFile) Write(ctx context.Context, data []byte, off int64) (uint32, 
 	if off+int64(len(data)) > g.ov.opts.GuardMaxBytes {
 		return 0, g.ov.refused(ctx, g.rel, syscall.EFBIG, "write past the overlay's cap on a memory file (GuardMaxBytes)")
 	}
-	if errno := g.checkWrite(func(cur []byte) []byte {
+	errno := g.checkWrite(g.appendMode, off, func(cur []byte) []byte {
 		if end := off + int64(len(data)); end > int64(len(cur)) {
 			cur = append(cur, make([]byte, end-int64(len(cur)))...)
 		}
 		copy(cur[off:], data)
 		return cur
-	}); errno != 0 {
-		if errno == syscall.EFBIG || errno == syscall.EPERM {
-			g.ov.refused(ctx, g.rel, errno, "the write takes the memory file past its limit (its close fails too)")
-		}
+	})
+	switch errno {
+	case 0:
+	case syscall.EFBIG:
+		return 0, g.ov.refused(ctx, g.rel, errno, "the write takes the memory file past its limit (its close fails too)")
+	case syscall.EPERM:
+		return 0, g.ov.refused(ctx, g.rel, errno, "the write appends content that is refused whatever follows (its close fails too)")
+	default:
 		return 0, errno
 	}
 	if err := pwriteAll(g.stage, data, off); err != nil {
@@ -403,7 +413,12 @@ func (g *guardFile) truncate(size int64) syscall.Errno {
 			return errno
 		}
 	}
-	if errno := g.checkWrite(func(cur []byte) []byte {
+	if g.refused != nil && g.liftAt >= 0 && size <= g.liftAt {
+		// What the refused append would have added is cut away: the
+		// handle goes on as if that append had succeeded.
+		g.refused, g.refusedErrno, g.liftAt = nil, 0, -1
+	}
+	if errno := g.checkWrite(false, 0, func(cur []byte) []byte {
 		if size <= int64(len(cur)) {
 			return cur[:size]
 		}
@@ -437,9 +452,11 @@ func (g *guardFile) Allocate(ctx context.Context, off, size uint64, mode uint32)
 }
 
 // checkWrite asks a GuardWriteChecker about the staged content as change
-// would make it. The stage is open. A refusal poisons the handle: nothing
-// it staged is committed, and its close reports the refusal again.
-func (g *guardFile) checkWrite(change func([]byte) []byte) syscall.Errno {
+// would make it; appendOnly as GuardWriteChecker says, and an append starts
+// at off. The stage is open. A refusal poisons the handle: nothing it
+// staged is committed, and its close reports the refusal again, unless a
+// truncation lifts it (liftAt).
+func (g *guardFile) checkWrite(appendOnly bool, off int64, change func([]byte) []byte) syscall.Errno {
 	wc, ok := g.ov.guard.(GuardWriteChecker)
 	if !ok {
 		return 0
@@ -458,7 +475,7 @@ func (g *guardFile) checkWrite(change func([]byte) []byte) syscall.Errno {
 		}
 	}
 	next := change(cur)
-	err := wc.CheckWrite(g.rel, old, next)
+	err := wc.CheckWrite(g.rel, old, next, appendOnly)
 	switch {
 	case err == nil:
 		return 0
@@ -469,6 +486,12 @@ func (g *guardFile) checkWrite(change func([]byte) []byte) syscall.Errno {
 	default:
 		g.ov.log.Error("guard write check failed", "path", g.rel, "err", err)
 		return syscall.EIO
+	}
+	switch {
+	case !appendOnly || errno != syscall.EPERM:
+		g.liftAt = -1
+	case g.refused == nil:
+		g.liftAt = off
 	}
 	g.refused, g.refusedErrno = next, errno
 	g.dirty, g.written = true, true

@@ -306,7 +306,7 @@ func TestGuardShellWriters(t *testing.T) {
 // writeCheckGuard also refuses writes early (GuardWriteChecker).
 type writeCheckGuard struct{ testGuard }
 
-func (g *writeCheckGuard) CheckWrite(rel string, old, content []byte) error {
+func (g *writeCheckGuard) CheckWrite(rel string, old, content []byte, appendOnly bool) error {
 	if len(content) > g.max {
 		return fmt.Errorf("over the limit: %w", syscall.EFBIG)
 	}

@@ -55,18 +55,25 @@ type Guard interface {
 }
 
 // GuardWriteChecker is optionally implemented by a Guard to refuse a write
-// to a guarded file as soon as the write makes the staged content
-// unacceptable, as RLIMIT_FSIZE refuses a write past a size, so that a
-// writer that ignores close(2)'s error (a shell redirection) sees the write
-// itself fail. CheckWrite gets rel, the committed content (nil if the file
-// did not exist before the handle) and the whole content the write would
-// produce; it is called on every write to a guarded handle, must be cheap
-// and must record nothing. An error wrapping EFBIG or EPERM fails the write
-// with that errno and poisons the handle: nothing it staged is committed,
-// and its close(2) fails too, after Check has judged (and recorded) the
-// refused content. nil lets the write through; Check at close still decides.
+// to a guarded file as soon as the write makes the staged content certain
+// to be refused at close, as RLIMIT_FSIZE refuses a write past a size, so
+// that a writer that ignores close(2)'s error (a shell redirection) sees
+// the write itself fail. CheckWrite gets rel, the committed content (nil if
+// the file did not exist before the handle) and the whole content the
+// write would produce; appendOnly is true for a write through a handle
+// opened with O_APPEND, whose writes all land at the end (only a
+// truncation through the handle can take bytes back), and false for other
+// writes and for truncations. It is called on every write to a guarded
+// handle, must be cheap and must record nothing. An error wrapping EFBIG
+// or EPERM fails the write with that errno and poisons the handle: nothing
+// it staged is committed, and its close(2) fails too, after Check has
+// judged (and recorded) the refused content. The exception: an EPERM
+// refusal of an appendOnly write is lifted when the handle truncates the
+// file to at most the size it had before that write, since the refused
+// bytes are then gone in any case. nil lets the write through; Check at
+// close still decides.
 type GuardWriteChecker interface {
-	CheckWrite(rel string, old, content []byte) error
+	CheckWrite(rel string, old, content []byte, appendOnly bool) error
 }
 
 // Options configures Mount. Zero values take the defaults documented on

@@ -40,7 +40,10 @@ import (
 // not copied whose recorded name is not its file (a copy-up that never
 // completed its rename; a daemon from before these records renamed it)
 // is kept, its name recorded as unknown. Maps written before these
-// records have neither and are kept as they are.
+// records have neither and are kept as they are. A copied map found its
+// file is checked against it first (partial_copied.go): a copy of a
+// running daemon's state dir may hold holes where the map says blocks are
+// in.
 
 // settle takes the maps read at mount into the set: it drops those of
 // files that are gone and makes the copied ones again for their files.
@@ -131,17 +134,16 @@ func (s *partialSet) copiedStateErr(p *partial, why string) error {
 		"or give up that file's changes since the snapshot: remove the file and its map %s (a file left without its map reads zeros where it was not copied in)", file, why, mp)
 }
 
-// rebind makes copied map p again for its file, found by name.
+// rebind makes copied map p again for its file, found by name, once the
+// copied file holds what the map says it does (checkCopied).
 func (s *partialSet) rebind(p *partial, readOnly bool) error {
-	if p.complete {
-		// Every block is in the copied file: it is whole, and which
-		// bytes changed is not vouched for across a copy.
-		s.removeLoaded(p, readOnly, "a copy of the map of a complete file")
-		return nil
-	}
-	// Which bytes changed is not vouched for across a copy: all did.
-	p.changes.init(p.lowerSize, false)
 	if !p.nameKnown {
+		if p.complete && p.loaded.closed {
+			// Copied after its daemon stopped (its session closed):
+			// every block was in the file when the map was copied.
+			s.removeLoaded(p, readOnly, "a copy of the map of a complete file")
+			return nil
+		}
 		return s.copiedStateErr(p, "does not say where the file is now (it was being renamed or deleted, or has another name)")
 	}
 	st, err := s.statRel(p.recName)
@@ -164,6 +166,16 @@ func (s *partialSet) rebind(p *partial, readOnly bool) error {
 		// would drop it too).
 		delete(s.m, q.uino)
 		s.removeLoaded(q, readOnly, "its inode number is another file's now")
+	}
+	if err := s.checkCopied(p, &st, readOnly); err != nil {
+		return err
+	}
+	// Which bytes changed is not vouched for across a copy: all did.
+	p.changes.init(p.lowerSize, false)
+	if p.complete {
+		// Every block is in the copied file, as checked: it is whole.
+		s.removeLoaded(p, readOnly, "a copy of the map of a complete file")
+		return nil
 	}
 	old := p.name
 	p.uino, p.btime, p.name = st.ino, st.btime, mapName(st.ino, st.btime)

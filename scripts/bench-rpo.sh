@@ -29,7 +29,8 @@
 # snapshots, and the longest freeze stall (freeze_stall of the daemon's
 # "snapshot published" lines) with the longest wait of the writes.
 #
-# Env: BENCH_SIZE (default 1G), TRIALS (20), RPO_D (2s), RUN_MIN, RUN_MAX
+# Env: BENCH_SIZE (default 1G), BENCH_ENTRIES (an installed agent of that
+# many entries in the home: genhome -install; default none), TRIALS (20), RPO_D (2s), RUN_MIN, RUN_MAX
 # (5, 20 seconds), COST_DS ("2s 10s 60s"), ROUNDS (12), ROUND_SECONDS (60),
 # LINK_RATE (50MB, bytes/s, 10^6), LINK_LATENCY (20ms), SEED (random; the
 # kill moments), BENCH_DIR (scratch, default /var/tmp/hermesfs-bench),
@@ -160,7 +161,7 @@ EOF
 s3link_start bench-rpo
 export HERMESFS_LOG_LEVEL=info
 
-home=$(scripts/genhome/cached.sh "$BENCH_SIZE" 1)
+home=$(scripts/genhome/cached.sh "$BENCH_SIZE" 1 ${BENCH_ENTRIES:-})
 echo "machine: $(uname -srm), $(nproc) cores; load average before: $(cut -d" " -f1-3 /proc/loadavg)"
 echo "home: $BENCH_SIZE generated ($(find "$home/" -type f | wc -l) files, $(du -sh "$home/" | cut -f1)); link: $LINK_RATE/s each way, $LINK_LATENCY per request (shapedproxy in front of versitygw posix)"
 

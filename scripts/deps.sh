@@ -1,10 +1,12 @@
 #!/bin/sh
 # Installs what building and testing hermesfs need, skipping what is present.
-# Usage: scripts/deps.sh [run|demo|test]
+# Usage: scripts/deps.sh [run|demo|test|bench]
 #        scripts/deps.sh install PACKAGE...
 #   run      fuse3 (fusermount3), for mounting
 #   demo     also sqlite3, to generate the demo's sample home
 #   test     also squashfs-tools, sqlite3, strace, age, versitygw and staticcheck
+#   bench    what test needs, and restic (the benchmarks' baseline), git,
+#            curl and bc
 #   install  the packages named, with apt-get as below
 #
 # Another package manager may hold apt's and dpkg's locks (a fresh VM runs
@@ -112,6 +114,13 @@ need() { command -v "$1" >/dev/null 2>&1 || missing="$missing $2"; }
 need fusermount3 fuse3
 if [ "$want" = demo ]; then
 	need sqlite3 sqlite3
+fi
+if [ "$want" = bench ]; then
+	need restic restic
+	need git git
+	need curl curl
+	need bc bc
+	want=test
 fi
 if [ "$want" = test ]; then
 	need mksquashfs squashfs-tools

@@ -1383,9 +1383,11 @@ func TestE2EMemoryLimitsFromConfig(t *testing.T) {
 }
 
 // A first mount from a store that already holds snapshots, over a directory
-// that is not empty, warns that the directory's own files are hidden; they
-// are back, untouched, after unmount.
-func TestE2EWarnsWhenHidingExistingFiles(t *testing.T) {
+// that is not empty (a new host whose agent wrote before the mount came
+// up), takes the directory's files into the home: new ones at their paths,
+// one the home holds otherwise beside it, named in a warning; they are
+// still underneath, untouched, after unmount.
+func TestE2EAdoptsExistingFilesOnNewHost(t *testing.T) {
 	t.Parallel()
 	need(t, "/dev/fuse")
 	storeDir := e2eDir(t, "store")
@@ -1397,18 +1399,29 @@ func TestE2EWarnsWhenHidingExistingFiles(t *testing.T) {
 		t.Fatalf("stop A: %d\n%s", c, da.stderr)
 	}
 	writeFile(t, filepath.Join(mpB, "local-only"), "mine", 0o600)
+	writeFile(t, filepath.Join(mpB, "from-store"), "B's own", 0o644)
 	db := newHost(t, store).mount(mpB, "--interval", "0")
-	if !strings.Contains(db.stderr.String(), "the mountpoint directory is not empty") ||
-		!strings.Contains(db.stderr.String(), "local-only") {
-		t.Errorf("no warning naming the hidden files:\n%s", db.stderr)
+	if !strings.Contains(db.stderr.String(), "written into the mountpoint directory while no mount covered it") ||
+		!strings.Contains(db.stderr.String(), "local-only") || !strings.Contains(db.stderr.String(), "pass --store") {
+		t.Errorf("no warning naming the files taken in:\n%s", db.stderr)
 	}
 	if got := mustRead(t, filepath.Join(mpB, "from-store")); got != "published" {
 		t.Errorf("mount shows %q", got)
+	}
+	if got := mustRead(t, filepath.Join(mpB, "local-only")); got != "mine" {
+		t.Errorf("the mount shows local-only as %q", got)
+	}
+	beside, _ := filepath.Glob(filepath.Join(mpB, "from-store.underneath-*"))
+	if len(beside) != 1 || mustRead(t, beside[0]) != "B's own" {
+		t.Errorf("B's own from-store is not beside the home's: %v", beside)
 	}
 	if c := db.stop(syscall.SIGTERM); c != 0 {
 		t.Fatalf("stop B: %d\n%s", c, db.stderr)
 	}
 	if got := mustRead(t, filepath.Join(mpB, "local-only")); got != "mine" {
-		t.Errorf("after unmount the hidden file reads %q", got)
+		t.Errorf("after unmount the file underneath reads %q", got)
+	}
+	if got := mustRead(t, filepath.Join(mpB, "from-store")); got != "B's own" {
+		t.Errorf("after unmount from-store underneath reads %q", got)
 	}
 }

@@ -274,6 +274,7 @@ func printStatus(w io.Writer, rs []daemon.StatusReport, asJSON bool) error {
 		}
 		printMemoryStatus(row, r)
 		printPartials(row, r.PartialCopyUps)
+		printAdopted(row, r.Adopted)
 		for _, a := range r.Rejections {
 			row("memory rejected", "%s %s: %s", a.Time.Local().Format(time.DateTime), a.File, a.Reason)
 		}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
+	"github.com/hermesfs/hermesfs/fs"
 )
 
 func printMemoryStatus(row func(k, f string, a ...any), r daemon.StatusReport) {
@@ -82,4 +83,27 @@ func clockTime(t, now time.Time) string {
 		return t.Format(time.TimeOnly)
 	}
 	return t.Format(time.DateTime)
+}
+
+// printAdopted names what the mount took in at boot from the mountpoint
+// directory (files written there while no mount covered it): a bounded
+// list and the count.
+func printAdopted(row func(k, f string, a ...any), got []fs.Adopted) {
+	if len(got) == 0 {
+		return
+	}
+	const shown = 10
+	var names []string
+	for i, a := range got {
+		if i == shown {
+			names = append(names, fmt.Sprintf("and %d more", len(got)-shown))
+			break
+		}
+		if a.From != "" {
+			names = append(names, a.From+" (as "+a.Path+")")
+		} else {
+			names = append(names, a.Path)
+		}
+	}
+	row("taken in at boot", "%d written into the mountpoint directory while no mount covered it: %s", len(got), strings.Join(names, ", "))
 }

@@ -29,13 +29,21 @@
 // then learn the real reason. EPERM for content that is both is the more useful
 // answer, and the audit log records what was found.
 //
-// Writes are refused early on the limit alone ([Guard.CheckWrite], the overlay's
-// optional fs.GuardWriteChecker): the write(2) that takes the staged content past
-// the limit fails with EFBIG, as a write past RLIMIT_FSIZE does, so a shell
-// redirection (which ignores close's error) still fails. The overlay then commits
-// nothing from that handle and has Check judge and record the refused content at
-// close. The content scan is never run mid-write: a partial write can end
-// mid-character or mid-word.
+// Writes are refused early ([Guard.CheckWrite], the overlay's optional
+// fs.GuardWriteChecker) when the content they make is certain to be refused at
+// close, so that a shell redirection (which ignores close's error) still fails:
+// the write(2) that takes the staged content past the limit fails with EFBIG, as a
+// write past RLIMIT_FSIZE does; an append (a handle opened with O_APPEND, which
+// can only add) that puts in what no further append can take out fails with
+// EPERM: invalid UTF-8 before a trailing incomplete character, a blocked
+// character, a threat pattern whose match ends before the last character of the
+// NFKC-settled text (up to the last normalisation boundary, so what follows
+// cannot recompose it). A match that reaches the end may still be undone ("you
+// are now" + "here"); a prefix of the old content may still become it again (no
+// change); a writer that can overwrite (no O_APPEND) may still replace any
+// byte: those wait for Check at close. The overlay then commits nothing from
+// that handle (unless a truncation cuts the refused append away) and has Check
+// judge and record the refused content at close, once.
 //
 // Closing a guarded file without changing its bytes is not a change: it is
 // accepted and not recorded, whatever the content, so a file that predates the

@@ -313,18 +313,35 @@ func (g *Guard) Check(ctx context.Context, rel string, old, new []byte, pid uint
 	return nil
 }
 
-// CheckWrite refuses a write that takes a guarded file's staged content
-// past its limit, the way RLIMIT_FSIZE refuses a write past a size, so that
-// a writer that ignores close(2)'s error (`echo ... >> MEMORY.md`) sees the
-// write itself fail. It judges only the limit, with the same shrink rule as
-// Check: content caught mid-write may end mid-character or mid-sentence, so
-// the content scan waits for Check at close. It records nothing; the
-// overlay then has Check judge and record the refused content at close.
-// old is the committed content (nil for a file the handle created).
-func (g *Guard) CheckWrite(rel string, old, content []byte) error {
+// CheckWrite refuses a write that makes the staged content of a guarded
+// file certain to be rejected at close, the way RLIMIT_FSIZE refuses a
+// write past a size, so that a writer that ignores close(2)'s error
+// (`echo ... >> MEMORY.md`) sees the write itself fail. It records
+// nothing; the overlay then has Check judge and record the refused content
+// at close. old is the committed content (nil for a file the handle
+// created).
+//
+// The limit is judged on every write, with the same shrink rule as Check.
+// The content scan is judged only when appendOnly says that nothing but
+// appends can follow (a handle opened with O_APPEND): a writer that may
+// still overwrite what it wrote (pwrite, an editor filling in a
+// placeholder) can still make any content acceptable. Even then only
+// what no append can undo is refused (settledReject): a trailing
+// incomplete character may still be completed, the last characters may
+// still compose with what comes, a pattern that matches up to the end may
+// stop matching ("you are now" + "here"), and a prefix of old may still
+// become old itself, which is not a change. A truncation can undo
+// anything; the overlay lifts such a refusal when the handle cuts the
+// file back to where the refused write began.
+func (g *Guard) CheckWrite(rel string, old, content []byte, appendOnly bool) error {
 	kind, ok := g.files[rel]
 	if !ok {
 		return nil
+	}
+	if appendOnly && !(old != nil && bytes.HasPrefix(old, content)) {
+		if rej := g.settledReject(rel, content); rej != nil {
+			return rej
+		}
 	}
 	limit := g.limit(kind)
 	n := partialRuneCount(content)
@@ -336,6 +353,27 @@ func (g *Guard) CheckWrite(rel string, old, content []byte) error {
 	}
 	return &RejectError{File: rel, Reason: ReasonLimit, Errno: syscall.EFBIG,
 		Detail: fmt.Sprintf("%d characters exceeds the limit of %d", n, limit)}
+}
+
+// settledReject is the content scan's verdict on what no append to b can
+// change: decide's first three checks, on the part of b whose verdict is
+// settled. nil when nothing there is refused (which says nothing about
+// the whole content).
+func (g *Guard) settledReject(rel string, b []byte) *RejectError {
+	reject := func(reason, detail string) *RejectError {
+		return &RejectError{File: rel, Reason: reason, Detail: detail, Errno: syscall.EPERM}
+	}
+	b = b[:len(b)-incompleteTail(b)]
+	if !utf8.Valid(b) {
+		return reject(ReasonInvalidUTF8, fmt.Sprintf("not valid UTF-8 at byte %d", invalidUTF8Offset(b)))
+	}
+	if f := findBlockedChar(b); f != nil {
+		return reject(f.reason(), f.detail())
+	}
+	if m := g.scanner.matchSettled(b); m != nil {
+		return reject(m.id, m.detail())
+	}
+	return nil
 }
 
 // limit is the character limit of kind: config.yaml's, else the flags'.
@@ -350,15 +388,25 @@ func (g *Guard) limit(kind Kind) int {
 // still be writing: an incomplete UTF-8 sequence at the end counts as the
 // one character it will become, not as one per byte.
 func partialRuneCount(b []byte) int {
+	if k := incompleteTail(b); k > 0 {
+		return utf8.RuneCount(b[:len(b)-k]) + 1
+	}
+	return utf8.RuneCount(b)
+}
+
+// incompleteTail is the length of the UTF-8 sequence b ends with that more
+// bytes may still complete (0 when b ends with a whole character or with
+// bytes no continuation can make valid).
+func incompleteTail(b []byte) int {
 	for i := len(b) - 1; i >= 0 && i >= len(b)-utf8.UTFMax; i-- {
 		if utf8.RuneStart(b[i]) {
 			if !utf8.FullRune(b[i:]) {
-				return utf8.RuneCount(b[:i]) + 1
+				return len(b) - i
 			}
-			break
+			return 0
 		}
 	}
-	return utf8.RuneCount(b)
+	return 0
 }
 
 // decide runs the checks in the order doc.go gives. It fills ev.Reason and

@@ -253,6 +253,40 @@ func (s *scanner) match(b []byte) *patternMatch {
 	return nil
 }
 
+// matchSettled returns a pattern match in valid UTF-8 text b that every
+// text b is a prefix of matches too. Normalisation is settled up to the
+// last boundary of b (NFKC of what precedes a boundary does not depend on
+// what follows it), so the NFKC form of that part is a prefix of the NFKC
+// form of any longer text. A match of that prefix that ends before its
+// last character holds in the longer text as well: a match of an RE2
+// regexp depends only on the text it spans and on the characters on
+// either side (\b, ^, $); one that ends at the very end may not (\b,
+// $, or a repetition the next bytes would extend differently), so it is
+// not counted, nor is any match it overlaps and hides.
+func (s *scanner) matchSettled(b []byte) *patternMatch {
+	if len(s.patterns) == 0 {
+		return nil
+	}
+	cut := norm.NFKC.LastBoundary(b)
+	if cut <= 0 {
+		return nil
+	}
+	text := norm.NFKC.Bytes(b[:cut])
+	lower := bytes.ToLower(text)
+	for i := range s.patterns {
+		p := &s.patterns[i]
+		if len(p.keywords) > 0 && !containsAny(lower, p.keywords) {
+			continue
+		}
+		for _, loc := range p.re.FindAllIndex(text, -1) {
+			if loc[1] < len(text) {
+				return &patternMatch{id: p.ID, text: excerpt(string(text[loc[0]:loc[1]]))}
+			}
+		}
+	}
+	return nil
+}
+
 func containsAny(b []byte, words [][]byte) bool {
 	for _, w := range words {
 		if bytes.Contains(b, w) {

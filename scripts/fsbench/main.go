@@ -51,6 +51,8 @@ func main() {
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the workloads (and the overlay serving them) to this file")
 	image := flag.String("image", "", "the packed lower layer: reused if it exists, else packed there (default: packed anew in -work)")
 	stats := flag.Bool("stats", false, "keep the overlay's monitoring figures (fs.Stats: request counts and sampled latencies), as `hermesfs mount --metrics-addr` does")
+	installed := flag.Bool("installed", false, "instead of the workloads above: an installed agent's (-home made by genhome -install): Python imports, node requires, git status, find, stat and read of the whole home, cold and warm, on native disk, the overlay and the kernel's squashfs under overlayfs")
+	trials := flag.Int("trials", 5, "with -installed: runs of each workload on each tree (the median is reported)")
 	ptwMiB := flag.Int("ptwrite-max", 0, "the overlay's PassthroughWriteMax in MiB (0: its default; -1: no writable passthrough)")
 	flag.Parse()
 	if *home == "" || *work == "" {
@@ -69,7 +71,11 @@ func main() {
 		b.groups[g] = true
 	}
 	b.profile, b.image = *cpuprofile, *image
-	if err := b.run(); err != nil {
+	run := b.run
+	if *installed {
+		run = func() error { return b.runInstalled(*trials) }
+	}
+	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "fsbench:", err)
 		b.cleanup()
 		os.Exit(1)

@@ -32,7 +32,7 @@ import (
 const usage = `genhome writes a synthetic Hermes Agent home (~/.hermes) of about -size bytes.
 
 Usage:
-  go run ./scripts/genhome -size SIZE -out DIR [-seed N]
+  go run ./scripts/genhome -size SIZE -out DIR [-seed N] [-install [-entries N]]
   go run ./scripts/genhome churn -dir DIR -round N   (a busy agent's round; see churn -h)
 
 Flags:
@@ -41,6 +41,23 @@ Flags:
                skill files) and shrink below it; file sizes scale to fill SIZE.
   -out DIR     where to write; must not exist or be empty
   -seed N      the same seed and size always give the same tree (default 1)
+  -install     also lay out an installed agent, as Hermes' installer does for
+               a normal user: hermes-agent/ (a git clone with packed objects,
+               ~6,500 tracked files), hermes-agent/venv/ (the stdlib and some
+               site-packages copied from -python, so it imports them with
+               PYTHONHOME=venv; generated packages with .pyc and .dist-info),
+               hermes-agent/node_modules/ (npm's own dependencies copied from
+               -node's install, then generated packages that require one
+               another, nested node_modules, .bin symlinks) and node/ (the
+               Node.js runtime: -node's binary, npm, corepack). The home's
+               own content is the same with and without it.
+  -entries N   files, directories and symlinks of the install (default
+               120k; 1M for a large one); the copies (~17k entries) are
+               fixed, the checkout has 6,500 tracked files from 120k up (fewer
+               below), generated packages fill the rest
+  -python P    the Python to copy (default python3); needs the packages the
+               import benchmark loads (BenchImports in install.go)
+  -node P      the node to copy (default node), with npm beside it
 
 What it writes (shares of SIZE):
   state.db                     25%  SQLite, sessions and messages tables (sqlite3)
@@ -67,6 +84,10 @@ func main() {
 	sizeFlag := fs.String("size", "1G", "total size")
 	out := fs.String("out", "", "output directory")
 	seed := fs.Uint64("seed", 1, "random seed")
+	withInstall := fs.Bool("install", false, "add an installed agent")
+	entriesFlag := fs.String("entries", "120k", "entries of the install")
+	python := fs.String("python", "python3", "Python to copy into the venv")
+	node := fs.String("node", "node", "node to copy as the runtime")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			os.Exit(0)
@@ -74,6 +95,10 @@ func main() {
 		os.Exit(2)
 	}
 	size, err := parseSize(*sizeFlag)
+	entries, cerr := parseCount(*entriesFlag)
+	if err == nil && cerr != nil {
+		err = fmt.Errorf("-entries %q: %w", *entriesFlag, cerr)
+	}
 	if err != nil || *out == "" || fs.NArg() != 0 {
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "genhome:", err)
@@ -88,6 +113,15 @@ func main() {
 		os.Exit(1)
 	}
 	fmt.Printf("genhome: %s: %d files, %s in %s\n", *out, g.files, human(g.bytes), time.Since(start).Round(time.Millisecond))
+	if *withInstall {
+		start = time.Now()
+		in, err := install(g, *seed, entries, *python, *node)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "genhome: -install:", err)
+			os.Exit(1)
+		}
+		fmt.Printf("genhome: %s: installed agent: %d entries (%d asked), python %s, node %s, in %s\n", *out, in.count, entries, in.python, in.node, time.Since(start).Round(time.Millisecond))
+	}
 }
 
 func parseSize(s string) (int64, error) {

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"crypto/sha256"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -46,8 +47,7 @@ func digest(t *testing.T, root string) string {
 		switch {
 		case fi.Mode().IsRegular():
 			data, _ := os.ReadFile(p)
-			sum := sha256.Sum256(data)
-			b.Write(sum[:])
+			fmt.Fprintf(&b, " %x", sha256.Sum256(data))
 		case fi.Mode()&os.ModeSymlink != 0:
 			tgt, _ := os.Readlink(p)
 			b.WriteString(" -> " + tgt)

@@ -74,6 +74,9 @@ type daemon struct {
 	// mount that no snapshot has (a crash, a failed final upload).
 	publishedGen uint64
 	pending      bool
+	// adopted is what this boot took in from the mountpoint directory
+	// (underneath.go), for status.
+	adopted []fs.Adopted
 	// expect is the LATEST value the next publish must replace: our last
 	// published id normally, another host's with --on-conflict keep-local.
 	expect     string
@@ -431,9 +434,6 @@ func (d *daemon) decideBase(ctx context.Context) (string, error) {
 
 	d.expect = latest.Pointer
 	if latest.ID != "" {
-		if st.Base == "" && st.LastPublished == "" {
-			d.warnHidden(latest.ID)
-		}
 		return d.fetchBase(ctx, latest.ID)
 	}
 	// An empty store. A non-empty directory at the mountpoint (a user's
@@ -451,30 +451,13 @@ func (d *daemon) decideBase(ctx context.Context) (string, error) {
 	return d.seed(ctx)
 }
 
-// warnHidden warns, on a first mount from a store that already holds
-// snapshots, that the files already in the mountpoint directory will be
-// hidden by the mount. They stay untouched underneath and reappear at
-// unmount; the warning is there because a store that belongs to another
-// home would otherwise replace what the user sees without a word.
-func (d *daemon) warnHidden(id string) {
-	f, err := os.Open(d.cfg.Mountpoint)
-	if err != nil {
-		return
-	}
-	defer f.Close()
-	names, _ := f.Readdirnames(6)
-	if len(names) == 0 {
-		return
-	}
-	d.log.Warn("the mountpoint directory is not empty: the snapshot is mounted over it, and its own files are hidden (untouched) until unmount; "+
-		"if this store belongs to another home, stop now and pass --store",
-		"snapshot", id, "hidden_examples", strings.Join(names, ", "))
-}
-
 // seed publishes the mountpoint directory's contents as the first snapshot
 // and makes it the base.
 func (d *daemon) seed(ctx context.Context) (string, error) {
 	t0 := time.Now()
+	// What the pack reads is in the snapshot; what changes from now on
+	// is taken in at this boot's look underneath (underneath.go).
+	d.st.UnderneathChecked = d.underneathMark()
 	out := filepath.Join(d.sd.packDir(), "next.seg")
 	progress := newSeedProgress(d)
 	progress.started()

@@ -340,6 +340,7 @@ func (d *daemon) status() statusReport {
 	r.Lazy = d.lazyStats()
 	d.memoryStatus(&r)
 	r.PartialCopyUps = partialCopyUps(d.ov)
+	r.Adopted = d.adopted
 	return r
 }
 

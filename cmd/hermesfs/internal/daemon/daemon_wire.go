@@ -251,6 +251,11 @@ func (realParts) mount(ctx context.Context, d *daemon, lowerPath string) (overla
 		return nil, err
 	}
 	warnMemoryConfig(log.With("component", "memguard"), guard)
+	if err := d.adoptUnderneath(ctx, upper, lower, guard.Guarded); err != nil {
+		guard.Close()
+		closeLower()
+		return nil, err
+	}
 	opts := fs.Options{
 		Upper:    upper,
 		Lower:    lower,

@@ -36,8 +36,12 @@ type persistedState struct {
 	Unpublished bool `json:"unpublished"`
 	// CleanShutdown is true when the last daemon stopped after a final
 	// snapshot and unmount; false while one runs or after a crash.
-	CleanShutdown bool      `json:"clean_shutdown"`
-	Updated       time.Time `json:"updated"`
+	CleanShutdown bool `json:"clean_shutdown"`
+	// UnderneathChecked is when a boot last looked at what the
+	// mountpoint directory holds (underneath.go): what changed there
+	// after it was written while no mount covered it.
+	UnderneathChecked time.Time `json:"underneath_checked,omitzero"`
+	Updated           time.Time `json:"updated"`
 }
 
 // stateDir is one mountpoint's state directory. The lock keeps it to one

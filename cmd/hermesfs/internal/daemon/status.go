@@ -78,6 +78,10 @@ type statusReport struct {
 	Restricted string `json:"restricted,omitempty"`
 	// RunsAs is that daemon's user.
 	RunsAs string `json:"runs_as,omitempty"`
+
+	// Adopted is what this mount took in at boot from the mountpoint
+	// directory: files written there while no mount covered it.
+	Adopted []fs.Adopted `json:"adopted_underneath,omitempty"`
 }
 
 // snapshotFigures are the measurements of one snapshot, logged and shown.
