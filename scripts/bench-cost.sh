@@ -135,18 +135,11 @@ ratio() { python3 -c "print('%.2f' % ($1 / $2) if $2 else '-')"; }
 goal() { python3 -c "v, g, l = '$1', $2, ${3:-$2}
 print('-' if v in ('', '-') else 'ok' if float(v) <= g else 'limit' if float(v) <= l else 'MISS')"; }
 
-go build -o "$work/shapedproxy" ./uploader/faultproxy/cmd/shapedproxy
 go build -o "$work/genhome" ./scripts/genhome
 go build -o "$work/retentioncost" ./uploader/internal/retentioncost
 
 # versitygw on a free loopback port, one bucket; the shaped link in front.
 s3link_start bench-cost
-reset_counts() { curl -sS -X POST "$ctl/reset" >/dev/null; }
-# counts: "BYTES_UP REQUESTS" since the last reset.
-counts() {
-	curl -sS "$ctl/stats" | python3 -c 'import json,sys
-s = json.load(sys.stdin); print(s.get("bytes_up", 0), sum((s.get("ops") or {}).values()))'
-}
 # stored PREFIX: bytes and objects under the bucket's PREFIX (the object
 # files of versitygw's posix backend; its temporary upload files excluded).
 stored() {

@@ -50,6 +50,7 @@
 # 120k, several minutes and about 4 GB at 1M).
 set -eu
 cd "$(dirname "$0")/.."
+. scripts/bench-s3link.sh
 root=$(pwd)
 BENCH_DIR=${BENCH_DIR:-/var/tmp/hermesfs-bench}
 FILES_SIZE=${FILES_SIZE:-300M}
@@ -114,38 +115,10 @@ hwm() { awk '/^VmHWM/ {printf "%.0f", $2/1024}' "/proc/$1/status"; }
 # verdict VALUE LIMIT: ok or MISS.
 verdict() { python3 -c "print('ok' if float('$1') <= $2 else 'MISS')"; }
 
-go build -o "$work/shapedproxy" ./uploader/faultproxy/cmd/shapedproxy
 go build -o "$work/genhome" ./scripts/genhome
 
 # versitygw on a free loopback port, one bucket; the shaped link in front.
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-export AWS_ACCESS_KEY_ID=bench AWS_SECRET_ACCESS_KEY=bench-secret AWS_REGION=us-east-1
-"$vgw" --access "$AWS_ACCESS_KEY_ID" --secret "$AWS_SECRET_ACCESS_KEY" --port "127.0.0.1:$port" posix "$work/s3" >"$work/versitygw.log" 2>&1 &
-pids="$pids $!"
-ep=http://127.0.0.1:$port
-s3curl() { curl -sS --fail --aws-sigv4 "aws:amz:us-east-1:s3" --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" -H "x-amz-content-sha256: UNSIGNED-PAYLOAD" "$@"; }
-i=0
-until s3curl -X PUT "$ep/bench" >/dev/null 2>&1; do
-	i=$((i + 1))
-	[ $i -lt 100 ] || { echo "bench-files: versitygw did not start" >&2; cat "$work/versitygw.log" >&2; exit 1; }
-	sleep 0.1
-done
-"$work/shapedproxy" -target "$ep" -latency "$LINK_LATENCY" -rate "$LINK_RATE" >"$work/proxy.out" 2>"$work/proxy.log" &
-pids="$pids $!"
-i=0
-until grep -qs '^proxy ' "$work/proxy.out"; do
-	i=$((i + 1))
-	[ $i -lt 600 ] || { echo "bench-files: shapedproxy did not start" >&2; cat "$work/proxy.log" >&2; exit 1; }
-	sleep 0.05
-done
-pep=$(awk '/^proxy / {print $2}' "$work/proxy.out")
-ctl=$(awk '/^proxy / {print $4}' "$work/proxy.out")
-reset_counts() { curl -sS -X POST "$ctl/reset" >/dev/null; }
-# counts: "BYTES_UP REQUESTS" since the last reset.
-counts() {
-	curl -sS "$ctl/stats" | python3 -c 'import json,sys
-s = json.load(sys.stdin); print(s.get("bytes_up", 0), sum((s.get("ops") or {}).values()))'
-}
+s3link_start bench-files
 # stored PREFIX: bytes under the bucket's PREFIX (versitygw's object files,
 # its temporary upload files excluded).
 stored() {

@@ -109,7 +109,6 @@ s=json.load(sys.stdin); g=s.get("gets") or {}
 data=(".seg", ".seg.age", ".sqfs", ".sqfs.age")
 print(sum(v for k,v in g.items() if k.endswith(data)), sum(g.values()), s.get("bytes_down",0))'
 }
-reset_counts() { curl -sS -X POST "$ctl/reset" >/dev/null; }
 
 if "$bin" mount -h 2>&1 | grep -q -- '-lazy'; then
 	haslazy=1

@@ -1,5 +1,6 @@
 # Sourced by the benchmarks that reach S3 through a shaped link
-# (bench-cost.sh, bench-lazy.sh, bench-rpo.sh); POSIX sh, run from the
+# (bench-cost.sh, bench-files.sh, bench-lazy.sh, bench-rpo.sh; bench-e2e.sh
+# without the link); POSIX sh, run from the
 # checkout's root.
 #
 #   s3_start NAME
@@ -12,6 +13,11 @@
 #     in front of it: $LINK_RATE each way, $LINK_LATENCY added to every
 #     request. Sets pep (through the link) and ctl (the proxy's control
 #     URL: GET $ctl/stats, POST $ctl/reset).
+#   reset_counts
+#     zeroes the proxy's counters.
+#   counts
+#     prints "BYTES_UP REQUESTS": request bytes and requests through the
+#     link since the last reset_counts.
 #   s3curl ARGS...
 #     curl with the request signed with those credentials.
 
@@ -48,4 +54,11 @@ s3link_start() {
 	done
 	pep=$(awk '/^proxy / {print $2}' "$work/proxy.out")
 	ctl=$(awk '/^proxy / {print $4}' "$work/proxy.out")
+}
+
+reset_counts() { curl -sS -X POST "$ctl/reset" >/dev/null; }
+
+counts() {
+	curl -sS "$ctl/stats" | python3 -c 'import json,sys
+s = json.load(sys.stdin); print(s.get("bytes_up", 0), sum((s.get("ops") or {}).values()))'
 }
