@@ -140,11 +140,6 @@ go build -o "$work/retentioncost" ./uploader/internal/retentioncost
 
 # versitygw on a free loopback port, one bucket; the shaped link in front.
 s3link_start bench-cost
-# stored PREFIX: bytes and objects under the bucket's PREFIX (the object
-# files of versitygw's posix backend; its temporary upload files excluded).
-stored() {
-	find "$work/s3/bench/$1" -type f -not -path '*/.sgwtmp/*' -printf '%s\n' 2>/dev/null | awk '{s += $1; n++} END {printf "%.0f %d\n", s, n}'
-}
 # published LOG: one line per "snapshot published" log line of a daemon:
 # reason pack_s upload_s freeze_stall_ms bytes_uploaded segment_bytes
 # rewritten_bytes extents segments size id.

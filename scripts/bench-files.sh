@@ -119,11 +119,6 @@ go build -o "$work/genhome" ./scripts/genhome
 
 # versitygw on a free loopback port, one bucket; the shaped link in front.
 s3link_start bench-files
-# stored PREFIX: bytes under the bucket's PREFIX (versitygw's object files,
-# its temporary upload files excluded).
-stored() {
-	find "$work/s3/bench/$1" -type f -not -path '*/.sgwtmp/*' -printf '%s\n' 2>/dev/null | awk '{s += $1} END {printf "%.0f\n", s}'
-}
 # published LOG: "pack_s bytes_uploaded segment_bytes id" of every
 # "snapshot published" line of a daemon log.
 published() {
@@ -196,7 +191,7 @@ hermesfs_part() {
 			kind=churn
 			"$work/genhome" churn -dir "$d/mnt" -round $((k - TRIALS - 1))
 		fi
-		s0=$(stored "$name")
+		s0=$(stored "$name" | cut -d" " -f1)
 		n0=$(published "$d/daemon.log" | wc -l)
 		reset_counts
 		t0=$(now)
@@ -204,7 +199,7 @@ hermesfs_part() {
 		took=$(since "$t0")
 		set -- $(counts)
 		up=$1 req=$2
-		s1=$(stored "$name")
+		s1=$(stored "$name" | cut -d" " -f1)
 		pub=$(published "$d/daemon.log" | tail -n +"$((n0 + 1))" | tail -1)
 		[ -n "$pub" ] || { echo "bench-files: no snapshot published for $name $kind $k" >&2; exit 1; }
 		# kind up requests stored_delta snapshot_s pack_s bytes_uploaded segment_bytes load
@@ -279,13 +274,13 @@ restic_part() {
 			kind=churn
 			"$work/genhome" churn -dir "$d/copy" -round $((k - TRIALS - 1))
 		fi
-		s0=$(stored "restic-$name")
+		s0=$(stored "restic-$name" | cut -d" " -f1)
 		reset_counts
 		t0=$(now)
 		(cd "$d/copy" && restic backup --host bench --quiet .) >>"$d/restic.log" 2>&1
 		took=$(since "$t0")
 		set -- $(counts)
-		s1=$(stored "restic-$name")
+		s1=$(stored "restic-$name" | cut -d" " -f1)
 		# kind up requests stored_delta backup_s load
 		echo "$kind $1 $2 $((s1 - s0)) $took $(load1)" >>"$d/restic.txt"
 		k=$((k + 1))

@@ -18,6 +18,10 @@
 #   counts
 #     prints "BYTES_UP REQUESTS": request bytes and requests through the
 #     link since the last reset_counts.
+#   stored PREFIX
+#     prints "BYTES OBJECTS" stored under the bucket's PREFIX (the object
+#     files of versitygw's posix backend, its temporary upload files
+#     excluded).
 #   s3curl ARGS...
 #     curl with the request signed with those credentials.
 
@@ -61,4 +65,8 @@ reset_counts() { curl -sS -X POST "$ctl/reset" >/dev/null; }
 counts() {
 	curl -sS "$ctl/stats" | python3 -c 'import json,sys
 s = json.load(sys.stdin); print(s.get("bytes_up", 0), sum((s.get("ops") or {}).values()))'
+}
+
+stored() {
+	find "$work/s3/bench/$1" -type f -not -path '*/.sgwtmp/*' -printf '%s\n' 2>/dev/null | awk '{s += $1; n++} END {printf "%.0f %d\n", s, n}'
 }
