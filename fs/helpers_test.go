@@ -39,6 +39,12 @@ func TestMain(m *testing.M) {
 	}
 	// Unprivileged helpers must be able to reach their directories.
 	os.Chmod(testRoot, 0o755)
+	// The helpers this binary runs as (mount helpers, mmapWrite) exit
+	// without the race runtime's second of sleep: mounttest's
+	// RaceChildrenExitAtOnce, which these tests cannot import.
+	if g := os.Getenv("GORACE"); !strings.Contains(g, "atexit_sleep_ms") {
+		os.Setenv("GORACE", strings.TrimSpace(g+" atexit_sleep_ms=0"))
+	}
 	// A test hung past its deadline ends the run (testwatch): its mounts
 	// go first.
 	testwatch.OnExpire(func() {
