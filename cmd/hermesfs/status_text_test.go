@@ -3,6 +3,10 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -120,7 +124,9 @@ func TestStatusNextSnapshotDate(t *testing.T) {
 }
 
 // TestStatusWhileBooting: a daemon that is not ready yet (a first seed)
-// is shown as starting, with what it does.
+// is shown as starting, with what it does: from the boot.json of its
+// state dir while its control socket does not answer yet, not from one a
+// dead daemon left.
 func TestStatusWhileBooting(t *testing.T) {
 	r := daemon.StatusReport{Mountpoint: "/h", StateDir: "/st", Running: true, PID: 7, Started: time.Now(),
 		Boot: "seeding the store from the existing directory: packed 120 of 5000 files (1.2 MiB of 409.6 MiB)"}
@@ -130,5 +136,35 @@ func TestStatusWhileBooting(t *testing.T) {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("status lacks %q:\n%s", want, b.String())
 		}
+	}
+
+	dir := t.TempDir()
+	mp, st := filepath.Join(dir, "home"), filepath.Join(dir, "state")
+	for _, d := range []string{mp, st} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeBoot := func(pid int) {
+		b, err := json.Marshal(daemon.BootStatus{PID: pid, Started: time.Now(), Doing: r.Boot, Updated: time.Now()})
+		if err == nil {
+			err = os.WriteFile(filepath.Join(st, "boot.json"), b, 0o600)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeBoot(os.Getpid()) // this process stands in for the booting daemon
+	code, out, stderr := runCLI(t, "status", "--state-dir", st, mp)
+	if want := fmt.Sprintf("starting, not ready yet (pid %d, since ", os.Getpid()); code != exitOK || !strings.Contains(out, want) || !strings.Contains(out, "packed 120 of 5000 files") {
+		t.Errorf("status of a booting daemon: exit %d, want 0 and %q with what it does:\n%s%s", code, want, out, stderr)
+	}
+	gone := exec.Command("true")
+	if err := gone.Run(); err != nil {
+		t.Fatal(err)
+	}
+	writeBoot(gone.Process.Pid)
+	if code, out, stderr := runCLI(t, "status", "--state-dir", st, mp); code == exitOK || strings.Contains(out+stderr, "starting") {
+		t.Errorf("status with the boot.json of a daemon that is gone: exit %d:\n%s%s", code, out, stderr)
 	}
 }
