@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/hermesfs/hermesfs/uploader/crypt"
@@ -61,6 +62,13 @@ type ImageInput struct {
 	// plaintext (required with Standalone).
 	Standalone bool
 	Image      io.ReaderAt
+
+	// Progress, if set, is told how many bytes of the new segment the
+	// store has read for its upload (a retry reads some again; never more
+	// than total is reported) and the segment's total (its ciphertext when
+	// encrypted). It may be called concurrently from the store's
+	// goroutines and must return quickly.
+	Progress func(sent, total int64)
 }
 
 // publishSegment is the new segment as uploaded.
@@ -127,7 +135,7 @@ func (c *Catalog) PublishImage(ctx context.Context, in ImageInput) (Published, e
 	p := Published{}
 	var seg *publishSegment
 	if newBytes > 0 {
-		if seg, err = c.putSegment(ctx, segKey, in.Segment, newBytes); err != nil {
+		if seg, err = c.putSegment(ctx, segKey, in.Segment, newBytes, in.Progress); err != nil {
 			return Published{}, fmt.Errorf("publish %s: %w", id, err)
 		}
 		refs[segKey] = seg.ref
@@ -351,7 +359,7 @@ func (c *Catalog) createSmall(ctx context.Context, key string, b []byte) error {
 
 // putSegment uploads the first n bytes of the file at path as segment
 // key (encrypted when the catalog has recipients), then its digests.
-func (c *Catalog) putSegment(ctx context.Context, key, path string, n int64) (*publishSegment, error) {
+func (c *Catalog) putSegment(ctx context.Context, key, path string, n int64, progress func(sent, total int64)) (*publishSegment, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
@@ -391,6 +399,9 @@ func (c *Catalog) putSegment(ctx context.Context, key, path string, n int64) (*p
 	}
 	if got != size {
 		return nil, fmt.Errorf("segment file %s changed while it was hashed", path)
+	}
+	if progress != nil {
+		body = &progressReaderAt{r: body, total: size, fn: progress}
 	}
 	info, err := c.store.Put(ctx, key, io.NewSectionReader(body, 0, size), size, PutOptions{IfNoneMatch: true})
 	if errors.Is(err, ErrPrecondition) {
@@ -467,4 +478,19 @@ func (c *Catalog) putStandalone(ctx context.Context, key string, ext *Extents, i
 		return 0, err
 	}
 	return info.Size, nil
+}
+
+// progressReaderAt counts the bytes read through it for
+// ImageInput.Progress; safe for concurrent ReadAt.
+type progressReaderAt struct {
+	r     io.ReaderAt
+	n     atomic.Int64
+	total int64
+	fn    func(sent, total int64)
+}
+
+func (p *progressReaderAt) ReadAt(b []byte, off int64) (int, error) {
+	n, err := p.r.ReadAt(b, off)
+	p.fn(min(p.n.Add(int64(n)), p.total), p.total)
+	return n, err
 }

@@ -25,7 +25,8 @@ import (
 type mountConfig struct {
 	daemon.Config
 
-	// Keep is --keep, the same as --keep-last. Env HERMESFS_KEEP.
+	// Keep is --keep, the same as --keep-last (0: not given). Env
+	// HERMESFS_KEEP. retentionPolicy reads it from the flag set.
 	Keep int
 
 	// Background returns once the mount is ready, leaving the daemon running
@@ -81,7 +82,6 @@ func newMountConfig() *mountConfig {
 			Lazy:        true,
 			ReadTimeout: 30 * time.Second,
 		},
-		Keep: 10,
 
 		WritePassthroughMax: strconv.Itoa(fs.DefaultPassthroughWriteMax>>20) + "M",
 		CopyUpByRangeMin:    strconv.Itoa(fs.DefaultCopyUpByRangeMin>>20) + "M",
@@ -178,9 +178,6 @@ func (c *mountConfig) validate() error {
 	if c.WriteBack > 0 && c.WriteBack < time.Second {
 		return usageError("--write-back %s: too short (minimum 1s; 0 turns write-back off)", c.WriteBack)
 	}
-	if c.Keep < 1 {
-		return usageError("--keep %d: must keep at least 1 snapshot", c.Keep)
-	}
 	if c.Retention, err = retentionPolicy(c.flags); err != nil {
 		return err
 	}
@@ -275,4 +272,16 @@ func (c *mountConfig) testKnobs(getenv func(string) string) error {
 		c.LeaseTTL = d
 	}
 	return nil
+}
+
+// shortDuration writes d as a person would: 15m, not 15m0s.
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
 }

@@ -28,6 +28,7 @@ const (
 	exitConflict = daemon.ExitConflict
 	exitUnsynced = daemon.ExitUnsynced
 	exitCrypt    = daemon.ExitCrypt
+	exitNotFound = daemon.ExitNotFound
 )
 
 // version is set at build time with -ldflags "-X main.version=...".

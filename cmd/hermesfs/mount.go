@@ -3,17 +3,20 @@ package main
 import (
 	"context"
 	"flag"
+	"fmt"
 
 	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
+	"github.com/hermesfs/hermesfs/uploader"
 )
 
 func init() {
 	var cfg *mountConfig
+	def := newMountConfig()
 	register(&command{
 		name:    "mount",
 		summary: "mount the home directory and keep it snapshotted to the store",
 		usage:   "[flags] MOUNTPOINT",
-		help: `
+		help: fmt.Sprintf(`
 Mounts MOUNTPOINT (e.g. ~/.hermes): the newest snapshot archive in the store,
 verified, is the read-only lower layer; a local upper layer in the state dir
 takes every write, at local-disk speed. Every --interval, on 'hermesfs
@@ -31,8 +34,9 @@ store is down the changes stay local, writes never wait for it, and
 write-back retries with backoff (D, doubling, at most 30s). 'hermesfs status'
 shows the age of the oldest change not in the store (the recovery point), and
 warns once it passes D (--interval without write-back) plus 5 minutes.
---interval still runs, but no snapshot starts within D of another. Off by
-default (0).
+--interval still runs, but no snapshot starts within D of another. Default
+%[2]s; --write-back 0 turns it off (snapshots then go out every --interval,
+on 'hermesfs snapshot' and at stop).
 
 The first time, on an empty store, a non-empty MOUNTPOINT (your existing
 ~/.hermes) becomes the first snapshot before anything is mounted over it; the
@@ -72,8 +76,8 @@ its daemon. A snapshot that fails, even on a bug (a panic), keeps everything
 local and the mount serving; the stop then exits 5.
 
 One host writes a store prefix at a time (a lease in the store, renewed every
-10s, stale after 25s). A mount that finds the lease held by another host (a
-killed host's lapses within 25s; a host that stops releases it), or the store
+%[4]s, stale after %[5]s). A mount that finds the lease held by another host (a
+killed host's lapses within %[5]s; a host that stops releases it), or the store
 not answering, waits for it up to --lease-wait (default 5m) instead of giving
 up: meanwhile it shows the home read-only (the newest snapshot, or what the
 state dir holds while the store does not answer; writes fail with EROFS) and
@@ -85,18 +89,17 @@ moved meanwhile), then ready. A holder on this machine that is provably gone
 --lease-wait: exit 4 (the lease still held) or 1 (the store still silent).
 --lease-wait 0 refuses at once. --read-only mounts next to a live writer.
 
-Defaults: store = local directory under the data dir
+Defaults: --store a local directory under the data dir
 (/var/lib/hermesfs/store for root, ~/.local/share/hermesfs/store otherwise);
-state dir = /var/lib/hermesfs/mounts/<mountpoint> for root,
+--state-dir /var/lib/hermesfs/mounts/<mountpoint> for root,
 $XDG_STATE_HOME/hermesfs/<mountpoint> (~/.local/state/...) otherwise;
-interval 15m; retention (after every publish, as 'hermesfs prune': see its
-help) keeps the newest 10 snapshots, then one an hour for 24 hours, one a day
-for 14 days, one a week for 8 weeks.
+--interval %[1]s; --write-back %[2]s; --stop-timeout %[3]s; retention (after
+every publish, as 'hermesfs prune': see its help) %[6]s.
 
-Environment: HERMESFS_STORE, HERMESFS_STATE_DIR, HERMESFS_INTERVAL, HERMESFS_WRITE_BACK, HERMESFS_LEASE_WAIT,
-HERMESFS_KEEP, HERMESFS_KEEP_LAST/HOURLY/DAILY/WEEKLY/MONTHLY/YEARLY/WITHIN, HERMESFS_STOP_TIMEOUT, HERMESFS_LOG_FORMAT, HERMESFS_LOG_LEVEL,
-HERMESFS_WRITE_PASSTHROUGH_MAX (a flag on the command line wins), plus the AWS variables for S3
-(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL_S3).
+Environment: most flags have a HERMESFS_* variable, named in the flag's help
+below (HERMESFS_STORE, HERMESFS_STATE_DIR, HERMESFS_WRITE_BACK...); a flag on
+the command line wins. S3 also reads the AWS variables (AWS_ACCESS_KEY_ID,
+AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL_S3).
 
 Examples:
   hermesfs mount ~/.hermes
@@ -131,7 +134,9 @@ later ones are only acknowledged. Under systemd use Type=notify,
 KillMode=mixed and TimeoutStopSec larger than --stop-timeout (see
 scripts/hermesfs.service).
 
-` + storeHelp,
+`, shortDuration(def.Interval), shortDuration(def.WriteBack), shortDuration(def.StopTimeout),
+			shortDuration(uploader.DefaultLeaseHeartbeat), shortDuration(uploader.DefaultLeaseTTL),
+			uploader.DefaultRetention().String()) + storeHelp,
 		flags: func(fs *flag.FlagSet) {
 			cfg = newMountConfig()
 			cfg.addFlags(fs)

@@ -191,7 +191,9 @@ func runDaemon(ctx context.Context, e *env, cfg *Config, p parts) error {
 		return err
 	}
 	defer d.met.close()
-	if err := d.boot(ctx); err != nil {
+	err = d.boot(ctx)
+	d.clearBootStatus()
+	if err != nil {
 		d.cleanupBoot(true)
 		return d.endBoot(err)
 	}
@@ -651,16 +653,19 @@ func (d *daemon) seed(ctx context.Context) (string, error) {
 	// is taken in at this boot's look underneath (underneath.go).
 	d.st.UnderneathChecked = d.underneathMark()
 	out := filepath.Join(d.sd.packDir(), "next.seg")
-	ps, err := d.parts.packDir(ctx, d.cfg.Mountpoint, out)
+	progress := newSeedProgress(d)
+	progress.started()
+	ps, err := d.parts.packDir(ctx, d.cfg.Mountpoint, out, progress.packed)
 	if err != nil {
 		return "", fmt.Errorf("seed from %s: %w", d.cfg.Mountpoint, err)
 	}
+	progress.packDone(ps)
 	packTime := time.Since(t0)
 	t1 := time.Now()
 	d.notify(fmt.Sprintf("seeding the store: uploading the first snapshot (%s, %d files)", HumanBytes(ps.Segment), ps.Files))
 	var pr uploader.Published
 	err = contain(func() (err error) {
-		in := uploader.ImageInput{Segment: out, Extents: ps.Extents, Files: ps.Files, MetaOffset: ps.MetaOffset}
+		in := uploader.ImageInput{Segment: out, Extents: ps.Extents, Files: ps.Files, MetaOffset: ps.MetaOffset, Progress: progress.uploaded}
 		if d.cfg.Standalone {
 			// The first image is its one segment.
 			f, err := os.Open(out)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	iofs "io/fs"
 
+	"github.com/hermesfs/hermesfs/archive"
 	"github.com/hermesfs/hermesfs/fs"
 	"github.com/hermesfs/hermesfs/uploader"
 	"github.com/hermesfs/hermesfs/uploader/crypt"
@@ -156,8 +157,9 @@ type packStats struct {
 type parts interface {
 	openCatalog(ctx context.Context, d *daemon) (catalog, error)
 	// packDir packs directory dir as a new image: its one segment goes
-	// to the file out (atomically).
-	packDir(ctx context.Context, dir, out string) (packStats, error)
+	// to the file out (atomically). progress, if set, is archive's
+	// PackOptions.Progress.
+	packDir(ctx context.Context, dir, out string, progress func(archive.PackProgress)) (packStats, error)
 	// packView packs a frozen view as an image: the bytes no source image
 	// holds go to the file out (atomically), the rest are extents of the
 	// sources: the image base (an earlier snapshot of the tree, nil for

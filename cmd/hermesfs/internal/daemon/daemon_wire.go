@@ -70,9 +70,9 @@ func statsOf(res archive.PackResult, ext []uploader.Extent, out string) packStat
 	return ps
 }
 
-func (realParts) packDir(ctx context.Context, dir, out string) (packStats, error) {
+func (realParts) packDir(ctx context.Context, dir, out string, progress func(archive.PackProgress)) (packStats, error) {
 	res, err := packTo(out, func(f *os.File) (archive.PackResult, error) {
-		return archive.PackDir(ctx, f, dir, archive.PackOptions{Segment: true})
+		return archive.PackDir(ctx, f, dir, archive.PackOptions{Segment: true, Progress: progress})
 	})
 	if err != nil {
 		return packStats{}, err

@@ -82,6 +82,17 @@ type statusReport struct {
 	// has not finished.
 	PartialCopyUps []fs.PartialCopyUp `json:"partial_copy_ups,omitempty"`
 
+	// Boot is what a daemon that is not ready yet does (BootingReport:
+	// read from boot.json by `status`, never from the control socket).
+	Boot string `json:"boot,omitempty"`
+
+	// Restricted is set by `status` (never by the daemon) for a mount whose
+	// daemon runs as another user, whose state it cannot read: why the
+	// rest of the report is missing, and what to run instead.
+	Restricted string `json:"restricted,omitempty"`
+	// RunsAs is that daemon's user.
+	RunsAs string `json:"runs_as,omitempty"`
+
 	// Adopted is what this mount took in at boot from the mountpoint
 	// directory: files written there while no mount covered it.
 	Adopted []fs.Adopted `json:"adopted_underneath,omitempty"`
