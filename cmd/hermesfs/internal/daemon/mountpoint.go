@@ -167,6 +167,13 @@ func ResolveMountpoint(mp string) (string, error) {
 			return p, nil
 		}
 		p = filepath.Join(rdir, base)
+		if fstype, _ := MountedFS(p); fstype != "" {
+			// A mountpoint is never a symlink (mount follows them), and
+			// a look at it asks the mount's root: a killed daemon's hung
+			// mount would never answer, and the takeover of that mount
+			// comes after this.
+			return p, nil
+		}
 		fi, err := os.Lstat(p)
 		if err != nil || fi.Mode()&os.ModeSymlink == 0 {
 			return p, nil

@@ -139,6 +139,9 @@ var stateHolderWait = 15 * time.Second
 // wait, and the lock is waited for, at most stateHolderWait.
 func (d *daemon) lockStateDir(path string) (*stateDir, error) {
 	sd, err := openStateDir(path)
+	if err == nil {
+		d.clearStateMounts(path)
+	}
 	if !errors.Is(err, errStateLocked) {
 		return sd, err
 	}
@@ -163,6 +166,7 @@ func (d *daemon) lockStateDir(path string) (*stateDir, error) {
 		if !errors.Is(err, errStateLocked) {
 			if err == nil {
 				d.log.Info("took over the state dir of the killed daemon", "pid", pid)
+				d.clearStateMounts(path)
 			}
 			return sd, err
 		}
@@ -170,6 +174,24 @@ func (d *daemon) lockStateDir(path string) (*stateDir, error) {
 			return nil, fmt.Errorf("%w; it is a killed daemon that cannot finish exiting (State: Z; see /proc/%d/task/*/stack for what its threads wait on; aborting that FUSE connection frees it)", err, pid)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// clearStateMounts aborts and detaches the FUSE mounts below a state dir
+// whose lock this daemon has just taken: only a daemon holding that lock
+// mounts there (the passthrough write check), so they are a killed
+// daemon's, dead or hung, and a hung one would hang the removal of the
+// directory it is in.
+func (d *daemon) clearStateMounts(path string) {
+	for _, mp := range fs.MountsBelow(path) {
+		if fstype, _ := MountedFS(mp); !strings.HasPrefix(fstype, "fuse") {
+			continue
+		}
+		if err := fs.AbortConnection(mp, d.log); err != nil {
+			d.log.Warn("cannot abort a FUSE mount a killed daemon left in the state dir", "mountpoint", mp, "err", err)
+		} else {
+			d.log.Warn("aborted a FUSE mount a killed daemon left in the state dir", "mountpoint", mp)
+		}
 	}
 }
 

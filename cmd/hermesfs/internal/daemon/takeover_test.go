@@ -62,6 +62,9 @@ func (f *holdFile) Setattr(ctx context.Context, fh fusefs.FileHandle, in *fuse.S
 	select {} // never answered
 }
 
+// holderLock keeps the stand-in's lock file open.
+var holderLock *os.File
+
 func runLockHolder(state, mp string) int {
 	fail := func(err error) int { fmt.Println("error:", err); return 1 }
 	mnt := filepath.Join(state, "upper", ".wh..wh..work", "ptcheck-"+strconv.Itoa(os.Getpid()), "mnt")
@@ -77,6 +80,9 @@ func runLockHolder(state, mp string) int {
 	}
 	lock.Truncate(0)
 	lock.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	// Referenced for ever: a collected *os.File closes its descriptor,
+	// and its lock with it.
+	holderLock = lock
 	opts := &fusefs.Options{MountOptions: fuse.MountOptions{FsName: "hermesfs", Name: "hermesfs", DirectMount: true}}
 	if _, err := fusefs.Mount(mp, &holdRoot{arrived: make(chan struct{})}, opts); err != nil {
 		return fail(err)
