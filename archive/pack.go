@@ -87,6 +87,12 @@ type PackOptions struct {
 	// BaseExtended when it extended.
 	Extend bool
 
+	// Progress, if set, is called on Pack's goroutine once the files'
+	// content is about to be read (all zero but the totals) and after each
+	// regular file is read or found elsewhere, with the counts so far. It
+	// must return quickly; rate-limiting what it shows is its business.
+	Progress func(PackProgress)
+
 	noSums    bool         // tests: record no content sums, as archives did before them
 	trailerV1 bool         // tests: write the version 1 trailer, as archives did before version 2
 	noCheck   bool         // benchmarks: skip Pack's check of its own blocks (worker.check, store)
@@ -99,6 +105,12 @@ type formatProbe struct {
 	cutBefore string // before this directory's listing and inode, end the current inode and directory metablocks short
 	inoGap    uint32 // number inodes 1*gap, 2*gap, ...: the numbers between are holes (export entry 0)
 	inoExtra  uint32 // sb.Inodes this far past the highest number in use
+}
+
+// PackProgress is how far Pack is through the files' content.
+type PackProgress struct {
+	Files, Bytes           int64 // regular files and their bytes done
+	TotalFiles, TotalBytes int64 // of the whole tree
 }
 
 // PackResult describes a packed archive.
