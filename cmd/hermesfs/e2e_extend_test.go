@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/hermesfs/hermesfs/archive"
+	"github.com/hermesfs/hermesfs/fs/testwatch"
 )
 
 // fullTree is a tree as every reader must show it: per path its kind,
@@ -214,20 +215,42 @@ func TestE2EExtendedImagesReadByEveryone(t *testing.T) {
 	d = a.mount(mp, "--interval", "0", "--compact", "extents=1")
 	appendTo(t, filepath.Join(mp, "sessions", "s006.json"), `{"turn":"last"}`)
 	s := snapshot()
-	deadline := time.Now().Add(2 * time.Minute)
-	var comp string
-	for comp == "" {
-		if st, _ := a.statusJSON(mp); st.Compaction != nil && st.Compaction.Last != nil && st.Compaction.Last.Of == s {
-			comp = st.Compaction.Last.ID
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no compaction of %s in 2 minutes:\n%s", s, d.stderr)
-		}
-		sleepMillis(50)
-	}
+	comp := waitCompaction(t, a, d, s)
 	d.stopOK(t)
 	trees[comp] = trees[s]
 	check(comp, 0)
+}
+
+// snapshotCompacted takes a snapshot of h's mount d, which must pass the
+// mount's compaction bound, and waits for the compaction the daemon then
+// runs in the background: the ids of the snapshot and of its compaction.
+// (A stop's snapshot is never compacted: a test that wants an image
+// without what the changes before left unused takes one so.)
+func snapshotCompacted(t *testing.T, h *host, d *daemonProc) (id, compacted string) {
+	t.Helper()
+	code, out, errOut := h.run("snapshot", d.mp)
+	if code != 0 {
+		t.Fatalf("snapshot: exit %d %s%s", code, out, errOut)
+	}
+	id = strings.TrimSpace(out)
+	return id, waitCompaction(t, h, d, id)
+}
+
+// waitCompaction waits for the background compaction of snapshot id on
+// h's mount d and returns the compacted snapshot's id.
+func waitCompaction(t *testing.T, h *host, d *daemonProc, id string) string {
+	t.Helper()
+	defer testwatch.Wait(t, "the compaction of "+id)()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		if st, _ := h.statusJSON(d.mp); st.Compaction != nil && st.Compaction.Last != nil && st.Compaction.Last.Of == id {
+			return st.Compaction.Last.ID
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no compaction of %s in 2 minutes:\n%s", id, d.stderr)
+		}
+		sleepMillis(50)
+	}
 }
 
 func appendTo(t *testing.T, p, line string) {
