@@ -85,6 +85,7 @@ const (
 	opFsyncDir
 	opStatFs
 	opStatx
+	opIoctl
 	numOps
 )
 
@@ -96,7 +97,7 @@ var opNames = [numOps]string{
 	opUnlink: "unlink", opRmdir: "rmdir", opRename: "rename", opLink: "link",
 	opSymlink: "symlink", opReadlink: "readlink", opOpenDir: "opendir", opReadDir: "readdir",
 	opReadDirPlus: "readdirplus", opReleaseDir: "releasedir", opFsyncDir: "fsyncdir",
-	opStatFs: "statfs", opStatx: "statx",
+	opStatFs: "statfs", opStatx: "statx", opIoctl: "ioctl",
 }
 
 // epoch anchors the monotonic timestamps of samples.
@@ -429,5 +430,12 @@ func (t *timedFS) Statx(c <-chan struct{}, in *fuse.StatxIn, out *fuse.StatxOut)
 	t0, ok := t.s.begin(opStatx)
 	st := t.RawFileSystem.Statx(c, in, out)
 	t.s.end(opStatx, t0, ok)
+	return st
+}
+
+func (t *timedFS) Ioctl(c <-chan struct{}, in *fuse.IoctlIn, inbuf []byte, out *fuse.IoctlOut, outbuf []byte) fuse.Status {
+	t0, ok := t.s.begin(opIoctl)
+	st := t.RawFileSystem.Ioctl(c, in, inbuf, out, outbuf)
+	t.s.end(opIoctl, t0, ok)
 	return st
 }

@@ -4,6 +4,8 @@ import (
 	"os"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestStatsCountsRequests(t *testing.T) {
@@ -30,12 +32,19 @@ func TestStatsCountsRequests(t *testing.T) {
 	for range 3 * OpSampleEvery {
 		e.read("top.txt")
 	}
+	// isatty(3) on a file: an ioctl the kernel sends to the daemon.
+	tf, err := os.Open(e.path("top.txt"))
+	must(t, err)
+	if _, err := unix.IoctlGetTermios(int(tf.Fd()), unix.TCGETS); err != unix.ENOTTY {
+		t.Errorf("TCGETS on a file: %v, want ENOTTY", err)
+	}
+	tf.Close()
 
 	ops := map[string]OpStat{}
 	for _, o := range st.Ops() {
 		ops[o.Op] = o
 	}
-	for _, op := range []string{"lookup", "create", "write", "open", "read", "release"} {
+	for _, op := range []string{"lookup", "create", "write", "open", "read", "release", "ioctl"} {
 		o, ok := ops[op]
 		if !ok || o.Calls == 0 || o.Samples == 0 || o.Buckets[len(o.Buckets)-1] > o.Samples {
 			t.Errorf("%s: %+v, want calls and samples", op, o)
