@@ -17,6 +17,10 @@ import (
 type Stats struct {
 	ops [numOps]opStat
 
+	// filled counts the lower files handed to the page cache at open
+	// (lowerfill.go), filledBytes their bytes.
+	filled, filledBytes atomic.Uint64
+
 	copyUps     atomic.Int64  // in progress
 	copyUpsDone atomic.Uint64 // finished, successfully or not
 
@@ -162,6 +166,12 @@ func (s *Stats) Ops() []OpStat {
 		out = append(out, st)
 	}
 	return out
+}
+
+// Filled returns the lower files whose content was handed to the kernel's
+// page cache at their first open, and their bytes.
+func (s *Stats) Filled() (files, bytes uint64) {
+	return s.filled.Load(), s.filledBytes.Load()
 }
 
 // CopyUps returns the copy-ups of lower files (not directories) into the

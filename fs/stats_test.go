@@ -15,8 +15,9 @@ func TestStatsCountsRequests(t *testing.T) {
 	}
 	lower, _ := packLower(t, sampleTree)
 	st := NewStats()
-	// Without passthrough, so that writes reach the daemon.
-	e := mountEnv(t, lower, Options{Stats: st, NoPassthrough: true})
+	// Without passthrough, so that writes reach the daemon, and without
+	// filling the page cache at open, so that reads do.
+	e := mountEnv(t, lower, Options{Stats: st, NoPassthrough: true, OpenFillMax: -1})
 
 	if !st.FirstChange().IsZero() {
 		t.Fatal("a change recorded before any")
