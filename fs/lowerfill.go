@@ -2,8 +2,12 @@ package fs
 
 import (
 	"io"
+	"sort"
+	"strings"
 	"sync"
 	"syscall"
+
+	"github.com/hermesfs/hermesfs/archive"
 )
 
 // Filling the page cache at open. A program that opens a small lower file
@@ -30,6 +34,17 @@ import (
 // cache itself) comes after the fill. Guarded files, whose commits replace
 // the content behind the kernel's back, are not filled.
 
+// Decompressing a small file at its first open waits, on a cold page
+// cache, for the image's bytes to come from the disk (or the store). A
+// program that opens one file of a directory usually opens others next
+// (the modules of a package sit in one __pycache__), and packing puts a
+// directory's files together, several to a fragment block: so the first
+// open of a file also starts decompressing, in the background, the blocks
+// of the small files after it in the directory, up to fillAhead bytes of
+// them, into the archive's block cache. Their own first opens then find
+// their bytes decompressed. The window moves on as later files of the
+// directory are opened, never back.
+
 // defaultFillMax is Options.OpenFillMax when it is zero.
 const defaultFillMax = 128 << 10
 
@@ -44,6 +59,7 @@ func (ov *overlay) fillOnOpen(n *node, size int64) {
 		return
 	}
 	n.filled = true
+	ov.fillAhead(n)
 	bp := fillBufs.Get().(*[]byte)
 	defer fillBufs.Put(bp)
 	if int64(cap(*bp)) < size {
@@ -65,4 +81,93 @@ func (ov *overlay) fillOnOpen(n *node, size int64) {
 		s.filled.Add(1)
 		s.filledBytes.Add(uint64(size))
 	}
+}
+
+// fillAhead is how many bytes of small files after one opened are
+// decompressed ahead of their opens.
+const fillAhead = 512 << 10
+
+// fillAhead starts decompressing the blocks of the small lower files that
+// follow file n in its directory, from where an earlier fill ahead in that
+// directory stopped, in the background (bounded by decodeSlots, waited for
+// by Unmount).
+func (ov *overlay) fillAhead(n *node) {
+	d, name, ok := n.parent()
+	if !ok || d.lower == 0 || ov.unmounted.Load() {
+		return
+	}
+	ents := d.lowerListing()
+	i, found := sort.Find(len(ents), func(i int) int { return strings.Compare(name, ents[i].Name) })
+	if !found || ents[i].Ino != n.lower {
+		return
+	}
+	// The window: the small files after i, up to fillAhead bytes.
+	type file struct {
+		at  int
+		ino archive.Inode
+	}
+	var win []file
+	var bytes int64
+	end := i + 1
+	for ; end < len(ents) && bytes < fillAhead; end++ {
+		if !ents[end].Mode.IsRegular() {
+			continue
+		}
+		a, err := ov.lower.Stat(ents[end].Ino)
+		if err != nil || a.Size == 0 || a.Size > ov.opts.OpenFillMax {
+			continue
+		}
+		win = append(win, file{end, ents[end].Ino})
+		bytes += a.Size
+	}
+	// Claim the part of it no earlier open claimed.
+	var from int64
+	for {
+		from = d.fillAheadTo.Load()
+		if int64(end) <= from {
+			return
+		}
+		if d.fillAheadTo.CompareAndSwap(from, int64(end)) {
+			break
+		}
+	}
+	var todo []archive.Inode
+	for _, f := range win {
+		if int64(f.at) >= from {
+			todo = append(todo, f.ino)
+		}
+	}
+	if len(todo) == 0 {
+		return
+	}
+	ov.prefetching.Add(1)
+	go func() {
+		defer ov.prefetching.Done()
+		var one [1]byte
+		for _, ino := range todo {
+			decodeSlots <- struct{}{}
+			if ov.unmounted.Load() {
+				<-decodeSlots
+				return
+			}
+			// One byte loads (reads, checks, decompresses) the block
+			// holding the file's start into the block cache.
+			ov.lowerReadAt(ino, one[:], 0)
+			<-decodeSlots
+		}
+	}()
+}
+
+// lowerListing returns directory d's lower listing, kept on the node (it
+// never changes); nil if it cannot be read.
+func (d *node) lowerListing() []archive.DirEntry {
+	if l := d.lowerEnts.Load(); l != nil {
+		return *l
+	}
+	ents, err := d.ov.lower.ReadDir(d.lower)
+	if err != nil {
+		return nil
+	}
+	d.lowerEnts.Store(&ents)
+	return ents
 }

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/hermesfs/hermesfs/archive"
 )
@@ -147,5 +149,74 @@ func TestOpenFillCorrupt(t *testing.T) {
 	}
 	if files, _ := st.Filled(); files != 0 {
 		t.Errorf("%d damaged files filled", files)
+	}
+}
+
+// readsLower counts the lower reads of each inode.
+type readsLower struct {
+	Lower
+	mu    sync.Mutex
+	reads map[archive.Inode]int
+}
+
+func (l *readsLower) ReadAt(ino archive.Inode, p []byte, off int64) (int, error) {
+	l.mu.Lock()
+	l.reads[ino]++
+	l.mu.Unlock()
+	return l.Lower.ReadAt(ino, p, off)
+}
+
+func (l *readsLower) count(ino archive.Inode) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.reads[ino]
+}
+
+// TestOpenFillAhead: the first open of a small file starts reading the
+// small files after it in its directory, before they are opened, up to the
+// window; files past the window are left alone until an open nearer to
+// them; every file reads its own bytes.
+func TestOpenFillAhead(t *testing.T) {
+	t.Parallel()
+	const size = 40 << 10
+	names := make([]string, 40) // 1.6 MB: beyond one window
+	ar, _ := packLower(t, func(dir string) {
+		os.MkdirAll(filepath.Join(dir, "pkg", "__pycache__"), 0o755)
+		for i := range names {
+			names[i] = fmt.Sprintf("mod%02d.pyc", i)
+			os.WriteFile(filepath.Join(dir, "pkg", "__pycache__", names[i]), randBytes(size, uint64(i)), 0o644)
+		}
+	})
+	lower := &readsLower{Lower: ar, reads: map[archive.Inode]int{}}
+	e := mountEnv(t, lower, Options{})
+	dir, err := ar.Lookup(ar.Root(), "pkg")
+	must(t, err)
+	dir, err = ar.Lookup(dir.Ino, "__pycache__")
+	must(t, err)
+	ino := make([]archive.Inode, len(names))
+	for i, n := range names {
+		a, err := ar.Lookup(dir.Ino, n)
+		must(t, err)
+		ino[i] = a.Ino
+	}
+	if got := e.read("pkg/__pycache__/" + names[0]); got != string(randBytes(size, 0)) {
+		t.Fatal("mod00: wrong bytes")
+	}
+	// The window after mod00: fillAhead bytes of files.
+	inWindow := fillAhead / size
+	deadline := time.Now().Add(30 * time.Second)
+	for lower.count(ino[inWindow]) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("files after the one opened were not read ahead (mod01: %d reads, mod%02d: %d)", lower.count(ino[1]), inWindow, lower.count(ino[inWindow]))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if c := lower.count(ino[len(names)-1]); c != 0 {
+		t.Errorf("the last file, past the window, was read %d times before any open near it", c)
+	}
+	for i := len(names) - 1; i >= 0; i-- {
+		if got := e.read("pkg/__pycache__/" + names[i]); got != string(randBytes(size, uint64(i))) {
+			t.Fatalf("%s: wrong bytes", names[i])
+		}
 	}
 }

@@ -137,6 +137,10 @@ type node struct {
 	// passthrough, held by backingRefs open handles; 0 if none.
 	backingID   int32
 	backingRefs int
+	// fillAheadTo is the index in a lower directory's listing up to which
+	// the blocks of its small files were decompressed ahead (lowerfill.go).
+	fillAheadTo atomic.Int64
+	lowerEnts   atomic.Pointer[[]archive.DirEntry] // lowerListing
 	// listings are a directory's listings being read (readdir.go).
 	listings *dirListings
 	// ptWrite: the passthrough handles of this node share a writable
