@@ -93,6 +93,19 @@ func main() {
 	if *installed {
 		run = func() error { return b.runInstalled(*trials, *profileDir) }
 	}
+	// Interrupted: unmount what was mounted before going (-serve waits
+	// for the signal itself).
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	b.interrupted = sig
+	if !*serve {
+		go func() {
+			s := <-sig
+			fmt.Fprintf(os.Stderr, "fsbench: %v: unmounting\n", s)
+			b.cleanup()
+			os.Exit(1)
+		}()
+	}
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "fsbench:", err)
 		b.cleanup()
@@ -117,24 +130,25 @@ func (b *bench) newStats() *fs.Stats {
 func (b *bench) want(g string) bool { return len(b.groups) == 0 || b.groups[g] }
 
 type bench struct {
-	home, work string
-	runs       int
-	bigMiB     int
-	entries    int
-	groups     map[string]bool
-	workloads  map[string]bool // -installed workloads to run (empty: all)
-	profile    string          // CPU profile of the workloads
-	ptwMax     int64           // fs.Options.PassthroughWriteMax
-	stats      bool            // fs.Options.Stats set
-	curStats   *fs.Stats       // the mounted overlay's, when stats is set
-	imageReads countingReader  // reads of the image, counted when stats is set
-	img        string          // the lower layer in use
-	image      string          // packed lower layer to reuse
-	lowerFile  *os.File
-	m          *fs.Mounted
-	mnt, upper string
-	native     string // scratch dir for native write workloads
-	cleanups   []func()
+	home, work  string
+	runs        int
+	bigMiB      int
+	entries     int
+	groups      map[string]bool
+	workloads   map[string]bool // -installed workloads to run (empty: all)
+	interrupted chan os.Signal  // SIGINT, SIGTERM
+	profile     string          // CPU profile of the workloads
+	ptwMax      int64           // fs.Options.PassthroughWriteMax
+	stats       bool            // fs.Options.Stats set
+	curStats    *fs.Stats       // the mounted overlay's, when stats is set
+	imageReads  countingReader  // reads of the image, counted when stats is set
+	img         string          // the lower layer in use
+	image       string          // packed lower layer to reuse
+	lowerFile   *os.File
+	m           *fs.Mounted
+	mnt, upper  string
+	native      string // scratch dir for native write workloads
+	cleanups    []func()
 }
 
 func (b *bench) cleanup() {
@@ -1028,9 +1042,7 @@ func (b *bench) serve() error {
 		return err
 	}
 	fmt.Println(b.mnt)
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
-	<-sig
+	<-b.interrupted
 	for _, o := range b.curStats.Ops() {
 		fmt.Printf("%-12s %8d\n", o.Op, o.Calls)
 	}
