@@ -15,7 +15,7 @@ TESTFLAGS ?= -race -count=1 -timeout 20m
 
 help:
 	@echo "make build   build $(BIN) (static, CGO_ENABLED=0)"
-	@echo "make demo    mount a demo home at $(DEMO_DIR)/home on the default local store (Ctrl-C to stop)"
+	@echo "make demo    mount a demo home at $(DEMO_DIR)/home on a local store in $(DEMO_DIR)/store (Ctrl-C to stop)"
 	@echo "make test    install what the tests need, then run the whole suite"
 	@echo "make bench   benchmarks against native disk and mksquashfs; see BENCHMARKS.md"
 	@echo "make lint    gofmt + go vet + staticcheck"

@@ -69,9 +69,21 @@ type PackOptions struct {
 	// *os.File (WriteAt puts the superblock at its start).
 	Segment bool
 
+	// Progress, if set, is called on Pack's goroutine once the files'
+	// content is about to be read (all zero but the totals) and after each
+	// regular file is read or found elsewhere, with the counts so far. It
+	// must return quickly; rate-limiting what it shows is its business.
+	Progress func(PackProgress)
+
 	noSums  bool       // tests: record no content sums, as archives did before them
 	noCheck bool       // benchmarks: skip Pack's check of its own blocks (worker.check, store)
 	tamper  func(*job) // tests: alter a processed block before it is checked
+}
+
+// PackProgress is how far Pack is through the files' content.
+type PackProgress struct {
+	Files, Bytes           int64 // regular files and their bytes done
+	TotalFiles, TotalBytes int64 // of the whole tree
 }
 
 // PackResult describes a packed archive.

@@ -509,12 +509,26 @@ func (d *dataWriter) submit(j *job) error {
 }
 
 func (d *dataWriter) produce() error {
+	report := d.p.opts.Progress
+	var pr PackProgress
+	if report != nil {
+		for _, n := range d.p.order {
+			pr.TotalFiles++
+			pr.TotalBytes += n.size
+		}
+		report(pr)
+	}
 	for _, n := range d.p.order {
 		if err := d.ctx.Err(); err != nil {
 			return err
 		}
 		if err := d.produceFile(n); err != nil {
 			return err
+		}
+		if report != nil {
+			pr.Files++
+			pr.Bytes += n.size
+			report(pr)
 		}
 	}
 	return d.flushFragment()

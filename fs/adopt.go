@@ -89,6 +89,76 @@ func Adopt(ctx context.Context, dir, upper string, lower Lower, opts AdoptOption
 	return a.out, err
 }
 
+// ChangedUnderneath reports whether directory dir holds anything Adopt
+// with opts.Since = since would look at: a regular file, symlink or
+// directory, at any depth, whose status changed at since or after (any
+// one when since is zero). It may say so of an entry Adopt then finds the
+// same as the merged tree's; it never misses one Adopt would take. It only
+// reads dir, which may be covered by a mount when named through a
+// descriptor opened before it ("/proc/self/fd/N"): the daemon asks it,
+// with the home shown over the directory, whether the mount must be made
+// again for Adopt to run.
+func ChangedUnderneath(ctx context.Context, dir string, since time.Time) (bool, error) {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false, fmt.Errorf("fs: look underneath %s: %w", dir, err)
+	}
+	changed, err := changedBelow(ctx, fd, "", since)
+	if err != nil {
+		err = fmt.Errorf("fs: look underneath %s: %w", dir, err)
+	}
+	return changed, err
+}
+
+// changedBelow is ChangedUnderneath of directory fd (rel underneath),
+// which it closes.
+func changedBelow(ctx context.Context, fd int, rel string, since time.Time) (bool, error) {
+	df := os.NewFile(uintptr(fd), rel)
+	defer df.Close()
+	names, err := df.Readdirnames(-1)
+	if err != nil {
+		return false, fmt.Errorf("list %q: %w", orDot(rel), err)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		if err := ctx.Err(); err != nil {
+			return false, err
+		}
+		if isReserved(name) {
+			continue
+		}
+		var st unix.Stat_t
+		if err := unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			if err == unix.ENOENT {
+				continue
+			}
+			return false, fmt.Errorf("stat %q: %w", joinAdopt(rel, name), err)
+		}
+		switch st.Mode & syscall.S_IFMT {
+		case syscall.S_IFDIR, syscall.S_IFREG, syscall.S_IFLNK:
+		default:
+			continue // Adopt leaves them
+		}
+		if since.IsZero() || st.Ctim.Nano() >= since.UnixNano() {
+			return true, nil
+		}
+		if st.Mode&syscall.S_IFMT != syscall.S_IFDIR {
+			continue
+		}
+		sub, err := unix.Openat(fd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			if err == unix.ENOENT || err == unix.ENOTDIR {
+				continue
+			}
+			return false, fmt.Errorf("open %q: %w", joinAdopt(rel, name), err)
+		}
+		if changed, err := changedBelow(ctx, sub, joinAdopt(rel, name), since); err != nil || changed {
+			return changed, err
+		}
+	}
+	return false, nil
+}
+
 type adopter struct {
 	ctx   context.Context
 	upper string

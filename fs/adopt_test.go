@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -131,4 +132,91 @@ func TestAdopt(t *testing.T) {
 			t.Errorf("underneath %s: %q, %v", name, b, err)
 		}
 	}
+}
+
+// TestChangedUnderneath: a directory holds something Adopt would look at
+// when an entry changed at Since or after (a directory whose entries
+// changed counts), nothing when all are older; zero Since counts every
+// entry.
+func TestChangedUnderneath(t *testing.T) {
+	t.Parallel()
+	under := tempDir(t)
+	must(t, os.MkdirAll(filepath.Join(under, "deep", "x"), 0o755))
+	must(t, os.WriteFile(filepath.Join(under, "deep", "x", "y.txt"), []byte("old"), 0o644))
+	must(t, os.WriteFile(filepath.Join(under, "a.txt"), []byte("old"), 0o644))
+	// since: a ctime past every entry's (the coarse clock ticks on).
+	var since time.Time
+	newest := ctimeOf(t, filepath.Join(under, "deep", "x", "y.txt"))
+	for _, p := range []string{under, filepath.Join(under, "deep"), filepath.Join(under, "deep", "x"), filepath.Join(under, "a.txt")} {
+		if c := ctimeOf(t, p); c.After(newest) {
+			newest = c
+		}
+	}
+	deadline := time.Now().Add(time.Minute)
+	for !since.After(newest) {
+		mark := filepath.Join(tempDir(t), "mark")
+		must(t, os.WriteFile(mark, nil, 0o600))
+		since = ctimeOf(t, mark)
+		if time.Now().After(deadline) {
+			t.Fatal("the file system's ctime did not move on within a minute")
+		}
+	}
+	check := func(when time.Time, want bool, what string) {
+		t.Helper()
+		got, err := ChangedUnderneath(t.Context(), under, when)
+		must(t, err)
+		if got != want {
+			t.Errorf("%s: ChangedUnderneath = %v, want %v", what, got, want)
+		}
+	}
+	check(time.Time{}, true, "zero since")
+	check(since, false, "nothing changed since")
+	must(t, os.WriteFile(filepath.Join(under, "deep", "gone"), nil, 0o600))
+	must(t, os.Remove(filepath.Join(under, "deep", "gone"))) // deep's ctime moves
+	check(since, true, "an entry removed from a directory (its ctime moved)")
+}
+
+// TestChangedUnderneathDeepFile: a file rewritten deep below unchanged
+// directories is found.
+func TestChangedUnderneathDeepFile(t *testing.T) {
+	t.Parallel()
+	under := tempDir(t)
+	y := filepath.Join(under, "deep", "x", "y.txt")
+	must(t, os.MkdirAll(filepath.Dir(y), 0o755))
+	must(t, os.WriteFile(y, []byte("old"), 0o644))
+	since := ctimeOf(t, y).Add(time.Nanosecond)
+	for _, p := range []string{under, filepath.Join(under, "deep"), filepath.Dir(y)} {
+		if !ctimeOf(t, p).Before(since) {
+			since = ctimeOf(t, p).Add(time.Nanosecond)
+		}
+	}
+	got, err := ChangedUnderneath(t.Context(), under, since)
+	must(t, err)
+	if got {
+		t.Fatal("nothing changed, yet ChangedUnderneath says so")
+	}
+	deadline := time.Now().Add(time.Minute)
+	for !ctimeOf(t, y).After(since) {
+		must(t, os.WriteFile(y, []byte("new"), 0o644))
+		if time.Now().After(deadline) {
+			t.Fatal("the file system's ctime did not move on within a minute")
+		}
+	}
+	for _, p := range []string{under, filepath.Join(under, "deep"), filepath.Dir(y)} {
+		if !ctimeOf(t, p).Before(since) {
+			t.Fatalf("%s changed too: the test would not tell a deep file from its directory", p)
+		}
+	}
+	got, err = ChangedUnderneath(t.Context(), under, since)
+	must(t, err)
+	if !got {
+		t.Fatal("a file rewritten below unchanged directories was missed")
+	}
+}
+
+func ctimeOf(t *testing.T, p string) time.Time {
+	t.Helper()
+	var st syscall.Stat_t
+	must(t, syscall.Lstat(p, &st))
+	return time.Unix(st.Ctim.Sec, st.Ctim.Nsec)
 }

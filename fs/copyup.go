@@ -46,7 +46,9 @@ func (ov *overlay) copyUpDir(ctx context.Context, n *node) error {
 		return err
 	}
 	defer ov.u.put(pfd)
-	ov.gate.enter()
+	if !ov.gate.enter() {
+		return errSealed
+	}
 	defer ov.gate.leave()
 	if err := ov.keepDir(pfd); err != nil {
 		return fmt.Errorf("fs: copy up %s/%s: %w", prel, name, err)
@@ -120,6 +122,9 @@ func (ov *overlay) copyUp(ctx context.Context, n *node, content bool) error {
 	if n.upper.Load() {
 		return nil
 	}
+	if ov.gate.sealed.Load() {
+		return errSealed // nothing to copy for
+	}
 	la, err := ov.lower.Stat(n.lower)
 	if err != nil {
 		return err
@@ -152,7 +157,13 @@ func (ov *overlay) copyUp(ctx context.Context, n *node, content bool) error {
 		unix.Unlinkat(ov.u.work, tmp, 0)
 		return fmt.Errorf("fs: copy up %s: %w", rel, err)
 	}
-	ov.gate.enter()
+	if !ov.gate.enter() {
+		if part != nil {
+			ov.partials.discard(part)
+		}
+		unix.Unlinkat(ov.u.work, tmp, 0)
+		return errSealed
+	}
 	if part != nil {
 		// Renames wait, so the name the map gets is the file's
 		// (partial_names.go).
@@ -434,7 +445,10 @@ func (ov *overlay) linkAlias(ctx context.Context, n *node, rel, q string) error 
 			ov.u.put(dfd)
 			return nil
 		}
-		ov.gate.enter()
+		if !ov.gate.enter() {
+			ov.u.put(dfd)
+			return errSealed
+		}
 		err = ov.keepDir(dfd)
 		if err == nil {
 			err = ov.mkdirLike(dfd, el, &e.lowerAttr)
@@ -460,7 +474,9 @@ func (ov *overlay) linkAlias(ctx context.Context, n *node, rel, q string) error 
 		return err
 	}
 	defer ov.u.put(dfd)
-	ov.gate.enter()
+	if !ov.gate.enter() {
+		return errSealed
+	}
 	defer ov.gate.leave()
 	if err := ov.keepDir(dfd); err != nil {
 		return err

@@ -190,7 +190,12 @@
 // hold neither. Files open for writing with passthrough cannot be copied
 // on write: Freeze stops their writes (a barrier in the kernel) before it
 // closes the gate and copies them whole into the view before letting the
-// writes go on (ptwrite.go).
+// writes go on (ptwrite.go). Seal, a stop's last freeze, never opens the
+// gate again (mutations fail with EROFS) and revokes the passthrough
+// writers instead (their I/O fails with EIO): its view is the last state
+// any writer was told succeeded. Requests the daemon makes to its own
+// mount run on threads of their own (ownmount.go), so a kill never leaves
+// one stranded.
 //
 // What nothing has changed, the view reads from the upper layer when it
 // first needs it, and keeps: a listing in its directory's slot, a status

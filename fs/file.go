@@ -32,7 +32,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, uint3
 	ov.partials.foreground()
 	writable := flags&syscall.O_ACCMODE != syscall.O_RDONLY
 	trunc := flags&syscall.O_TRUNC != 0
-	if (writable || trunc) && ov.opts.ReadOnly {
+	if (writable || trunc) && (ov.opts.ReadOnly || ov.gate.sealed.Load()) {
 		return nil, 0, syscall.EROFS
 	}
 	guardedPath := false
@@ -148,7 +148,9 @@ func (n *node) openUpper(writable bool) (int, syscall.Errno) {
 // truncateFd truncates n's upper file open at fd to size, saving the bytes
 // it drops for open views first.
 func (ov *overlay) truncateFd(n *node, fd int, size int64) syscall.Errno {
-	ov.gate.enter()
+	if !ov.gate.enter() {
+		return errSealed
+	}
 	defer ov.gate.leave()
 	if errno := ov.truncateGated(fd, size); errno != 0 {
 		return errno
@@ -317,7 +319,9 @@ func (h *upperFile) Write(ctx context.Context, data []byte, off int64) (uint32, 
 		return 0, syscall.EROFS
 	}
 	ov.partials.foreground()
-	ov.gate.enter()
+	if !ov.gate.enter() {
+		return 0, errSealed
+	}
 	defer ov.gate.leave()
 	if p := ov.partials.track(h.uino, h.fd); p != nil {
 		p.wmu.RLock()
@@ -352,7 +356,9 @@ func (h *upperFile) Allocate(ctx context.Context, off, size uint64, mode uint32)
 	if ov.opts.ReadOnly {
 		return syscall.EROFS
 	}
-	ov.gate.enter()
+	if !ov.gate.enter() {
+		return errSealed
+	}
 	defer ov.gate.leave()
 	if p := ov.partials.track(h.uino, h.fd); p != nil {
 		p.wmu.RLock()
@@ -577,7 +583,9 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	}
 	defer ov.u.put(dfd)
 
-	ov.gate.enter()
+	if !ov.gate.enter() {
+		return nil, nil, 0, errSealed
+	}
 	e, err := ov.resolve(n, dfd, name)
 	if err != nil {
 		ov.gate.leave()

@@ -41,22 +41,52 @@ import (
 // that copy (View.WriteStall).
 //
 // Freeze honours ctx while it waits for mutations in flight.
-func (m *Mounted) Freeze(ctx context.Context) (*View, error) {
+func (m *Mounted) Freeze(ctx context.Context) (*View, error) { return m.freeze(ctx, false) }
+
+// Seal takes the mount's last view, for a stop: it is Freeze, except that
+// the gate never opens again and files written through passthrough are
+// revoked instead of stopped for an instant (revokePTWrites). From the
+// freeze on, every mutation fails with EROFS (opens for writing too), and
+// every read and write of a file that was open for writing through
+// passthrough fails with EIO; so the view is the last state any writer was
+// told succeeded. Only stores into a shared mapping of such a file, made
+// before or after, can still change the upper layer (no system call
+// carries them); Generation counts them as changes after the view.
+//
+// The mount is sealed however Seal returns: on an error (ctx ended while
+// mutations were in flight) those finish, the rest fail, and no view says
+// what the upper layer holds. Freezes after Seal take views of the sealed
+// tree, at once.
+func (m *Mounted) Seal(ctx context.Context) (*View, error) { return m.freeze(ctx, true) }
+
+func (m *Mounted) freeze(ctx context.Context, seal bool) (*View, error) {
 	ov := m.ov
+	what := "freeze"
+	if seal {
+		what = "seal"
+		// Sealed whatever happens below.
+		defer ov.gate.seal()
+	}
 	ov.freezeMu.Lock()
 	defer ov.freezeMu.Unlock()
 	defer ov.resumePTWrites()
 	start := time.Now()
-	bs, err := m.stopPTWrites(ctx)
+	var bs []*barrier
+	var err error
+	if seal {
+		bs, err = m.revokePTWrites(ctx)
+	} else {
+		bs, err = m.stopPTWrites(ctx)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("fs: freeze: %w", err)
+		return nil, fmt.Errorf("fs: %s: %w", what, err)
 	}
 	// Noted before the gate closes, not while every mutation waits: the
-	// barriers hold these files already.
+	// barriers hold these files already (or they are revoked).
 	ov.notePTWrites()
 	if err := ov.gate.freeze(ctx); err != nil {
 		releaseBarriers(ov, bs)
-		return nil, fmt.Errorf("fs: freeze: %w", err)
+		return nil, fmt.Errorf("fs: %s: %w", what, err)
 	}
 	closed := time.Now()
 	v, err := ov.capture()
@@ -66,14 +96,17 @@ func (m *Mounted) Freeze(ctx context.Context) (*View, error) {
 		ov.opts.Stats.noteFreeze()
 	}
 	v.stall = time.Since(closed)
+	if seal {
+		ov.gate.seal() // before the thaw: the waiters wake to EROFS
+	}
 	ov.gate.thaw()
 	if err != nil {
 		releaseBarriers(ov, bs)
-		return nil, fmt.Errorf("fs: freeze: %w", err)
+		return nil, fmt.Errorf("fs: %s: %w", what, err)
 	}
 	for _, b := range bs {
 		if err = v.preserve(b.uino, b.upperFd, 0, 1<<62); err != nil {
-			err = fmt.Errorf("fs: freeze: copy upper inode %d written through passthrough: %w", b.uino, err)
+			err = fmt.Errorf("fs: %s: copy upper inode %d written through passthrough: %w", what, b.uino, err)
 			break
 		}
 		cleanPages(b.upperFd)
@@ -89,7 +122,11 @@ func (m *Mounted) Freeze(ctx context.Context) (*View, error) {
 		v.Close()
 		return nil, err
 	}
-	ov.log.Info("frozen", "generation", v.gen, "stall", v.stall, "passthrough_files", len(bs), "passthrough_stall", v.writeStall)
+	if seal {
+		ov.log.Info("sealed: the mount refuses every change from now on", "generation", v.gen, "stall", v.stall, "passthrough_files", len(bs), "passthrough_stall", v.writeStall)
+	} else {
+		ov.log.Info("frozen", "generation", v.gen, "stall", v.stall, "passthrough_files", len(bs), "passthrough_stall", v.writeStall)
+	}
 	return v, nil
 }
 

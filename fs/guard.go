@@ -594,7 +594,10 @@ func (g *guardFile) commit(ctx context.Context) syscall.Errno {
 		return errnoOf(err)
 	}
 
-	ov.gate.enter()
+	if !ov.gate.enter() {
+		g.discard()
+		return errSealed
+	}
 	err = ov.keepDir(pfd)
 	if err == nil && ov.views.active() {
 		if ust, serr := statxAt(pfd, name); serr == nil {
@@ -650,7 +653,9 @@ func (g *guardFile) removeCreated() {
 		return
 	}
 	defer ov.u.put(pfd)
-	ov.gate.enter()
+	if !ov.gate.enter() {
+		return // sealed: the mount changes nothing any more
+	}
 	st, err := statxAt(pfd, name)
 	if err == nil {
 		err = ov.keepDir(pfd)

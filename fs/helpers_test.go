@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/hermesfs/hermesfs/archive"
+	"github.com/hermesfs/hermesfs/fs/testwatch"
 )
 
 // strict is set by `make test`: a missing tool fails instead of skipping.
@@ -38,6 +39,19 @@ func TestMain(m *testing.M) {
 	}
 	// Unprivileged helpers must be able to reach their directories.
 	os.Chmod(testRoot, 0o755)
+	// The helpers this binary runs as (mount helpers, mmapWrite) exit
+	// without the race runtime's second of sleep: mounttest's
+	// RaceChildrenExitAtOnce, which these tests cannot import.
+	if g := os.Getenv("GORACE"); !strings.Contains(g, "atexit_sleep_ms") {
+		os.Setenv("GORACE", strings.TrimSpace(g+" atexit_sleep_ms=0"))
+	}
+	// A test hung past its deadline ends the run (testwatch): its mounts
+	// go first.
+	testwatch.OnExpire(func() {
+		for _, mp := range MountsBelow(testRoot) {
+			unix.Unmount(mp, unix.MNT_DETACH)
+		}
+	})
 	code := m.Run()
 	if left := MountsBelow(testRoot); len(left) > 0 {
 		fmt.Fprintf(os.Stderr, "FAIL: FUSE mounts left behind: %v\n", left)
@@ -159,6 +173,7 @@ type env struct {
 func mountEnv(t testing.TB, lower Lower, opts Options) *env {
 	t.Helper()
 	needFuse(t)
+	testwatch.Start(t)
 	base := tempDir(t)
 	e := &env{t: t, mnt: filepath.Join(base, "mnt"), upper: filepath.Join(base, "upper")}
 	if err := os.Mkdir(e.mnt, 0o755); err != nil {

@@ -24,6 +24,7 @@ type Mounted struct {
 	server     *fuse.Server
 	mountpoint string
 	dev        uint64 // st_dev of the mount, names its FUSE connection
+	mntID      int    // its mount id in /proc (0: unknown)
 	done       chan struct{}
 }
 
@@ -101,6 +102,10 @@ func Mount(ctx context.Context, mountpoint string, opts Options) (*Mounted, erro
 		},
 	}
 	var raw fuse.RawFileSystem = &rawFS{RawFileSystem: fusefs.NewNodeFS(root, fopts), ov: ov}
+	if opts.RefuseWrites && !opts.ReadOnly {
+		ov.writesRefused.Store(true)
+		raw = &writeGate{RawFileSystem: raw, ov: ov}
+	}
 	if opts.Stats != nil {
 		raw = &timedFS{RawFileSystem: raw, s: opts.Stats}
 	}
@@ -110,8 +115,10 @@ func Mount(ctx context.Context, mountpoint string, opts Options) (*Mounted, erro
 		return nil, fmt.Errorf("fs: mount %s: %w", mountpoint, err)
 	}
 	ov.server = server
+	noteFuseDevs()
 	go server.Serve()
-	if err := server.WaitMount(); err != nil {
+	// WaitMount asks the mount for a poll: a request to our own mount.
+	if err := ownRequest(server.WaitMount); err != nil {
 		detach(mountpoint, ov.u.privileged)
 		ov.close()
 		return nil, fmt.Errorf("fs: mount %s: %w", mountpoint, err)
@@ -122,11 +129,12 @@ func Mount(ctx context.Context, mountpoint string, opts Options) (*Mounted, erro
 		close(m.done)
 	}()
 	var st unix.Stat_t
-	if err := unix.Stat(mountpoint, &st); err != nil {
+	if err := ownRequest(func() error { return unix.Stat(mountpoint, &st) }); err != nil {
 		m.Unmount(context.Background())
 		return nil, fmt.Errorf("fs: mount %s: not answering: %w", mountpoint, err)
 	}
 	m.dev = st.Dev
+	m.mntID = mountID(mountpoint, st.Dev)
 	if opts.ReadAhead > 0 && ov.u.privileged {
 		m.setReadAhead(opts.ReadAhead)
 	}
@@ -142,6 +150,17 @@ func Mount(ctx context.Context, mountpoint string, opts Options) (*Mounted, erro
 	}
 	ov.log.Info("mounted", "mountpoint", mountpoint, "upper", opts.Upper, "lower", ov.lower != nil, "passthrough", ov.passthrough.Load(), "read_only", opts.ReadOnly, "allow_other", opts.AllowOther)
 	return m, nil
+}
+
+// ownRequest runs fn, which asks a mount this process serves something
+// and keeps no descriptor, on a thread of its own (ownmount.go); where no
+// thread can have a table of its own, on this one.
+func ownRequest(fn func() error) error {
+	err := onOwnMount(fn)
+	if errors.Is(err, errNoOwnTable) {
+		return fn()
+	}
+	return err
 }
 
 // newOverlay opens the upper layer and the overlay's state in it.
@@ -281,7 +300,9 @@ func (ov *overlay) close() {
 // namespace, until they are closed or the process ends; when the process
 // ends, the kernel aborts the connection itself and the open files get
 // ENOTCONN just the same. Either way, nothing the overlay acknowledged is
-// lost: the upper layer is on disk.
+// lost: the upper layer is on disk. Once the connection is aborted the
+// unmount ends as it would have (background copies stopped and made
+// durable, the overlay closed) before the error is returned.
 func (m *Mounted) Unmount(ctx context.Context) error {
 	var err error
 	select {
@@ -295,21 +316,28 @@ func (m *Mounted) Unmount(ctx context.Context) error {
 	select {
 	case <-m.done:
 	case <-ctx.Done():
+		err := fmt.Errorf("fs: unmount %s: files still open: %w", m.mountpoint, ctx.Err())
 		if m.abort() {
 			select {
 			case <-m.done:
+				m.endUnmount()
 			case <-time.After(5 * time.Second):
 			}
 		}
-		return fmt.Errorf("fs: unmount %s: files still open: %w", m.mountpoint, ctx.Err())
+		return err
 	}
+	m.endUnmount()
+	m.ov.log.Info("unmounted", "mountpoint", m.mountpoint)
+	return nil
+}
+
+// endUnmount ends an unmount once the server is done.
+func (m *Mounted) endUnmount() {
 	m.ov.unmounted.Store(true)
 	m.ov.partials.stopAll()
 	m.ov.partials.syncAll()
 	m.ov.prefetching.Wait() // no READ can start one any more: the server is done
 	m.ov.maybeClose()
-	m.ov.log.Info("unmounted", "mountpoint", m.mountpoint)
-	return nil
 }
 
 func detach(mountpoint string, privileged bool) error {
@@ -445,6 +473,100 @@ func abortConn(minor uint32, privileged bool, log *slog.Logger) error {
 func fusectlMounted() bool {
 	b, err := os.ReadFile("/proc/self/mountinfo")
 	return err == nil && mountedAt(string(b), fusectlDir)
+}
+
+// mountID is the id /proc/self/mountinfo gives the mount of device dev at
+// mountpoint (the topmost); 0 if none.
+func mountID(mountpoint string, dev uint64) int {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return 0
+	}
+	want := fmt.Sprintf("%d:%d", unix.Major(dev), unix.Minor(dev))
+	id := 0
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && f[2] == want && UnescapeMountinfo(f[4]) == mountpoint {
+			id, _ = strconv.Atoi(f[0])
+		}
+	}
+	return id
+}
+
+// Holder is a file open on a mount.
+type Holder struct {
+	PID     int
+	Command string // the process's name
+	Path    string
+}
+
+func (h Holder) String() string {
+	return fmt.Sprintf("%s (pid %d %s)", h.Path, h.PID, h.Command)
+}
+
+// Holders lists the files open on the mount, at most max, as /proc shows
+// them: it asks the mount nothing. Call it before Unmount: the paths of a
+// detached mount's files no longer start at the mountpoint.
+func (m *Mounted) Holders(max int) []Holder {
+	if m.mntID == 0 {
+		return nil
+	}
+	procs, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	want := "mnt_id:\t" + strconv.Itoa(m.mntID) + "\n"
+	var out []Holder
+	for _, p := range procs {
+		pid, err := strconv.Atoi(p.Name())
+		if err != nil {
+			continue
+		}
+		dir := "/proc/" + p.Name()
+		fds, err := os.ReadDir(dir + "/fdinfo")
+		if err != nil {
+			continue
+		}
+		var comm string
+		for _, fd := range fds {
+			info, err := os.ReadFile(dir + "/fdinfo/" + fd.Name())
+			if err != nil || !strings.Contains(string(info), want) {
+				continue
+			}
+			target, err := os.Readlink(dir + "/fd/" + fd.Name())
+			if err != nil {
+				continue
+			}
+			if comm == "" {
+				c, _ := os.ReadFile(dir + "/comm")
+				comm = strings.TrimSpace(string(c))
+			}
+			out = append(out, Holder{PID: pid, Command: comm, Path: target})
+			if len(out) >= max {
+				return out
+			}
+		}
+	}
+	return out
+}
+
+// Unrevoked counts the files open for writing through passthrough whose
+// writes the seal could not refuse (Seal logs why): what they write after
+// it is in no view.
+func (m *Mounted) Unrevoked() int {
+	p := &m.ov.ptw
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.sealed {
+		return 0
+	}
+	n := 0
+	for _, r := range p.nodes {
+		if !r.revoked {
+			n++
+		}
+	}
+	return n
 }
 
 // Wait blocks until the mount is gone (unmounted by Unmount or externally).

@@ -65,6 +65,8 @@ type overlay struct {
 	fillOff atomic.Bool
 
 	unmounted atomic.Bool
+	// writesRefused: every change fails with EROFS (writegate.go).
+	writesRefused atomic.Bool
 	// prefetching counts read-ahead goroutines (lowerread.go); Unmount
 	// waits for them, so none reads the lower layer after it returns.
 	prefetching sync.WaitGroup

@@ -101,7 +101,9 @@ func (n *node) mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 		return nil, errno
 	}
 	defer ov.u.put(dfd)
-	ov.gate.enter()
+	if !ov.gate.enter() {
+		return nil, errSealed
+	}
 	defer ov.gate.leave()
 	e, err := ov.resolve(n, dfd, name)
 	if err != nil {
@@ -205,7 +207,9 @@ func (n *node) Mknod(ctx context.Context, name string, mode uint32, rdev uint32,
 		return nil, errno
 	}
 	defer ov.u.put(dfd)
-	ov.gate.enter()
+	if !ov.gate.enter() {
+		return nil, errSealed
+	}
 	defer ov.gate.leave()
 	e, err := ov.resolve(n, dfd, name)
 	if err != nil {
@@ -248,7 +252,9 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 		return nil, errno
 	}
 	defer ov.u.put(dfd)
-	ov.gate.enter()
+	if !ov.gate.enter() {
+		return nil, errSealed
+	}
 	defer ov.gate.leave()
 	e, err := ov.resolve(n, dfd, name)
 	if err != nil {
@@ -304,7 +310,9 @@ func (n *node) Link(ctx context.Context, target fusefs.InodeEmbedder, name strin
 		return nil, errnoOf(err)
 	}
 	defer ov.u.put(tfd)
-	ov.gate.enter()
+	if !ov.gate.enter() {
+		return nil, errSealed
+	}
 	defer ov.gate.leave()
 	e, err := ov.resolve(n, dfd, name)
 	if err != nil {
@@ -391,7 +399,9 @@ func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno 
 	}
 	defer ov.u.put(dfd)
 
-	ov.gate.enter()
+	if !ov.gate.enter() {
+		return errSealed
+	}
 	defer ov.gate.leave()
 	if e, err = ov.resolve(n, dfd, name); err != nil {
 		return errnoOf(err)

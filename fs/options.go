@@ -99,6 +99,13 @@ type Options struct {
 	// neither its work directory nor its inode map is touched.
 	ReadOnly bool
 
+	// RefuseWrites mounts the merged tree with every change refused
+	// (EROFS) until Mounted.AllowWrites, which needs no remount: the
+	// kernel mount is writable and the refusal is the daemon's. A mount
+	// that may become writable (a daemon waiting for the store's writer
+	// lease) shows its tree this way meanwhile. Ignored with ReadOnly.
+	RefuseWrites bool
+
 	// AllowOther lets every user of the host use the mount (the
 	// "allow_other" mount option), not only the one who mounted it. The
 	// kernel still checks every access against the modes shown

@@ -52,7 +52,9 @@ func rangeOpts(pause time.Duration) Options {
 // waitComplete waits until no file of m is partial.
 func waitComplete(t *testing.T, m *Mounted) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
+	// Generous: each batch is made durable, and a loaded machine's fsyncs
+	// are slow; only a copy that never ends fails.
+	deadline := time.Now().Add(5 * time.Minute)
 	for len(m.PartialCopyUps()) > 0 {
 		if time.Now().After(deadline) {
 			t.Fatalf("background copy did not finish: %+v", m.PartialCopyUps())
@@ -706,9 +708,12 @@ func TestPartialCopyUpKill(t *testing.T) {
 					}
 				}
 			}
-			// The reopened file completes in the background.
+			// The reopened file completes in the background: 64 batches,
+			// each made durable (two fsyncs), which on a loaded machine's
+			// disk took more than a minute; the deadline catches a copy
+			// that never ends.
 			lower := openLower(t, img)
-			deadline := time.Now().Add(60 * time.Second)
+			deadline := time.Now().Add(5 * time.Minute)
 			for {
 				complete := true
 				for _, p := range loadMaps(t, upper, lower) {

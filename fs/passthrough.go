@@ -37,6 +37,16 @@ func (r *rawFS) Open(cancel <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut)
 	return st
 }
 
+// GetAttr answers the GETATTR of a thread revoking passthrough writes with
+// no file type (revokedAttr).
+func (r *rawFS) GetAttr(cancel <-chan struct{}, in *fuse.GetAttrIn, out *fuse.AttrOut) fuse.Status {
+	st := r.RawFileSystem.GetAttr(cancel, in, out)
+	if st == fuse.OK {
+		revokedAttr(in.Caller.Pid, out)
+	}
+	return st
+}
+
 // Create attaches the backing file of a file created and opened for
 // writing with passthrough.
 func (r *rawFS) Create(cancel <-chan struct{}, in *fuse.CreateIn, name string, out *fuse.CreateOut) fuse.Status {

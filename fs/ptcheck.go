@@ -17,16 +17,20 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The freeze's barrier (ptwrite.go) relies on two things the kernel does:
-// a passthrough write takes the FUSE inode's lock, and a chmod holds it
-// until the daemon answers the SETATTR. Both hold on the kernels this was
-// written on, but nothing promises them, and if the first went away a
-// freeze would copy files while they are written. So before the first
-// writable passthrough of a process, checkPTBarrier tries it: a throwaway
-// FUSE mount in the work directory with one file, opened for writing with
-// passthrough, a chmod of it held by the daemon, and a write that must not
-// finish until the chmod is answered. If any of it fails, writable opens
-// are served by the daemon (the log says why).
+// The freeze's barrier and the seal's revoke (ptwrite.go) rely on things
+// the kernel does: a passthrough write takes the FUSE inode's lock, a
+// chmod holds it until the daemon answers the SETATTR, and a GETATTR
+// answered with no file type makes every later read and write of the file
+// fail. They hold on the kernels this was written on, but nothing promises
+// them, and if one went away a freeze would copy files while they are
+// written, or a stop would let writes through after its final snapshot.
+// Both also need requests to our own mount from threads of their own
+// (ownmount.go). So before the first writable passthrough of a process,
+// checkPTBarrier tries it all: a throwaway FUSE mount in the work
+// directory with one file, opened for writing with passthrough, a chmod of
+// it held by the daemon, a write that must not finish until the chmod is
+// answered, then a revoke after which a write must fail. If any of it
+// fails, writable opens are served by the daemon (the log says why).
 
 const ptCheckPrefix = "ptcheck-"
 
@@ -151,8 +155,22 @@ func (h *ptCheckHandle) Release(ctx context.Context) syscall.Errno {
 	return 0
 }
 
+// ptCheckRaw is the check mount's raw file system: GETATTRs answer a
+// revoke as the overlay's do (revokedAttr).
+type ptCheckRaw struct{ fuse.RawFileSystem }
+
+func (r *ptCheckRaw) GetAttr(cancel <-chan struct{}, in *fuse.GetAttrIn, out *fuse.AttrOut) fuse.Status {
+	st := r.RawFileSystem.GetAttr(cancel, in, out)
+	if st == fuse.OK {
+		revokedAttr(in.Caller.Pid, out)
+	}
+	return st
+}
+
 // checkPTBarrier mounts the check file system under work and tries the
-// barrier (see above). nil means writable passthrough is safe to use.
+// barrier and the revoke (see above). nil means writable passthrough is
+// safe to use. Every request to the check mount comes from a thread of its
+// own, as the overlay's do.
 func checkPTBarrier(work string) (err error) {
 	dir := ptCheckDir(work)
 	os.RemoveAll(dir)
@@ -166,22 +184,27 @@ func checkPTBarrier(work string) (err error) {
 		return err
 	}
 	zero := time.Duration(0)
-	srv, err := fusefs.Mount(mnt, r, &fusefs.Options{
+	opts := &fusefs.Options{
 		EntryTimeout: &zero, AttrTimeout: &zero,
 		MountOptions: fuse.MountOptions{FsName: FsName + "-check", Name: FsName + "-check", DisableXAttrs: true, DirectMount: true},
-	})
+	}
+	srv, err := fuse.NewServer(&ptCheckRaw{fusefs.NewNodeFS(r, opts)}, mnt, &opts.MountOptions)
 	if err != nil {
-		// go-fuse can fail after the mount is made (it did not
-		// answer): never leave it.
+		// go-fuse can fail after the mount is made: never leave it.
 		unix.Unmount(mnt, unix.MNT_DETACH)
 		return fmt.Errorf("check mount: %w", err)
 	}
+	noteFuseDevs()
+	go srv.Serve()
 	defer func() {
 		if srv.Unmount() != nil {
 			unix.Unmount(mnt, unix.MNT_DETACH)
 			srv.Wait()
 		}
 	}()
+	if err := onOwnMount(srv.WaitMount); err != nil {
+		return fmt.Errorf("check mount: %w", err)
+	}
 	released := false
 	release := func() {
 		if !released {
@@ -190,19 +213,53 @@ func checkPTBarrier(work string) (err error) {
 		}
 	}
 	defer release()
-	w, err := os.OpenFile(filepath.Join(mnt, "f"), os.O_RDWR, 0)
-	if err != nil {
-		return fmt.Errorf("open for writing: %w", err)
+	f := filepath.Join(mnt, "f")
+
+	// The writer: its own thread, its descriptor with it. It writes at
+	// once, then once per step, and sends each write's result.
+	step := make(chan struct{})
+	wrote := make(chan error, 3)
+	ownThread(func(err error) {
+		if err != nil {
+			wrote <- err
+			return
+		}
+		fd, err := unix.Open(f, unix.O_RDWR|unix.O_CLOEXEC, 0)
+		if err != nil {
+			wrote <- fmt.Errorf("open for writing: %w", err)
+			return
+		}
+		defer unix.Close(fd)
+		for _, off := range []int64{0, 4096, 0} {
+			_, err := unix.Pwrite(fd, []byte("x"), off)
+			wrote <- err
+			if _, ok := <-step; !ok {
+				return
+			}
+		}
+	})
+	defer close(step)
+	next := func(what string) error {
+		select {
+		case err := <-wrote:
+			return err
+		case <-time.After(5 * time.Second):
+			return fmt.Errorf("%s did not finish", what)
+		}
 	}
-	defer w.Close()
-	if _, err := w.WriteAt([]byte("x"), 0); err != nil {
+	if err := next("the first write"); err != nil {
 		return fmt.Errorf("write: %w", err)
 	}
 	if r.writes.Load() != 0 {
 		return errors.New("the kernel did not give the writable open passthrough")
 	}
 	chmodDone := make(chan error, 1)
-	go func() { chmodDone <- os.Chmod(filepath.Join(mnt, "f"), 0o600) }()
+	ownThread(func(err error) {
+		if err == nil {
+			err = unix.Chmod(f, 0o600)
+		}
+		chmodDone <- err
+	})
 	select {
 	case <-r.arrived:
 	case err := <-chmodDone:
@@ -210,24 +267,33 @@ func checkPTBarrier(work string) (err error) {
 	case <-time.After(5 * time.Second):
 		return errors.New("chmod never reached the daemon")
 	}
-	wrote := make(chan error, 1)
-	go func() { _, err := w.WriteAt([]byte("y"), 4096); wrote <- err }()
+	step <- struct{}{}
 	select {
 	case <-wrote:
 		return errors.New("a passthrough write went through while a chmod of the file was held")
 	case <-time.After(50 * time.Millisecond):
 	}
 	release()
-	select {
-	case err := <-wrote:
-		if err != nil {
-			return fmt.Errorf("write after the barrier: %w", err)
-		}
-	case <-time.After(5 * time.Second):
-		return errors.New("the write did not finish after the barrier")
+	if err := next("the write after the barrier"); err != nil {
+		return fmt.Errorf("write after the barrier: %w", err)
 	}
 	if err := <-chmodDone; err != nil {
 		return fmt.Errorf("chmod: %w", err)
+	}
+	// The revoke: the writer's next write must fail.
+	if err := onOwnMount(func() error {
+		fd, err := unix.Open(f, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		return revokeFile(fd, 0o600)
+	}); err != nil {
+		return fmt.Errorf("revoke: %w", err)
+	}
+	step <- struct{}{}
+	if err := next("the write after the revoke"); err != unix.EIO {
+		return fmt.Errorf("a passthrough write after the revoke gave %v, not EIO", err)
 	}
 	return nil
 }

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -84,8 +86,10 @@ const ptBarrierWait = 30 * time.Second
 // open keeps the backing file, and another open's mmap writes to it.
 type ptWriters struct {
 	mu sync.Mutex
-	// freezing counts freezes under way: no node joins while one is.
+	// freezing counts freezes under way: no node joins while one is;
+	// sealed: none ever again (Seal).
 	freezing int
+	sealed   bool
 	nodes    map[*node]*ptwRec
 }
 
@@ -99,6 +103,8 @@ type ptwRec struct {
 	mtime  unix.Timespec
 	ctime  unix.Timespec
 	recent bool // noted within ptRecent of ctime: trust no equality next time
+	// revoked: the kernel fails its reads and writes (revokePTWrites).
+	revoked bool
 }
 
 // grantWrite reports whether writable handle h of n, whose upper file has
@@ -122,7 +128,7 @@ func (ov *overlay) grantWrite(n *node, h *upperFile, st *ustat) bool {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.freezing > 0 || ov.views.active() {
+	if p.freezing > 0 || p.sealed || ov.views.active() {
 		return false
 	}
 	fd, err := unix.FcntlInt(uintptr(h.fd), unix.F_DUPFD_CLOEXEC, 0)
@@ -200,7 +206,7 @@ func (ov *overlay) settlePTWrites(bs []*barrier) {
 	var wait time.Duration
 	for _, b := range bs {
 		r := p.nodes[b.n]
-		if r != nil && r.recent && b.fd >= 0 {
+		if r != nil && r.recent && b.found {
 			wait = max(wait, time.Until(time.Unix(r.ctime.Unix()).Add(ptRecent)))
 		}
 	}
@@ -215,7 +221,7 @@ func (ov *overlay) settlePTWrites(bs []*barrier) {
 	now := time.Now()
 	for _, b := range bs {
 		r := p.nodes[b.n]
-		if r == nil || !r.recent || b.fd < 0 {
+		if r == nil || !r.recent || !b.found {
 			continue
 		}
 		st, err := statFd(r.fd)
@@ -257,19 +263,29 @@ func (ov *overlay) notePTWrites() {
 	}
 }
 
-// barrier stops the passthrough writes of one node for a freeze: the
-// overlay holds a SETATTR of it that changes nothing (holdBarrier).
+// barrier stops the passthrough writes of one node for a freeze: a thread
+// of its own (ownThread: a kill of the daemon must not strand it) opens
+// the file through the mount and changes its mode to the mode it has; the
+// overlay holds that SETATTR (holdBarrier) until the freeze releases it.
 type barrier struct {
 	n       *node
 	mode    uint32
-	fd      int // the node opened through the mount; -1 once closed
 	upperFd int // a duplicate of a handle's upper descriptor, for the copy
 	uino    uint64
+	// found: the thread opened the file through the mount (and holds it
+	// open until its chmod returns), or the file's writes are revoked
+	// (revoked: no thread, nothing to hold); why: why not. Set before
+	// opened is closed.
+	found   bool
+	revoked bool
+	why     string
+	opened  chan struct{}
+	issue   chan bool // true: issue the chmod; false: close the file and end
 	arrived chan struct{}
 	release chan struct{}
 	once    sync.Once
 	started bool       // the chmod was issued
-	done    chan error // its result
+	done    chan error // its result, once the thread closed the file
 }
 
 // holdBarrier is called first by Setattr: a SETATTR that only sets n's
@@ -299,9 +315,35 @@ func (ov *overlay) holdBarrier(n *node, in *fuse.SetAttrIn) bool {
 // duplicate of its writable backing descriptor, and the processes that
 // opened it for writing.
 type ptTarget struct {
-	n    *node
-	fd   int
-	pids []uint32
+	n       *node
+	fd      int
+	pids    []uint32
+	revoked bool
+}
+
+// ptTargets lists the files with writable passthrough handles, with
+// duplicates of their descriptors for the caller to close, and counts a
+// freeze under way (no new ones are granted until resumePTWrites, which
+// the caller must call however this returns); seal: none ever again.
+func (ov *overlay) ptTargets(seal bool) ([]ptTarget, error) {
+	p := &ov.ptw
+	var ts []ptTarget
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.freezing++
+	p.sealed = p.sealed || seal
+	for n, r := range p.nodes {
+		// A duplicate: the node may leave meanwhile.
+		fd, err := unix.FcntlInt(uintptr(r.fd), unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			for _, t := range ts {
+				unix.Close(t.fd)
+			}
+			return nil, fmt.Errorf("stop passthrough writes: %w", err)
+		}
+		ts = append(ts, ptTarget{n: n, fd: fd, pids: slices.Clone(r.pids), revoked: r.revoked})
+	}
+	return ts, nil
 }
 
 // stopPTWrites stops the writes of every file with writable passthrough
@@ -311,23 +353,10 @@ type ptTarget struct {
 // more is in no view and is skipped.
 func (m *Mounted) stopPTWrites(ctx context.Context) ([]*barrier, error) {
 	ov := m.ov
-	p := &ov.ptw
-	var ts []ptTarget
-	p.mu.Lock()
-	p.freezing++
-	for n, r := range p.nodes {
-		// A duplicate: the node may leave meanwhile.
-		fd, err := unix.FcntlInt(uintptr(r.fd), unix.F_DUPFD_CLOEXEC, 0)
-		if err != nil {
-			p.mu.Unlock()
-			for _, t := range ts {
-				unix.Close(t.fd)
-			}
-			return nil, fmt.Errorf("stop passthrough writes: %w", err)
-		}
-		ts = append(ts, ptTarget{n: n, fd: fd, pids: slices.Clone(r.pids)})
+	ts, err := ov.ptTargets(false)
+	if err != nil {
+		return nil, err
 	}
-	p.mu.Unlock()
 	defer func() {
 		for _, t := range ts {
 			unix.Close(t.fd)
@@ -335,10 +364,6 @@ func (m *Mounted) stopPTWrites(ctx context.Context) ([]*barrier, error) {
 	}()
 	if len(ts) == 0 {
 		return nil, nil
-	}
-	root, rootErr := m.openRoot()
-	if root >= 0 {
-		defer unix.Close(root)
 	}
 	// A held barrier keeps its file's inode lock. A rename of one written
 	// file over another takes both files' locks: started while one
@@ -352,7 +377,7 @@ func (m *Mounted) stopPTWrites(ctx context.Context) ([]*barrier, error) {
 	deadline := time.Now().Add(ptBarrierWait)
 	var pending map[*node]*barrier
 	for {
-		bs, next, err := m.stopPTWritesOnce(ctx, root, rootErr, ts, pending, min(ptBarrierRound, time.Until(deadline)))
+		bs, next, err := m.stopPTWritesOnce(ctx, ts, pending, min(ptBarrierRound, time.Until(deadline)))
 		if err != errBarrierRound {
 			return bs, err
 		}
@@ -380,26 +405,54 @@ var errBarrierRound = errors.New("passthrough barriers not held within a round")
 // chmod not arrived): the barriers when all are held. When the time runs
 // out it releases the barriers it holds and returns errBarrierRound and
 // those still waiting for their chmod; on any other error it releases all.
-func (m *Mounted) stopPTWritesOnce(ctx context.Context, root int, rootErr error, ts []ptTarget, pending map[*node]*barrier, wait time.Duration) ([]*barrier, map[*node]*barrier, error) {
+func (m *Mounted) stopPTWritesOnce(ctx context.Context, ts []ptTarget, pending map[*node]*barrier, wait time.Duration) ([]*barrier, map[*node]*barrier, error) {
 	ov := m.ov
 	var bs []*barrier
 	fail := func(err error) ([]*barrier, map[*node]*barrier, error) {
 		releaseBarriers(ov, bs)
 		return nil, nil, fmt.Errorf("stop passthrough writes: %w", err)
 	}
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	// Time is up: the barriers held go, those whose chmod is on its way
+	// stay for the next round.
+	roundOver := func() ([]*barrier, map[*node]*barrier, error) {
+		var held []*barrier
+		next := map[*node]*barrier{}
+		for _, b := range bs {
+			select {
+			case <-b.arrived:
+				held = append(held, b)
+			default:
+				if b.started {
+					next[b.n] = b
+				} else {
+					held = append(held, b)
+				}
+			}
+		}
+		releaseBarriers(ov, held)
+		return nil, next, errBarrierRound
+	}
 	// Open every file first, before any is stopped: a lookup needs its
-	// parents, which a rename blocked behind a barrier would hold.
+	// parents, which a rename blocked behind a barrier would hold. Each
+	// barrier's thread opens its own, all at once.
 	for _, t := range ts {
 		if b := pending[t.n]; b != nil {
 			bs = append(bs, b)
 			continue
 		}
-		// Each barrier closes its own duplicate when done with it.
+		// Each barrier closes its own duplicate when released.
 		fd, err := unix.FcntlInt(uintptr(t.fd), unix.F_DUPFD_CLOEXEC, 0)
 		if err != nil {
 			return fail(err)
 		}
-		b, err := m.openBarrier(root, rootErr, t.n, fd, t.pids)
+		var b *barrier
+		if t.revoked {
+			b, err = m.revokedBarrier(t.n, fd)
+		} else {
+			b, err = m.newBarrier(t.n, fd, t.pids, false)
+		}
 		if b == nil {
 			unix.Close(fd)
 		} else {
@@ -409,18 +462,40 @@ func (m *Mounted) stopPTWritesOnce(ctx context.Context, root int, rootErr error,
 			return fail(err)
 		}
 	}
+	all := bs
+	bs = nil
+	for i, b := range all {
+		if !b.started {
+			select {
+			case <-b.opened:
+			case <-timer.C:
+				bs = append(bs, all[i:]...)
+				return roundOver()
+			case <-ctx.Done():
+				bs = append(bs, all[i:]...)
+				return fail(ctx.Err())
+			}
+			if !b.found && !ov.ptw.open(b.n) {
+				// Released meanwhile: nothing writes it any more.
+				releaseBarriers(ov, []*barrier{b})
+				continue
+			}
+			if !b.found {
+				ov.log.Warn("freeze: cannot stop the writes of a file written through passthrough; copying it as it is being written", "upper_ino", b.uino, "why", b.why)
+			}
+		}
+		bs = append(bs, b)
+	}
 	for _, b := range bs {
-		if b.fd < 0 || b.started {
+		if !b.found || b.revoked || b.started {
 			continue
 		}
 		ov.barriers.Store(b.n, b)
 		b.started = true
-		go func(b *barrier) { b.done <- unix.Fchmod(b.fd, b.mode) }(b)
+		b.issue <- true
 	}
-	timer := time.NewTimer(wait)
-	defer timer.Stop()
 	for _, b := range bs {
-		if b.fd < 0 {
+		if !b.found || b.revoked {
 			continue
 		}
 		select {
@@ -433,22 +508,7 @@ func (m *Mounted) stopPTWritesOnce(ctx context.Context, root int, rootErr error,
 			}
 			return fail(fmt.Errorf("upper inode %d: %w", b.uino, err))
 		case <-timer.C:
-			var held []*barrier
-			next := map[*node]*barrier{}
-			for _, b := range bs {
-				select {
-				case <-b.arrived:
-					held = append(held, b)
-				default:
-					if b.started {
-						next[b.n] = b
-					} else {
-						held = append(held, b)
-					}
-				}
-			}
-			releaseBarriers(ov, held)
-			return nil, next, errBarrierRound
+			return roundOver()
 		case <-ctx.Done():
 			return fail(ctx.Err())
 		}
@@ -456,10 +516,120 @@ func (m *Mounted) stopPTWritesOnce(ctx context.Context, root int, rootErr error,
 	return bs, nil, nil
 }
 
+// newBarrier makes node n's barrier, taking over upperFd, and starts its
+// thread, which opens n through the mount; nil if n is in no directory any
+// more. revoke: the thread revokes n's passthrough writes instead of
+// waiting to be issued a chmod (revokePTWrites), and closes opened when it
+// is done.
+func (m *Mounted) newBarrier(n *node, upperFd int, pids []uint32, revoke bool) (*barrier, error) {
+	ust, err := statFd(upperFd)
+	if err != nil {
+		return nil, err
+	}
+	if ust.nlink == 0 {
+		return nil, nil // unlinked: in no view
+	}
+	b := &barrier{
+		n: n, mode: ust.mode & 07777, upperFd: upperFd, uino: ust.ino,
+		opened: make(chan struct{}), issue: make(chan bool, 1),
+		arrived: make(chan struct{}), release: make(chan struct{}), done: make(chan error, 1),
+	}
+	ownThread(func(err error) {
+		if err != nil {
+			b.why = err.Error()
+			close(b.opened)
+			return
+		}
+		fd := m.openThroughMount(n, pids, &b.why)
+		if fd < 0 {
+			close(b.opened)
+			return
+		}
+		if revoke {
+			if err := revokeFile(fd, b.mode); err != nil {
+				b.why = err.Error()
+			} else {
+				b.found = true
+			}
+			unix.Close(fd)
+			close(b.opened)
+			return
+		}
+		b.found = true
+		close(b.opened)
+		if !<-b.issue {
+			unix.Close(fd)
+			return
+		}
+		err = unix.Fchmod(fd, b.mode)
+		unix.Close(fd)
+		b.done <- err
+	})
+	return b, nil
+}
+
+// revokedBarrier is the barrier of node n, whose writes were revoked: it
+// takes over upperFd for the copy and holds nothing.
+func (m *Mounted) revokedBarrier(n *node, upperFd int) (*barrier, error) {
+	ust, err := statFd(upperFd)
+	if err != nil {
+		return nil, err
+	}
+	if ust.nlink == 0 {
+		return nil, nil
+	}
+	b := &barrier{
+		n: n, mode: ust.mode & 07777, upperFd: upperFd, uino: ust.ino, found: true, revoked: true,
+		opened: make(chan struct{}), issue: make(chan bool, 1),
+		arrived: make(chan struct{}), release: make(chan struct{}), done: make(chan error, 1),
+	}
+	close(b.opened)
+	return b, nil
+}
+
+// openThroughMount opens node n through the mount, on a thread of its own
+// (ownThread): -1 if it cannot, with why set. The path from the mount's
+// root comes first, looked up again if a rename moved it meanwhile;
+// failing that, a descriptor of one of the processes that opened it for
+// writing (pids), which works with the mountpoint unreachable too.
+func (m *Mounted) openThroughMount(n *node, pids []uint32, why *string) int {
+	same := func(fd int) bool {
+		var st unix.Stat_t
+		return unix.Fstat(fd, &st) == nil && st.Dev == m.dev && st.Ino == n.ino
+	}
+	*why = "not found under the mount nor among its writers' open files"
+	root, err := m.openRoot()
+	if err != nil {
+		*why = err.Error()
+	} else {
+		defer unix.Close(root)
+		for try := 0; try < 10; try++ {
+			rel, ok := n.rel()
+			if !ok || rel == "" {
+				break
+			}
+			fd, err := unix.Openat(root, rel, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+			if err == nil && same(fd) {
+				return fd
+			}
+			if err == nil {
+				unix.Close(fd) // another file has the name now
+			}
+			time.Sleep(time.Duration(try) * time.Millisecond)
+		}
+	}
+	for _, pid := range pids {
+		if fd := m.openFromProcess(pid, n.ino); fd >= 0 {
+			return fd
+		}
+	}
+	return -1
+}
+
 // openRoot opens the mount's root through its mountpoint, checking that
 // the path still leads to this mount. It is opened for each freeze and
 // closed after: a descriptor kept would keep a mount detached from outside
-// alive.
+// alive. Only on a thread of its own (ownThread).
 func (m *Mounted) openRoot() (int, error) {
 	fd, err := unix.Open(m.mountpoint, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -473,65 +643,9 @@ func (m *Mounted) openRoot() (int, error) {
 	return fd, nil
 }
 
-// openBarrier opens node n through the mount and makes its barrier, taking
-// over upperFd; nil if n is in no directory any more, or its writers all
-// closed it. The path from the mount's root (root, if open) comes first,
-// looked up again if a rename moved it meanwhile; failing that, a
-// descriptor of one of the processes that opened it for writing (pids),
-// which works with the mountpoint unreachable too. A file found neither
-// way while still open for writing gets a barrier that stops nothing
-// (fd -1): it is copied while it may be written, and the log says so.
-func (m *Mounted) openBarrier(root int, rootErr error, n *node, upperFd int, pids []uint32) (*barrier, error) {
-	ust, err := statFd(upperFd)
-	if err != nil {
-		return nil, err
-	}
-	if ust.nlink == 0 {
-		return nil, nil // unlinked: in no view
-	}
-	b := &barrier{
-		n: n, mode: ust.mode & 07777, fd: -1, upperFd: upperFd, uino: ust.ino,
-		arrived: make(chan struct{}), release: make(chan struct{}), done: make(chan error, 1),
-	}
-	same := func(fd int) bool {
-		var st unix.Stat_t
-		return unix.Fstat(fd, &st) == nil && st.Dev == m.dev && st.Ino == n.ino
-	}
-	var rel string
-	for try := 0; root >= 0 && try < 10; try++ {
-		var ok bool
-		if rel, ok = n.rel(); !ok || rel == "" {
-			break
-		}
-		fd, err := unix.Openat(root, rel, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
-		if err == nil && same(fd) {
-			b.fd = fd
-			return b, nil
-		}
-		if err == nil {
-			unix.Close(fd) // another file has the name now
-		}
-		time.Sleep(time.Duration(try) * time.Millisecond)
-	}
-	for _, pid := range pids {
-		if fd := m.openFromProcess(pid, n.ino); fd >= 0 {
-			b.fd = fd
-			return b, nil
-		}
-	}
-	if !m.ov.ptw.open(n) {
-		return nil, nil // released meanwhile: nothing writes it any more
-	}
-	why := "not found under the mount nor among its writers' open files"
-	if rootErr != nil {
-		why = rootErr.Error()
-	}
-	m.ov.log.Warn("freeze: cannot stop the writes of a file written through passthrough; copying it as it is being written", "path", rel, "upper_ino", ust.ino, "why", why)
-	return b, nil
-}
-
 // openFromProcess opens the file of this mount with inode number ino that
-// process (or thread) pid has open, through /proc; -1 if it has none.
+// process (or thread) pid has open, through /proc; -1 if it has none. Only
+// on a thread of its own (ownThread).
 func (m *Mounted) openFromProcess(pid uint32, ino uint64) int {
 	dir := "/proc/" + strconv.FormatUint(uint64(pid), 10) + "/fd"
 	ents, err := os.ReadDir(dir)
@@ -556,16 +670,14 @@ func (m *Mounted) openFromProcess(pid uint32, ino uint64) int {
 	return -1
 }
 
-// releaseBarriers lets the writes stopped by bs go on. What each opened is
-// closed once its chmod returns, which for a chmod still waiting in the
-// kernel (a barrier that never arrived) is when the write ahead of it ends.
+// releaseBarriers lets the writes stopped by bs go on. A chmod still
+// waiting in the kernel (a barrier that never arrived) returns when the
+// write ahead of it ends; its thread then closes what it opened.
 func releaseBarriers(ov *overlay, bs []*barrier) {
 	for _, b := range bs {
 		close(b.release)
 		if !b.started {
-			if b.fd >= 0 {
-				unix.Close(b.fd)
-			}
+			b.issue <- false
 			unix.Close(b.upperFd)
 			continue
 		}
@@ -574,9 +686,134 @@ func releaseBarriers(ov *overlay, bs []*barrier) {
 				ov.log.Warn("freeze: passthrough barrier", "ino", b.n.ino, "err", err)
 			}
 			ov.barriers.CompareAndDelete(b.n, b)
-			unix.Close(b.fd)
 			unix.Close(b.upperFd)
 		}(b)
+	}
+}
+
+// revokePTWrites revokes, for good, the passthrough writes of every file
+// with writable passthrough handles (Seal): from its return on, their
+// reads and writes fail with EIO and no write of them is under way, and
+// no file is given writable passthrough again. It returns their barriers
+// (never held: the files can no longer be written) for the caller to copy
+// and release; found is false for a file whose writes could not be
+// revoked (the log says why). The caller must call resumePTWrites however
+// this returns.
+func (m *Mounted) revokePTWrites(ctx context.Context) ([]*barrier, error) {
+	ov := m.ov
+	ts, err := ov.ptTargets(true)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		for _, t := range ts {
+			unix.Close(t.fd)
+		}
+	}()
+	var bs []*barrier
+	for _, t := range ts {
+		fd, err := unix.FcntlInt(uintptr(t.fd), unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			releaseBarriers(ov, bs)
+			return nil, fmt.Errorf("revoke passthrough writes: %w", err)
+		}
+		b, err := m.newBarrier(t.n, fd, t.pids, true)
+		if b == nil {
+			unix.Close(fd)
+			if err == nil {
+				ov.ptw.markRevoked(t.n) // in no directory: nothing to refuse
+			}
+		} else {
+			bs = append(bs, b)
+		}
+		if err != nil {
+			releaseBarriers(ov, bs)
+			return nil, fmt.Errorf("revoke passthrough writes: %w", err)
+		}
+	}
+	timer := time.NewTimer(ptBarrierWait)
+	defer timer.Stop()
+	for _, b := range bs {
+		select {
+		case <-b.opened:
+		case <-timer.C:
+			releaseBarriers(ov, bs)
+			return nil, fmt.Errorf("revoke passthrough writes: writes did not stop within %v", ptBarrierWait)
+		case <-ctx.Done():
+			releaseBarriers(ov, bs)
+			return nil, fmt.Errorf("revoke passthrough writes: %w", ctx.Err())
+		}
+		if b.found {
+			ov.ptw.markRevoked(b.n)
+		} else if ov.ptw.open(b.n) {
+			ov.log.Warn("seal: cannot refuse the writes of a file written through passthrough; what it writes from now on is not in the final snapshot (the stop sees it and keeps it locally)", "upper_ino", b.uino, "why", b.why)
+		}
+	}
+	return bs, nil
+}
+
+// revokers are the threads revoking a file's passthrough writes (revoke),
+// by thread id; revoking counts them, so that GETATTR pays one atomic
+// load when none is.
+var (
+	revokers sync.Map // uint32 -> struct{}
+	revoking atomic.Int32
+)
+
+// revokedAttr makes a revoking thread's GETATTR answer a status of no file
+// type (see revoke); out is the answer to caller's request.
+func revokedAttr(caller uint32, out *fuse.AttrOut) {
+	if revoking.Load() == 0 {
+		return
+	}
+	if _, ok := revokers.Load(caller); ok {
+		out.Mode &^= syscall.S_IFMT
+	}
+}
+
+// revokeFile makes the kernel fail every later read and write of the FUSE
+// file open at fd (on this thread: ownThread), of every open file of it,
+// and waits for the writes under way to end; nil if it could.
+//
+// The kernel marks an inode bad when a GETATTR of it answers a status of
+// no (or another) file type, and from then on fails every read and write
+// of every open file of it with EIO, passthrough ones included: the check
+// comes before the write. A chmod of a bad inode still takes the inode's
+// lock, which a passthrough write holds while it writes, and then fails
+// without a request: once it returns, the writes that passed the check
+// before are done. (A write preempted between the check and its taking of
+// the lock can still land after: it changes the file's ctime, which
+// Generation compares, so the stop sees it and keeps the upper layer. A
+// file system with multigrain timestamps (ext4, xfs, btrfs, tmpfs from
+// kernel 6.13) gives a change after a stat a later ctime even within the
+// clock's tick; elsewhere such a write in the same tick as the seal's
+// note would go unseen.) The kernel behaviour is verified once per
+// process (ptcheck.go).
+func revokeFile(fd int, mode uint32) error {
+	tid := uint32(unix.Gettid())
+	revokers.Store(tid, struct{}{})
+	revoking.Add(1)
+	var stx unix.Statx_t
+	err := unix.Statx(fd, "", unix.AT_EMPTY_PATH|unix.AT_STATX_FORCE_SYNC, unix.STATX_TYPE|unix.STATX_MODE, &stx)
+	revoking.Add(-1)
+	revokers.Delete(tid)
+	if err != unix.EIO {
+		return fmt.Errorf("the kernel took the revoking status (%v) without failing the file", err)
+	}
+	var b [1]byte
+	if _, err := unix.Pread(fd, b[:], 0); err != unix.EIO {
+		return fmt.Errorf("a read after the revoke gave %v, not EIO", err)
+	}
+	unix.Fchmod(fd, mode) // EIO, once the writes under way are done
+	return nil
+}
+
+// markRevoked notes that n's passthrough writes are revoked.
+func (p *ptWriters) markRevoked(n *node) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if r := p.nodes[n]; r != nil {
+		r.revoked = true
 	}
 }
 

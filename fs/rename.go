@@ -93,7 +93,9 @@ func (n *node) rename(ctx context.Context, name string, newParent fusefs.InodeEm
 		return syscall.EBUSY
 	}
 
-	ov.gate.enter()
+	if !ov.gate.enter() {
+		return errSealed
+	}
 	defer ov.gate.leave()
 
 	se, err := ov.resolve(n, sfd, name)

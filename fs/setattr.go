@@ -76,7 +76,9 @@ func (n *node) setattrUpper(ctx context.Context, f fusefs.FileHandle, in *fuse.S
 		hasSize = false
 	}
 
-	ov.gate.enter()
+	if !ov.gate.enter() {
+		return errSealed
+	}
 	defer ov.gate.leave()
 	if err := ov.keepEntry(dfd, name); err != nil {
 		return errnoOf(err)
@@ -147,7 +149,9 @@ func (n *node) setattrFd(uf *upperFile, in *fuse.SetAttrIn, hasSize bool, size i
 			return errno
 		}
 	}
-	ov.gate.enter()
+	if !ov.gate.enter() {
+		return errSealed
+	}
 	defer ov.gate.leave()
 	if err := ov.keepFd(uf.uino, uf.fd); err != nil {
 		return errnoOf(err)

@@ -66,6 +66,7 @@
 # run holds), HERMESFS_BIN (default bin/hermesfs).
 set -eu
 cd "$(dirname "$0")/.."
+. scripts/bench-s3link.sh
 root=$(pwd)
 BENCH_DIR=${BENCH_DIR:-/var/tmp/hermesfs-bench}
 COST_SIZES=${COST_SIZES:-500M 1G}
@@ -134,44 +135,11 @@ ratio() { python3 -c "print('%.2f' % ($1 / $2) if $2 else '-')"; }
 goal() { python3 -c "v, g, l = '$1', $2, ${3:-$2}
 print('-' if v in ('', '-') else 'ok' if float(v) <= g else 'limit' if float(v) <= l else 'MISS')"; }
 
-go build -o "$work/shapedproxy" ./uploader/faultproxy/cmd/shapedproxy
 go build -o "$work/genhome" ./scripts/genhome
 go build -o "$work/retentioncost" ./uploader/internal/retentioncost
 
 # versitygw on a free loopback port, one bucket; the shaped link in front.
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-export AWS_ACCESS_KEY_ID=bench AWS_SECRET_ACCESS_KEY=bench-secret AWS_REGION=us-east-1
-"$vgw" --access "$AWS_ACCESS_KEY_ID" --secret "$AWS_SECRET_ACCESS_KEY" --port "127.0.0.1:$port" posix "$work/s3" >"$work/versitygw.log" 2>&1 &
-pids="$pids $!"
-ep=http://127.0.0.1:$port
-s3curl() { curl -sS --fail --aws-sigv4 "aws:amz:us-east-1:s3" --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" -H "x-amz-content-sha256: UNSIGNED-PAYLOAD" "$@"; }
-i=0
-until s3curl -X PUT "$ep/bench" >/dev/null 2>&1; do
-	i=$((i + 1))
-	[ $i -lt 100 ] || { echo "bench-cost: versitygw did not start" >&2; cat "$work/versitygw.log" >&2; exit 1; }
-	sleep 0.1
-done
-"$work/shapedproxy" -target "$ep" -latency "$LINK_LATENCY" -rate "$LINK_RATE" >"$work/proxy.out" 2>"$work/proxy.log" &
-pids="$pids $!"
-i=0
-until grep -qs '^proxy ' "$work/proxy.out"; do
-	i=$((i + 1))
-	[ $i -lt 600 ] || { echo "bench-cost: shapedproxy did not start" >&2; cat "$work/proxy.log" >&2; exit 1; }
-	sleep 0.05
-done
-pep=$(awk '/^proxy / {print $2}' "$work/proxy.out")
-ctl=$(awk '/^proxy / {print $4}' "$work/proxy.out")
-reset_counts() { curl -sS -X POST "$ctl/reset" >/dev/null; }
-# counts: "BYTES_UP REQUESTS" since the last reset.
-counts() {
-	curl -sS "$ctl/stats" | python3 -c 'import json,sys
-s = json.load(sys.stdin); print(s.get("bytes_up", 0), sum((s.get("ops") or {}).values()))'
-}
-# stored PREFIX: bytes and objects under the bucket's PREFIX (the object
-# files of versitygw's posix backend; its temporary upload files excluded).
-stored() {
-	find "$work/s3/bench/$1" -type f -not -path '*/.sgwtmp/*' -printf '%s\n' 2>/dev/null | awk '{s += $1; n++} END {printf "%.0f %d\n", s, n}'
-}
+s3link_start bench-cost
 # published LOG: one line per "snapshot published" log line of a daemon:
 # reason pack_s upload_s freeze_stall_ms bytes_uploaded segment_bytes
 # rewritten_bytes extents segments size id.

@@ -18,6 +18,7 @@
 # /var/tmp/hermesfs-bench), HERMESFS_BIN (default bin/hermesfs).
 set -eu
 cd "$(dirname "$0")/.."
+. scripts/bench-s3link.sh
 root=$(pwd)
 BENCH_SIZE=${BENCH_SIZE:-1G}
 BENCH_DIR=${BENCH_DIR:-/var/tmp/hermesfs-bench}
@@ -35,7 +36,7 @@ cleanup() {
 	for m in "$work/mnt-a" "$work/mnt-b" "$work/mnt-c" "$work/mnt-d"; do
 		mountpoint -q "$m" 2>/dev/null && umount -l "$m"
 	done
-	[ -n "${vpid:-}" ] && kill "$vpid" 2>/dev/null && wait "$vpid" 2>/dev/null
+	for p in ${pids:-}; do kill "$p" 2>/dev/null && wait "$p" 2>/dev/null; done
 	# Keep the daemons' logs for a look at the figures of each snapshot.
 	mkdir -p "$BENCH_DIR/e2e-logs" && cp "$work"/*.log "$BENCH_DIR/e2e-logs/" 2>/dev/null
 	rm -rf "$work"
@@ -45,18 +46,8 @@ rm -rf "$work"
 mkdir -p "$work/s3" "$work/mnt-b"
 
 # versitygw on a free loopback port, one bucket.
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null || echo 17070)
-export AWS_ACCESS_KEY_ID=bench AWS_SECRET_ACCESS_KEY=bench-secret AWS_REGION=us-east-1
-"$vgw" --access "$AWS_ACCESS_KEY_ID" --secret "$AWS_SECRET_ACCESS_KEY" --port "127.0.0.1:$port" posix "$work/s3" >"$work/versitygw.log" 2>&1 &
-vpid=$!
-ep=http://127.0.0.1:$port
-s3curl() { curl -sS --fail --aws-sigv4 "aws:amz:us-east-1:s3" --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" -H "x-amz-content-sha256: UNSIGNED-PAYLOAD" "$@"; }
-i=0
-until s3curl -X PUT "$ep/bench" >/dev/null 2>&1; do
-	i=$((i + 1))
-	[ $i -lt 100 ] || { echo "bench-e2e: versitygw did not start" >&2; cat "$work/versitygw.log" >&2; exit 1; }
-	sleep 0.1
-done
+pids=""
+s3_start bench-e2e
 export HERMESFS_STORE="s3://bench/home?endpoint=$ep&region=us-east-1&path_style=true"
 export HERMESFS_LOG_LEVEL=info
 

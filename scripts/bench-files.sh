@@ -50,6 +50,7 @@
 # 120k, several minutes and about 4 GB at 1M).
 set -eu
 cd "$(dirname "$0")/.."
+. scripts/bench-s3link.sh
 root=$(pwd)
 BENCH_DIR=${BENCH_DIR:-/var/tmp/hermesfs-bench}
 FILES_SIZE=${FILES_SIZE:-300M}
@@ -114,43 +115,10 @@ hwm() { awk '/^VmHWM/ {printf "%.0f", $2/1024}' "/proc/$1/status"; }
 # verdict VALUE LIMIT: ok or MISS.
 verdict() { python3 -c "print('ok' if float('$1') <= $2 else 'MISS')"; }
 
-go build -o "$work/shapedproxy" ./uploader/faultproxy/cmd/shapedproxy
 go build -o "$work/genhome" ./scripts/genhome
 
 # versitygw on a free loopback port, one bucket; the shaped link in front.
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-export AWS_ACCESS_KEY_ID=bench AWS_SECRET_ACCESS_KEY=bench-secret AWS_REGION=us-east-1
-"$vgw" --access "$AWS_ACCESS_KEY_ID" --secret "$AWS_SECRET_ACCESS_KEY" --port "127.0.0.1:$port" posix "$work/s3" >"$work/versitygw.log" 2>&1 &
-pids="$pids $!"
-ep=http://127.0.0.1:$port
-s3curl() { curl -sS --fail --aws-sigv4 "aws:amz:us-east-1:s3" --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" -H "x-amz-content-sha256: UNSIGNED-PAYLOAD" "$@"; }
-i=0
-until s3curl -X PUT "$ep/bench" >/dev/null 2>&1; do
-	i=$((i + 1))
-	[ $i -lt 100 ] || { echo "bench-files: versitygw did not start" >&2; cat "$work/versitygw.log" >&2; exit 1; }
-	sleep 0.1
-done
-"$work/shapedproxy" -target "$ep" -latency "$LINK_LATENCY" -rate "$LINK_RATE" >"$work/proxy.out" 2>"$work/proxy.log" &
-pids="$pids $!"
-i=0
-until grep -qs '^proxy ' "$work/proxy.out"; do
-	i=$((i + 1))
-	[ $i -lt 600 ] || { echo "bench-files: shapedproxy did not start" >&2; cat "$work/proxy.log" >&2; exit 1; }
-	sleep 0.05
-done
-pep=$(awk '/^proxy / {print $2}' "$work/proxy.out")
-ctl=$(awk '/^proxy / {print $4}' "$work/proxy.out")
-reset_counts() { curl -sS -X POST "$ctl/reset" >/dev/null; }
-# counts: "BYTES_UP REQUESTS" since the last reset.
-counts() {
-	curl -sS "$ctl/stats" | python3 -c 'import json,sys
-s = json.load(sys.stdin); print(s.get("bytes_up", 0), sum((s.get("ops") or {}).values()))'
-}
-# stored PREFIX: bytes under the bucket's PREFIX (versitygw's object files,
-# its temporary upload files excluded).
-stored() {
-	find "$work/s3/bench/$1" -type f -not -path '*/.sgwtmp/*' -printf '%s\n' 2>/dev/null | awk '{s += $1} END {printf "%.0f\n", s}'
-}
+s3link_start bench-files
 # published LOG: "pack_s bytes_uploaded segment_bytes id" of every
 # "snapshot published" line of a daemon log.
 published() {
@@ -223,7 +191,7 @@ hermesfs_part() {
 			kind=churn
 			"$work/genhome" churn -dir "$d/mnt" -round $((k - TRIALS - 1))
 		fi
-		s0=$(stored "$name")
+		s0=$(stored "$name" | cut -d" " -f1)
 		n0=$(published "$d/daemon.log" | wc -l)
 		reset_counts
 		t0=$(now)
@@ -231,7 +199,7 @@ hermesfs_part() {
 		took=$(since "$t0")
 		set -- $(counts)
 		up=$1 req=$2
-		s1=$(stored "$name")
+		s1=$(stored "$name" | cut -d" " -f1)
 		pub=$(published "$d/daemon.log" | tail -n +"$((n0 + 1))" | tail -1)
 		[ -n "$pub" ] || { echo "bench-files: no snapshot published for $name $kind $k" >&2; exit 1; }
 		# kind up requests stored_delta snapshot_s pack_s bytes_uploaded segment_bytes load
@@ -306,13 +274,13 @@ restic_part() {
 			kind=churn
 			"$work/genhome" churn -dir "$d/copy" -round $((k - TRIALS - 1))
 		fi
-		s0=$(stored "restic-$name")
+		s0=$(stored "restic-$name" | cut -d" " -f1)
 		reset_counts
 		t0=$(now)
 		(cd "$d/copy" && restic backup --host bench --quiet .) >>"$d/restic.log" 2>&1
 		took=$(since "$t0")
 		set -- $(counts)
-		s1=$(stored "restic-$name")
+		s1=$(stored "restic-$name" | cut -d" " -f1)
 		# kind up requests stored_delta backup_s load
 		echo "$kind $1 $2 $((s1 - s0)) $took $(load1)" >>"$d/restic.txt"
 		k=$((k + 1))

@@ -45,6 +45,7 @@
 # /var/tmp/hermesfs-bench), HERMESFS_BIN (default bin/hermesfs).
 set -eu
 cd "$(dirname "$0")/.."
+. scripts/bench-s3link.sh
 root=$(pwd)
 SIZES=${SIZES:-1G 8G}
 LINK_RATE=${LINK_RATE:-50MB}
@@ -96,34 +97,8 @@ elapsed() { printf '%.3f' "$(echo "$2 - $1" | bc)"; }
 ratio() { printf '%.2f' "$(echo "scale=4; $1 / $2" | bc)"; }
 mib() { printf '%.1f' "$(echo "scale=2; $1 / 1048576" | bc)"; }
 
-# The proxy, built once.
-go build -o "$work/shapedproxy" ./uploader/faultproxy/cmd/shapedproxy
-
-# versitygw on a free loopback port, one bucket.
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-export AWS_ACCESS_KEY_ID=bench AWS_SECRET_ACCESS_KEY=bench-secret AWS_REGION=us-east-1
-"$vgw" --access "$AWS_ACCESS_KEY_ID" --secret "$AWS_SECRET_ACCESS_KEY" --port "127.0.0.1:$port" posix "$work/s3" >"$work/versitygw.log" 2>&1 &
-pids="$pids $!"
-ep=http://127.0.0.1:$port
-s3curl() { curl -sS --fail --aws-sigv4 "aws:amz:us-east-1:s3" --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" -H "x-amz-content-sha256: UNSIGNED-PAYLOAD" "$@"; }
-i=0
-until s3curl -X PUT "$ep/bench" >/dev/null 2>&1; do
-	i=$((i + 1))
-	[ $i -lt 100 ] || { echo "bench-lazy: versitygw did not start" >&2; cat "$work/versitygw.log" >&2; exit 1; }
-	sleep 0.1
-done
-
-# The shaped link in front of it.
-"$work/shapedproxy" -target "$ep" -latency "$LINK_LATENCY" -rate "$LINK_RATE" >"$work/proxy.out" 2>"$work/proxy.log" &
-pids="$pids $!"
-i=0
-until grep -qs '^proxy ' "$work/proxy.out"; do
-	i=$((i + 1))
-	[ $i -lt 600 ] || { echo "bench-lazy: shapedproxy did not start" >&2; cat "$work/proxy.log" >&2; exit 1; }
-	sleep 0.05
-done
-pep=$(awk '/^proxy / {print $2}' "$work/proxy.out")
-ctl=$(awk '/^proxy / {print $4}' "$work/proxy.out")
+# versitygw on a free loopback port, one bucket; the shaped link in front.
+s3link_start bench-lazy
 # data_gets prints "DATA_GETS ALL_GETS BYTES" counted since the last reset:
 # DATA_GETS are the GETs of image bytes (segments/*.seg, *.seg.age; whole
 # archives snapshots/*.sqfs of older snapshots), not of manifests, extents
@@ -134,7 +109,6 @@ s=json.load(sys.stdin); g=s.get("gets") or {}
 data=(".seg", ".seg.age", ".sqfs", ".sqfs.age")
 print(sum(v for k,v in g.items() if k.endswith(data)), sum(g.values()), s.get("bytes_down",0))'
 }
-reset_counts() { curl -sS -X POST "$ctl/reset" >/dev/null; }
 
 if "$bin" mount -h 2>&1 | grep -q -- '-lazy'; then
 	haslazy=1

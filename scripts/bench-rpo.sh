@@ -37,6 +37,7 @@
 # HERMESFS_BIN (default bin/hermesfs). PARTS ("rpo cost") picks the parts.
 set -eu
 cd "$(dirname "$0")/.."
+. scripts/bench-s3link.sh
 root=$(pwd)
 BENCH_SIZE=${BENCH_SIZE:-1G}
 BENCH_DIR=${BENCH_DIR:-/var/tmp/hermesfs-bench}
@@ -157,29 +158,7 @@ with open(acks, "a") as f:
 EOF
 
 # versitygw on a free loopback port, one bucket; the shaped link in front.
-go build -o "$work/shapedproxy" ./uploader/faultproxy/cmd/shapedproxy
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-export AWS_ACCESS_KEY_ID=bench AWS_SECRET_ACCESS_KEY=bench-secret AWS_REGION=us-east-1
-"$vgw" --access "$AWS_ACCESS_KEY_ID" --secret "$AWS_SECRET_ACCESS_KEY" --port "127.0.0.1:$port" posix "$work/s3" >"$work/versitygw.log" 2>&1 &
-pids="$pids $!"
-ep=http://127.0.0.1:$port
-i=0
-until curl -sS --fail --aws-sigv4 "aws:amz:us-east-1:s3" --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" \
-	-H "x-amz-content-sha256: UNSIGNED-PAYLOAD" -X PUT "$ep/bench" >/dev/null 2>&1; do
-	i=$((i + 1))
-	[ $i -lt 100 ] || { echo "bench-rpo: versitygw did not start" >&2; cat "$work/versitygw.log" >&2; exit 1; }
-	sleep 0.1
-done
-"$work/shapedproxy" -target "$ep" -latency "$LINK_LATENCY" -rate "$LINK_RATE" >"$work/proxy.out" 2>"$work/proxy.log" &
-pids="$pids $!"
-i=0
-until grep -qs '^proxy ' "$work/proxy.out"; do
-	i=$((i + 1))
-	[ $i -lt 600 ] || { echo "bench-rpo: shapedproxy did not start" >&2; cat "$work/proxy.log" >&2; exit 1; }
-	sleep 0.05
-done
-pep=$(awk '/^proxy / {print $2}' "$work/proxy.out")
-ctl=$(awk '/^proxy / {print $4}' "$work/proxy.out")
+s3link_start bench-rpo
 export HERMESFS_LOG_LEVEL=info
 
 home=$(scripts/genhome/cached.sh "$BENCH_SIZE" 1 ${BENCH_ENTRIES:-})

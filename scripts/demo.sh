@@ -6,6 +6,7 @@
 set -eu
 bin=$1
 dir=$2
+case $bin in /*) ;; *) bin=$PWD/$bin ;; esac
 case $dir in /*) ;; *) dir=$PWD/$dir ;; esac
 home=$dir/home
 
@@ -28,5 +29,15 @@ elif [ ! -e "$home" ] && [ ! -e "$dir/store" ]; then
 else
 	mkdir -p "$home"
 fi
+# The demo's binary is not on PATH, and its store is not the default one:
+# say how to reach both from another terminal.
+cat <<EOF
+demo: once the mount below says "ready", try from another terminal:
+  $bin status $home
+  $bin snapshot $home
+  $bin list --store $dir/store
+  $bin export --store $dir/store $dir/latest.sqfs && unsquashfs -l $dir/latest.sqfs
+demo: Ctrl-C here stops it (a final snapshot, then the unmount).
+EOF
 echo "HERMESFS_STORE=file://$dir/store HERMESFS_STATE_DIR=$dir/state $bin mount --interval 1m $home"
 HERMESFS_STORE=file://$dir/store HERMESFS_STATE_DIR=$dir/state exec "$bin" mount --interval 1m "$home"

@@ -61,8 +61,13 @@ wait_for() {
 	done
 }
 
-# hermesfs prints one line starting "ready " on stdout once the mount answers;
-# its logs go to stderr, which stays the container's.
+# hermesfs prints one line starting "ready " on stdout once the mount answers
+# and is writable; its logs go to stderr, which stays the container's. Before
+# that it may wait, as it says there: for the store's writer lease (the
+# container this one replaces held it: a killed one's lapses within 25s) or
+# for the store to answer, up to --lease-wait (HERMESFS_LEASE_WAIT, 5m),
+# with the home shown read-only. That is no failure: the agent starts once
+# the home is writable.
 # shellcheck disable=SC2086
 "$bin" mount ${HERMESFS_MOUNT_ARGS:-} "$mp" >"$out" &
 hpid=$!

@@ -366,6 +366,11 @@ type Published struct {
 	Segment     string
 	SegmentSums []byte
 	ExtentsList []byte
+	// SegmentHeader is the new segment's first bytes when it is
+	// encrypted (its age header, up to crypt.HeaderMax), so that the
+	// publisher, which keeps the plaintext, can check identities against
+	// it later without the store.
+	SegmentHeader []byte
 }
 
 // Publish uploads the archive whole as one object, then its manifest

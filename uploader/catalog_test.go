@@ -593,8 +593,8 @@ func TestLeaseExpiresUnrenewed(t *testing.T) {
 		t.Fatal(err)
 	}
 	clk.Add(uploader.DefaultLeaseTTL)
-	if err := l.Err(); !errors.Is(err, uploader.ErrLeaseLost) {
-		t.Errorf("lease past its TTL: %v", err)
+	if err := l.Err(); !errors.Is(err, uploader.ErrLeaseLost) || !errors.Is(err, uploader.ErrLeaseLapsed) {
+		t.Errorf("lease past its TTL: %v, want it lost and lapsed", err)
 	}
 }
 

@@ -253,3 +253,37 @@ func sha(b []byte) string {
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:])
 }
+
+// TestEncryptPublishImageKeepsHeader: an encrypted image's publish hands
+// back its new segment's first bytes, the age header its identities are
+// checked against later; a plaintext one hands back none.
+func TestEncryptPublishImageKeepsHeader(t *testing.T) {
+	ctx := t.Context()
+	r, ids, _ := ageKey(t)
+	_, wrong, _ := ageKey(t)
+	s := newLocal(t)
+	p := filepath.Join(t.TempDir(), "seg")
+	if err := os.WriteFile(p, bytes.Repeat([]byte("segment "), 50_000), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	res, err := cryptCatalog(s, newClock(), r, ids).PublishImage(ctx, uploader.ImageInput{Segment: p, Extents: []uploader.Extent{{Length: 400_000}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj := getObject(t, s, res.Segment)
+	if len(res.SegmentHeader) == 0 || len(res.SegmentHeader) > crypt.HeaderMax || !bytes.HasPrefix(obj, res.SegmentHeader) {
+		t.Fatalf("SegmentHeader: %d bytes, not the segment's first bytes (%d in the store)", len(res.SegmentHeader), len(obj))
+	}
+	if err := crypt.CheckIdentities(res.SegmentHeader, ids); err != nil {
+		t.Errorf("the identity on the header handed back: %v", err)
+	}
+	if err := crypt.CheckIdentities(res.SegmentHeader, wrong); !errors.Is(err, crypt.ErrWrongIdentity) {
+		t.Errorf("a wrong identity on the header handed back: %v", err)
+	}
+
+	plain := uploader.NewCatalog(newLocal(t), uploader.CatalogOptions{Host: "h", Version: "test"})
+	res, err = plain.PublishImage(ctx, uploader.ImageInput{Segment: p, Extents: []uploader.Extent{{Length: 400_000}}})
+	if err != nil || res.SegmentHeader != nil {
+		t.Errorf("plaintext publish: %d header bytes, %v", len(res.SegmentHeader), err)
+	}
+}

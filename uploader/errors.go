@@ -43,3 +43,34 @@ func IsPermanent(err error) bool {
 	}
 	return false
 }
+
+// explained is an error with one plain sentence that says what it means
+// to a user, for messages to lead with (Explain); it prints as the error
+// it wraps, the detail.
+type explained struct {
+	plain string
+	err   error
+}
+
+func (e *explained) Error() string   { return e.err.Error() }
+func (e *explained) Unwrap() error   { return e.err }
+func (e *explained) Explain() string { return e.plain }
+
+// Explained attaches plain, one sentence a user can act on ("the bucket
+// does not exist"), to err. nil for nil.
+func Explained(plain string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &explained{plain: plain, err: err}
+}
+
+// Explain returns the plain sentence Explained attached to an error in
+// err's chain, or "".
+func Explain(err error) string {
+	var e interface{ Explain() string }
+	if errors.As(err, &e) {
+		return e.Explain()
+	}
+	return ""
+}

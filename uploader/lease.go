@@ -58,6 +58,10 @@ var (
 	ErrLeaseHeld = errors.New("lease held by another holder")
 	// ErrLeaseLost is returned once a lease was taken over or expired.
 	ErrLeaseLost = errors.New("lease lost")
+	// ErrLeaseLapsed is a lost lease that expired because its renewals
+	// failed (the store did not answer), not one another holder took:
+	// errors.Is(err, ErrLeaseLost) holds for it too.
+	ErrLeaseLapsed = errors.New("lease lapsed")
 )
 
 // LeaseHeldError names the live holder: which writer, on this machine or
@@ -115,6 +119,18 @@ type Machine struct {
 	// across cloned VMs and containers. The id itself never leaves the
 	// machine (systemd asks that it be kept private).
 	ID string
+	// BootID is a digest of the kernel's boot id, new at every boot (and
+	// different on every clone of a VM): a lease with this machine's
+	// BootID was written during this very boot of it. "" where the
+	// kernel gives none.
+	BootID string
+}
+
+// SameBoot reports whether lease r was written on machine m during its
+// current boot: only then can m tell whether r's holder still runs (see
+// LeaseOptions.HolderDead).
+func (m Machine) SameBoot(r LeaseRecord) bool {
+	return m.holds(r) && m.BootID != "" && r.BootID == m.BootID
 }
 
 // holds reports whether lease r was written on machine m.
@@ -134,6 +150,12 @@ var LocalMachine = sync.OnceValue(func() Machine {
 			break
 		}
 	}
+	if b, err := os.ReadFile("/proc/sys/kernel/random/boot_id"); err == nil {
+		if id := strings.TrimSpace(string(b)); id != "" {
+			sum := sha256.Sum256([]byte("hermesfs writer lease boot\n" + id))
+			m.BootID = hex.EncodeToString(sum[:16])
+		}
+	}
 	return m
 })
 
@@ -144,21 +166,41 @@ type LeaseRecord struct {
 	Host string `json:"host"`
 	// Hostname, MachineID (Machine.ID) and StateDir say where the holder
 	// runs; absent from leases an older hermesfs wrote.
-	Hostname   string    `json:"hostname,omitempty"`
-	MachineID  string    `json:"machine_id,omitempty"`
-	StateDir   string    `json:"state_dir,omitempty"`
-	Token      string    `json:"token"` // random, one per acquisition
-	Generation int64     `json:"generation"`
-	Acquired   time.Time `json:"acquired"`
-	Renewed    time.Time `json:"renewed"`
-	Expires    time.Time `json:"expires"`
-	Released   bool      `json:"released,omitempty"`
+	Hostname  string `json:"hostname,omitempty"`
+	MachineID string `json:"machine_id,omitempty"`
+	StateDir  string `json:"state_dir,omitempty"`
+	// BootID (Machine.BootID) and Process say which process of which
+	// boot of that machine holds the lease, so that a contender on the
+	// same machine can prove it gone; absent from older leases.
+	BootID     string        `json:"boot_id,omitempty"`
+	Process    *LeaseProcess `json:"process,omitempty"`
+	Token      string        `json:"token"` // random, one per acquisition
+	Generation int64         `json:"generation"`
+	Acquired   time.Time     `json:"acquired"`
+	Renewed    time.Time     `json:"renewed"`
+	Expires    time.Time     `json:"expires"`
+	Released   bool          `json:"released,omitempty"`
 	// Base is the snapshot the holder's mount is based on: its tree came
 	// from it and its next snapshot is packed on it. Prune keeps it.
 	Base string `json:"base,omitempty"`
 	// Write is random per write: after an ambiguous failure (the request
 	// may have landed) the writer re-reads and recognises its own write.
 	Write string `json:"write"`
+}
+
+// LeaseProcess names the process holding a lease on its machine
+// (LeaseRecord.Process). The catalog records it and never reads it: what
+// it proves is the holder's to decide (LeaseOptions.HolderDead).
+type LeaseProcess struct {
+	// PID is the holder's process id, in the pid namespace PIDNamespace
+	// names (as readlink /proc/self/ns/pid gives it).
+	PID          int    `json:"pid,omitempty"`
+	PIDNamespace string `json:"pid_ns,omitempty"`
+	// Lock names the file the holder keeps locked while it runs (its
+	// state dir's lock) as "DEV:INODE", so that a contender can tell
+	// that file from another at the same path in another mount
+	// namespace.
+	Lock string `json:"lock,omitempty"`
 }
 
 // ttl is the holder's TTL: the span of its own record, on its own clock.
@@ -206,7 +248,8 @@ type LeaseOptions struct {
 	Holder string
 	// TTL is how long a lease lives without renewal (default 25s).
 	TTL time.Duration
-	// Heartbeat is the renewal period (default 10s); negative disables
+	// Heartbeat is the renewal period (default 10s, or TTL*2/5 if that is
+	// shorter); negative disables
 	// background renewal (call Renew yourself).
 	Heartbeat time.Duration
 	// Base is the snapshot the holder's mount is based on (see
@@ -215,6 +258,16 @@ type LeaseOptions struct {
 	// StateDir is the holder's local state dir, recorded in the lease for
 	// whoever finds it held.
 	StateDir string
+	// Process, if set, is recorded in the lease (LeaseRecord.Process).
+	Process *LeaseProcess
+	// HolderDead, if set, is asked about a live lease of another holder
+	// that was written during this boot of this machine
+	// (Machine.SameBoot): if it proves that holder's process gone, it
+	// returns why ("its state dir's lock is free") and true, and the
+	// lease is taken over at once instead of refused until it expires.
+	// It must answer true only on proof: a wrong true takes a live
+	// holder's lease (which then stops publishing).
+	HolderDead func(LeaseRecord) (why string, dead bool)
 }
 
 // Lease is a held writer lease.
@@ -273,7 +326,9 @@ func (c *Catalog) AcquireLease(ctx context.Context, o LeaseOptions) (*Lease, err
 		o.TTL = DefaultLeaseTTL
 	}
 	if o.Heartbeat == 0 {
-		o.Heartbeat = DefaultLeaseHeartbeat
+		// Several renewals within a TTL, so that one failed renewal
+		// does not cost the lease.
+		o.Heartbeat = min(DefaultLeaseHeartbeat, o.TTL*2/5)
 	}
 	l := &Lease{c: c, opts: o, log: c.log.With("lease_holder", o.Holder), lost: make(chan struct{}), base: o.Base}
 	token := randomHex(8)
@@ -285,18 +340,30 @@ func (c *Catalog) AcquireLease(ctx context.Context, o LeaseOptions) (*Lease, err
 		}
 		now := c.opts.Now()
 		sameHolder := cur.Host == c.opts.Host && cur.Holder == o.Holder
+		dead := ""
 		if exists && !sameHolder {
 			if left := c.leaseLeft(cur, info); left > 0 {
-				return nil, &LeaseHeldError{Holder: cur.Holder, Host: cur.Host, Hostname: cur.Hostname, StateDir: cur.StateDir,
-					SameMachine: c.opts.Machine.holds(cur), Expires: now.Add(left)}
+				why, ok := "", false
+				if o.HolderDead != nil && c.opts.Machine.SameBoot(cur) {
+					why, ok = o.HolderDead(cur)
+				}
+				if !ok {
+					return nil, &LeaseHeldError{Holder: cur.Holder, Host: cur.Host, Hostname: cur.Hostname, StateDir: cur.StateDir,
+						SameMachine: c.opts.Machine.holds(cur), Expires: now.Add(left)}
+				}
+				dead = why
 			}
 		}
-		if exists && etag != "" && !cur.Released && cur.Token != "" {
+		switch {
+		case dead != "":
+			l.log.Warn("taking over the live lease of a holder that is gone", "holder", c.describe(cur), "proof", dead, "last_renewed", cur.Renewed)
+		case exists && etag != "" && !cur.Released && cur.Token != "":
 			l.log.Warn("taking over a stale lease", "stale_holder", c.describe(cur), "last_renewed", cur.Renewed)
 		}
 		rec := LeaseRecord{
 			Holder: o.Holder, Host: c.opts.Host, Token: token, Generation: cur.Generation + 1,
 			Hostname: c.opts.Machine.Hostname, MachineID: c.opts.Machine.ID, StateDir: o.StateDir,
+			BootID: c.opts.Machine.BootID, Process: o.Process,
 			Acquired: now.UTC(), Renewed: now.UTC(), Expires: now.Add(o.TTL).UTC(), Write: randomHex(8), Base: o.Base,
 		}
 		cond := PutOptions{IfNoneMatch: !exists, IfMatch: etag}
@@ -398,7 +465,7 @@ func (l *Lease) Renew(ctx context.Context) error {
 		cur, _, _ := l.c.ReadLease(ctx)
 		return l.markLost(fmt.Errorf("%w: taken over by %s, generation %d", ErrLeaseLost, l.c.describe(cur), cur.Generation))
 	case l.c.opts.Mono() >= l.valid:
-		return l.markLost(fmt.Errorf("%w: not renewed within its TTL of %s: %w", ErrLeaseLost, l.opts.TTL, err))
+		return l.markLost(fmt.Errorf("%w: %w: not renewed within its TTL of %s: %w", ErrLeaseLost, ErrLeaseLapsed, l.opts.TTL, err))
 	}
 	// No answer: the store may have applied it.
 	l.unsure = append(l.unsure, rec.Write)
@@ -442,7 +509,7 @@ func (l *Lease) Err() error {
 		return l.err
 	}
 	if l.c.opts.Mono() >= l.valid {
-		return l.markLost(fmt.Errorf("%w: not renewed within its TTL of %s", ErrLeaseLost, l.opts.TTL))
+		return l.markLost(fmt.Errorf("%w: %w: not renewed within its TTL of %s", ErrLeaseLost, ErrLeaseLapsed, l.opts.TTL))
 	}
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/hermesfs/hermesfs/uploader/crypt"
@@ -61,6 +62,13 @@ type ImageInput struct {
 	// plaintext (required with Standalone).
 	Standalone bool
 	Image      io.ReaderAt
+
+	// Progress, if set, is told how many bytes of the new segment the
+	// store has read for its upload (a retry reads some again; never more
+	// than total is reported) and the segment's total (its ciphertext when
+	// encrypted). It may be called concurrently from the store's
+	// goroutines and must return quickly.
+	Progress func(sent, total int64)
 }
 
 // publishSegment is the new segment as uploaded.
@@ -68,6 +76,8 @@ type publishSegment struct {
 	ref  SegmentRef
 	sums []byte
 	sent int64 // bytes put (the ciphertext when encrypted)
+	// header is an encrypted segment's first bytes (its age header).
+	header []byte
 }
 
 // PublishImage publishes a format 4 snapshot: its new segment and the
@@ -125,12 +135,12 @@ func (c *Catalog) PublishImage(ctx context.Context, in ImageInput) (Published, e
 	p := Published{}
 	var seg *publishSegment
 	if newBytes > 0 {
-		if seg, err = c.putSegment(ctx, segKey, in.Segment, newBytes); err != nil {
+		if seg, err = c.putSegment(ctx, segKey, in.Segment, newBytes, in.Progress); err != nil {
 			return Published{}, fmt.Errorf("publish %s: %w", id, err)
 		}
 		refs[segKey] = seg.ref
 		p.Sent += seg.sent
-		p.Segment, p.SegmentSums = segKey, seg.sums
+		p.Segment, p.SegmentSums, p.SegmentHeader = segKey, seg.sums, seg.header
 	}
 
 	keys, bytesOf := ext.Segments()
@@ -349,7 +359,7 @@ func (c *Catalog) createSmall(ctx context.Context, key string, b []byte) error {
 
 // putSegment uploads the first n bytes of the file at path as segment
 // key (encrypted when the catalog has recipients), then its digests.
-func (c *Catalog) putSegment(ctx context.Context, key, path string, n int64) (*publishSegment, error) {
+func (c *Catalog) putSegment(ctx context.Context, key, path string, n int64, progress func(sent, total int64)) (*publishSegment, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
@@ -365,6 +375,7 @@ func (c *Catalog) putSegment(ctx context.Context, key, path string, n int64) (*p
 	body := io.ReaderAt(f)
 	size := n
 	plain := int64(0)
+	var header []byte
 	if r := c.opts.Recipients; r != nil {
 		tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-age-*")
 		if err != nil {
@@ -377,6 +388,10 @@ func (c *Catalog) putSegment(ctx context.Context, key, path string, n int64) (*p
 			return nil, err
 		}
 		body, size, plain = tmp, cw.n, n
+		header = make([]byte, min(size, crypt.HeaderMax))
+		if _, err := tmp.ReadAt(header, 0); err != nil {
+			return nil, fmt.Errorf("read the sealed segment's header: %w", err)
+		}
 	}
 	whole, chunks, got, err := ChunkSums(ctx, io.NewSectionReader(body, 0, size), DefaultChunkSize)
 	if err != nil {
@@ -384,6 +399,9 @@ func (c *Catalog) putSegment(ctx context.Context, key, path string, n int64) (*p
 	}
 	if got != size {
 		return nil, fmt.Errorf("segment file %s changed while it was hashed", path)
+	}
+	if progress != nil {
+		body = &progressReaderAt{r: body, total: size, fn: progress}
 	}
 	info, err := c.store.Put(ctx, key, io.NewSectionReader(body, 0, size), size, PutOptions{IfNoneMatch: true})
 	if errors.Is(err, ErrPrecondition) {
@@ -404,7 +422,7 @@ func (c *Catalog) putSegment(ctx context.Context, key, path string, n int64) (*p
 		return nil, fmt.Errorf("upload digests of the segment: %w", err)
 	}
 	sum := sha256.Sum256(b)
-	return &publishSegment{ref: SegmentRef{Key: key, Size: size, SumsSHA256: hex.EncodeToString(sum[:])}, sums: b, sent: size + int64(len(b))}, nil
+	return &publishSegment{ref: SegmentRef{Key: key, Size: size, SumsSHA256: hex.EncodeToString(sum[:])}, sums: b, sent: size + int64(len(b)), header: header}, nil
 }
 
 // putStandalone stores the image laid out by ext (its plaintext readable
@@ -460,4 +478,19 @@ func (c *Catalog) putStandalone(ctx context.Context, key string, ext *Extents, i
 		return 0, err
 	}
 	return info.Size, nil
+}
+
+// progressReaderAt counts the bytes read through it for
+// ImageInput.Progress; safe for concurrent ReadAt.
+type progressReaderAt struct {
+	r     io.ReaderAt
+	n     atomic.Int64
+	total int64
+	fn    func(sent, total int64)
+}
+
+func (p *progressReaderAt) ReadAt(b []byte, off int64) (int, error) {
+	n, err := p.r.ReadAt(b, off)
+	p.fn(min(p.n.Add(int64(n)), p.total), p.total)
+	return n, err
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -39,14 +40,26 @@ func runBackground(ctx context.Context, e *env, cfg *mountConfig, fset *flag.Fla
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(filepath.Dir(logFile), 0o700); err != nil {
-		return fmt.Errorf("log file: %w", err)
-	}
-	f, err := os.OpenFile(logFile, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	// What is made here for the log is taken away again if the daemon
+	// does not get ready: a refused mount leaves no state dir behind.
+	made, err := mkdirAllNoting(filepath.Dir(logFile))
 	if err != nil {
 		return fmt.Errorf("log file: %w", err)
 	}
+	_, statErr := os.Stat(logFile)
+	newLog := errors.Is(statErr, os.ErrNotExist)
+	f, err := os.OpenFile(logFile, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		removeMade(made)
+		return fmt.Errorf("log file: %w", err)
+	}
 	defer f.Close()
+	undo := func() {
+		if newLog {
+			os.Remove(logFile)
+		}
+		removeMade(made)
+	}
 	start, err := f.Seek(0, io.SeekEnd)
 	if err != nil {
 		return fmt.Errorf("log file: %w", err)
@@ -90,6 +103,7 @@ func runBackground(ctx context.Context, e *env, cfg *mountConfig, fset *flag.Fla
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
+		undo()
 		return fmt.Errorf("background: start %s: %w", exe, err)
 	}
 	exited := make(chan error, 1)
@@ -97,7 +111,13 @@ func runBackground(ctx context.Context, e *env, cfg *mountConfig, fset *flag.Fla
 
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
+	saidWait := false
 	for {
+		if line := findWaiting(logFile, start); line != "" && !saidWait {
+			// A wait for the writer lease or the store can take minutes.
+			saidWait = true
+			fmt.Fprintf(e.stderr, "hermesfs: the mount is not writable yet, waiting (up to --lease-wait): %s\n", line)
+		}
 		if line := findReady(logFile, start); line != "" {
 			fmt.Fprintln(e.stdout, line)
 			fmt.Fprintf(e.stderr, "hermesfs: running in the background as pid %d, logging to %s\n", cmd.Process.Pid, logFile)
@@ -113,7 +133,15 @@ func runBackground(ctx context.Context, e *env, cfg *mountConfig, fset *flag.Fla
 			if errors.As(err, &ee) && ee.ExitCode() > 0 {
 				code = ee.ExitCode()
 			}
-			return withCode(code, fmt.Errorf("the daemon exited before it was ready (%v); last lines of %s:\n%s", err, logFile, tailLines(logFile, start, 10)))
+			tail := tailLines(logFile, start, 10)
+			if newLog {
+				// Its lines are here; the log and the directories
+				// made for it go.
+				f.Close()
+				undo()
+				return withCode(code, fmt.Errorf("the daemon exited before it was ready (%v); its last log lines:\n%s", err, tail))
+			}
+			return withCode(code, fmt.Errorf("the daemon exited before it was ready (%v); last lines of %s:\n%s", err, logFile, tail))
 		case <-ctx.Done():
 			cmd.Process.Signal(syscall.SIGTERM)
 			<-exited
@@ -157,6 +185,45 @@ func absolutePathFlags(e *env, fset *flag.FlagSet) ([]string, error) {
 		out = append(out, "--encrypt-to="+r)
 	}
 	return out, nil
+}
+
+// findWaiting returns the log line, written after offset off, of a daemon
+// that waits for the writer lease or the store.
+func findWaiting(path string, off int64) string {
+	for _, l := range strings.Split(string(readFrom(path, off)), "\n") {
+		if strings.Contains(l, `msg="waiting for the`) {
+			return l
+		}
+	}
+	return ""
+}
+
+// mkdirAllNoting is os.MkdirAll(dir, 0o700) that returns the directories
+// it made, deepest last.
+func mkdirAllNoting(dir string) ([]string, error) {
+	var missing []string
+	for p := filepath.Clean(dir); ; p = filepath.Dir(p) {
+		if _, err := os.Lstat(p); err == nil || !errors.Is(err, os.ErrNotExist) {
+			break
+		}
+		missing = append(missing, p)
+		if filepath.Dir(p) == p {
+			break
+		}
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	slices.Reverse(missing)
+	return missing, nil
+}
+
+// removeMade removes the directories mkdirAllNoting made, deepest first,
+// each only if empty.
+func removeMade(made []string) {
+	for i := len(made) - 1; i >= 0; i-- {
+		os.Remove(made[i])
+	}
 }
 
 // findReady returns the ready line written to the log after offset off.

@@ -25,7 +25,8 @@ import (
 type mountConfig struct {
 	daemon.Config
 
-	// Keep is --keep, the same as --keep-last. Env HERMESFS_KEEP.
+	// Keep is --keep, the same as --keep-last (0: not given). Env
+	// HERMESFS_KEEP. retentionPolicy reads it from the flag set.
 	Keep int
 
 	// Background returns once the mount is ready, leaving the daemon running
@@ -60,6 +61,12 @@ type mountConfig struct {
 // what that costs and why not 2 s or 60 s).
 const defaultWriteBack = 10 * time.Second
 
+// defaultLeaseWait is --lease-wait's default: longer than a dead host's
+// lease takes to lapse (25 s) and than a live host's stop takes to
+// release it (--stop-timeout, 90 s by default), short enough that a host
+// refused by a live holder says so within minutes.
+const defaultLeaseWait = 5 * time.Minute
+
 // newMountConfig returns the defaults.
 func newMountConfig() *mountConfig {
 	return &mountConfig{
@@ -67,6 +74,7 @@ func newMountConfig() *mountConfig {
 			Interval:    15 * time.Minute,
 			WriteBack:   defaultWriteBack,
 			StopTimeout: 90 * time.Second,
+			LeaseWait:   defaultLeaseWait,
 			LogFormat:   "text",
 			LogLevel:    "info",
 			MemoryLimit: 2200,
@@ -74,7 +82,6 @@ func newMountConfig() *mountConfig {
 			Lazy:        true,
 			ReadTimeout: 30 * time.Second,
 		},
-		Keep: 10,
 
 		WritePassthroughMax: strconv.Itoa(fs.DefaultPassthroughWriteMax>>20) + "M",
 		CopyUpByRangeMin:    strconv.Itoa(fs.DefaultCopyUpByRangeMin>>20) + "M",
@@ -88,6 +95,7 @@ var envFlags = map[string]string{
 	"HERMESFS_WRITE_BACK":   "write-back",
 	"HERMESFS_KEEP":         "keep",
 	"HERMESFS_STOP_TIMEOUT": "stop-timeout",
+	"HERMESFS_LEASE_WAIT":   "lease-wait",
 	"HERMESFS_LOG_FORMAT":   "log-format",
 	"HERMESFS_LOG_LEVEL":    "log-level",
 	"HERMESFS_OWNER":        "owner",
@@ -111,14 +119,15 @@ func (c *mountConfig) addFlags(fs *flag.FlagSet) {
 	addRetentionFlags(fs, &c.Keep)
 	fs.BoolVar(&c.ReadOnly, "read-only", c.ReadOnly, "mount the newest snapshot read-only and never publish (allowed while another host holds the store)")
 	fs.StringVar(&c.OnConflict, "on-conflict", c.OnConflict, "when local unpublished changes meet a snapshot published by another host: keep-local or discard-local (default: refuse)")
-	fs.DurationVar(&c.StopTimeout, "stop-timeout", c.StopTimeout, "bound on shutdown (final snapshot, upload, unmount); set systemd TimeoutStopSec larger (env HERMESFS_STOP_TIMEOUT)")
+	fs.DurationVar(&c.LeaseWait, "lease-wait", c.LeaseWait, "how long to wait, at boot, for the store's writer lease another host holds (a dead host's lapses within 25s; a host that stops releases it) or for a store that does not answer; meanwhile the home is shown read-only (writes fail with EROFS) and the wait is in the log, 'hermesfs status' and the systemd status line. 0: refuse at once, exit 4 (env HERMESFS_LEASE_WAIT)")
+	fs.DurationVar(&c.StopTimeout, "stop-timeout", c.StopTimeout, "bound on shutdown (final snapshot, upload, unmount; files the agent keeps open do not extend it: the final snapshot seals the mount); set systemd TimeoutStopSec larger (env HERMESFS_STOP_TIMEOUT)")
 	fs.BoolVar(&c.Background, "background", c.Background, "return once the mount is ready; the daemon keeps running, logging to --log-file")
 	fs.StringVar(&c.LogFile, "log-file", c.LogFile, "log file in --background mode (default <state dir>/hermesfs.log)")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "log format: text or json (env HERMESFS_LOG_FORMAT)")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log level: debug, info, warn or error (env HERMESFS_LOG_LEVEL)")
 	fs.IntVar(&c.MemoryLimit, "memory-limit", c.MemoryLimit, "character limit of memories/MEMORY.md when config.yaml sets none")
 	fs.IntVar(&c.UserLimit, "user-limit", c.UserLimit, "character limit of memories/USER.md when config.yaml sets none")
-	fs.StringVar(&c.WritePassthroughMax, "write-passthrough-max", c.WritePassthroughMax, "largest file written by the kernel straight to local disk (FUSE passthrough; root, Linux >= 6.9), e.g. 32M; 0 for none. Larger files are written through the daemon. Each snapshot stops such files' writes while it copies them (env HERMESFS_WRITE_PASSTHROUGH_MAX)")
+	fs.StringVar(&c.WritePassthroughMax, "write-passthrough-max", c.WritePassthroughMax, "largest file written by the kernel straight to local disk (FUSE passthrough; root, Linux >= 6.9), e.g. 32M; 0 for none. Larger files are written through the daemon. Each snapshot stops such files' writes while it copies them; the final one, at stop, makes their reads and writes fail (EIO) (env HERMESFS_WRITE_PASSTHROUGH_MAX)")
 	fs.BoolVar(&c.Debug, "debug", c.Debug, "log every FUSE request")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", c.MetricsAddr, "serve Prometheus metrics at http://HOST:PORT/metrics (port 0: any free one, logged); off by default (env HERMESFS_METRICS_ADDR)")
 	fs.BoolVar(&c.Standalone, "standalone", c.Standalone, "also store each snapshot's image whole, as snapshots/<id>.sqfs that unsquashfs reads straight from the bucket, composed by the store from the segments where it can copy (costs a whole image of storage per snapshot; encrypted: one age file uploaded whole) (env HERMESFS_STANDALONE)")
@@ -150,11 +159,13 @@ func (c *mountConfig) validate() error {
 	if c.Mountpoint == "" {
 		return usageError("missing MOUNTPOINT")
 	}
-	mp, err := filepath.Abs(c.Mountpoint)
+	// Symlinks resolved: the state dir's name, the registry and the check
+	// for a live mount all go by the directory mounted over.
+	mp, err := daemon.ResolveMountpoint(c.Mountpoint)
 	if err != nil {
-		return usageError("mountpoint %s: %v", c.Mountpoint, err)
+		return usageError("%v", err)
 	}
-	c.Mountpoint = filepath.Clean(mp)
+	c.Mountpoint = mp
 	if c.Interval < 0 {
 		return usageError("--interval %s: must not be negative", c.Interval)
 	}
@@ -167,14 +178,14 @@ func (c *mountConfig) validate() error {
 	if c.WriteBack > 0 && c.WriteBack < time.Second {
 		return usageError("--write-back %s: too short (minimum 1s; 0 turns write-back off)", c.WriteBack)
 	}
-	if c.Keep < 1 {
-		return usageError("--keep %d: must keep at least 1 snapshot", c.Keep)
-	}
 	if c.Retention, err = retentionPolicy(c.flags); err != nil {
 		return err
 	}
 	if c.StopTimeout <= 0 {
 		return usageError("--stop-timeout %s: must be positive", c.StopTimeout)
+	}
+	if c.LeaseWait < 0 {
+		return usageError("--lease-wait %s: must not be negative (0 refuses at once)", c.LeaseWait)
 	}
 	if c.ReadTimeout <= 0 {
 		return usageError("--read-timeout %s: must be positive", c.ReadTimeout)
@@ -246,4 +257,31 @@ func (c *mountConfig) daemonOptions(e *env) daemon.Options {
 			return cryptOptions(e, c.flags, o)
 		},
 	}
+}
+
+// testKnobs reads the settings only tests change, from the environment:
+// HERMESFS_TEST_LEASE_TTL shortens the writer lease's TTL (25s), so that
+// a test of a host that takes over from a killed one runs in seconds.
+// Nothing else about the lease changes.
+func (c *mountConfig) testKnobs(getenv func(string) string) error {
+	if v := getenv("HERMESFS_TEST_LEASE_TTL"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < time.Second {
+			return usageError("HERMESFS_TEST_LEASE_TTL=%q: want a duration of at least 1s", v)
+		}
+		c.LeaseTTL = d
+	}
+	return nil
+}
+
+// shortDuration writes d as a person would: 15m, not 15m0s.
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
 }

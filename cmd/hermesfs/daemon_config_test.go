@@ -39,8 +39,20 @@ func TestMountConfigEnvAndValidate(t *testing.T) {
 	if err := applyEnv(fs, func(k string) string { return env[k] }); err == nil || !strings.Contains(err.Error(), "HERMESFS_INTERVAL") {
 		t.Errorf("bad env value: err %v", err)
 	}
+	for _, keep := range []string{"0", "-1"} {
+		c := newMountConfig()
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		c.addFlags(fs)
+		if err := fs.Parse([]string{"--keep", keep}); err != nil {
+			t.Fatal(err)
+		}
+		c.Mountpoint = "/m"
+		var xe *daemon.ExitError
+		if err := c.validate(); !errors.As(err, &xe) || xe.Code != exitUsage {
+			t.Errorf("--keep %s: want a usage error, got %v", keep, err)
+		}
+	}
 	for _, bad := range []func(c *mountConfig){
-		func(c *mountConfig) { c.Keep = 0 },
 		func(c *mountConfig) { c.OnConflict = "merge" },
 		func(c *mountConfig) { c.Interval = time.Millisecond },
 		func(c *mountConfig) { c.StateDir = c.Mountpoint + "/state" },

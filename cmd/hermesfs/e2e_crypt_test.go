@@ -24,6 +24,7 @@ import (
 // exit 6 and nothing mounted without it, and a writer that forgot
 // --encrypt-to refused before it mounts.
 func TestE2EEncrypted(t *testing.T) {
+	t.Parallel()
 	need(t, "/dev/fuse", "sqlite3", "unsquashfs")
 	storeDir := e2eDir(t, "store")
 	store := "file://" + storeDir
@@ -202,6 +203,7 @@ func ageImage(t *testing.T, storeDir string, m uploader.Manifest, key string) st
 // mounted and no key shows; a writer that forgot --encrypt-to is refused
 // before it mounts; a read-only mount needs no recipients.
 func TestE2EEncryptedRefusals(t *testing.T) {
+	t.Parallel()
 	need(t, "/dev/fuse")
 	storeDir := e2eDir(t, "store")
 	store := "file://" + storeDir
@@ -275,6 +277,7 @@ func TestE2EEncryptedRefusals(t *testing.T) {
 // flipped byte is refused as corrupt at boot, and the mount falls back to
 // the one before, as for a corrupt plaintext snapshot.
 func TestE2EEncryptedCorruptFallback(t *testing.T) {
+	t.Parallel()
 	need(t, "/dev/fuse")
 	storeDir := e2eDir(t, "store")
 	key := filepath.Join(e2eDir(t, "keys"), "key.txt")

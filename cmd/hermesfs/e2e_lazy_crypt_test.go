@@ -76,6 +76,7 @@ func checkPlaintextCache(t *testing.T, h *host, id string) {
 // makes no segment GET); a second new host is killed mid-fill, its
 // partial cache ciphertext, and finishes after a restart.
 func TestE2ELazyEncrypted(t *testing.T) {
+	t.Parallel()
 	need(t, "/dev/fuse")
 	s3 := startS3Rig(t)
 	g := &segmentGets{}

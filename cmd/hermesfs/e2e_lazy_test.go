@@ -117,6 +117,7 @@ func (g *segmentGets) count() int {
 // new host is killed mid-fill and finishes after a restart, its cache then
 // holding every segment of the image whole, as stored.
 func TestE2ELazyBoot(t *testing.T) {
+	t.Parallel()
 	need(t, "/dev/fuse")
 	s3 := startS3Rig(t)
 	g := &segmentGets{}

@@ -20,6 +20,7 @@ import (
 // the snapshot lazily and restores it, verified, with the change; the
 // host that published it restarts on its partly fetched base.
 func TestE2ELazyStopPublishesWithoutBase(t *testing.T) {
+	t.Parallel()
 	need(t, "/dev/fuse")
 	s3 := startS3Rig(t)
 	store := s3.url(s3.faults.URL, "lazypack")

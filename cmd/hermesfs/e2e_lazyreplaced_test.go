@@ -25,6 +25,7 @@ import (
 // restores to exactly the tree plus the change: nothing wrong was
 // published.
 func TestE2ELazyObjectReplaced(t *testing.T) {
+	t.Parallel()
 	need(t, "/dev/fuse")
 	s3 := startS3Rig(t)
 	stall := startStallProxy(t, s3.faults.URL)

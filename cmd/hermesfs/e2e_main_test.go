@@ -11,6 +11,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	iofs "io/fs"
@@ -19,6 +20,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -28,6 +30,7 @@ import (
 	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
 	"github.com/hermesfs/hermesfs/fs"
 	"github.com/hermesfs/hermesfs/fs/mounttest"
+	"github.com/hermesfs/hermesfs/fs/testwatch"
 	"github.com/hermesfs/hermesfs/uploader"
 	"github.com/hermesfs/hermesfs/uploader/crypt"
 	"github.com/hermesfs/hermesfs/uploader/s3test"
@@ -40,12 +43,55 @@ var (
 	tmpRoot string // every test mount lives below it (checked at exit)
 )
 
+// e2eParallel is how many tests run at once by default (-test.parallel,
+// or HERMESFS_E2E_PARALLEL, says otherwise). The end-to-end tests spend
+// most of their time waiting on daemons, timers and the store, not on the
+// CPU; each has its own dirs, store, daemons and S3 server.
+const e2eParallel = 4
+
 func TestMain(m *testing.M) {
 	// The suite's daemons run without write-back unless a test asks for it
 	// (--write-back): a test that takes its own snapshots must not race one.
 	// TestWriteBackDefault checks the default.
 	os.Setenv("HERMESFS_WRITE_BACK", "0")
+	// Every S3 server of these tests (versitygw on loopback, s3test)
+	// takes the same credentials: set once here for the daemons and the
+	// tests' own clients, as t.Setenv cannot be used by parallel tests. A
+	// test of missing credentials clears them (a sequential test can).
+	os.Setenv("AWS_ACCESS_KEY_ID", s3test.AccessKey)
+	os.Setenv("AWS_SECRET_ACCESS_KEY", s3test.SecretKey)
+	os.Setenv("AWS_REGION", s3test.Region)
+	flag.Parse()
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
+	if !given {
+		n := strconv.Itoa(e2eParallel)
+		if v := os.Getenv("HERMESFS_E2E_PARALLEL"); v != "" {
+			n = v
+		}
+		flag.Set("test.parallel", n)
+	}
+	// A hung test fails the package at its deadline (testwatch), not at
+	// -timeout: the daemons and mounts of every test go first.
+	testwatch.OnExpire(killDaemons)
 	mounttest.Main(m, "hermesfs-e2e", &tmpRoot)
+}
+
+// daemons are the `hermesfs mount` processes the tests started, for
+// killDaemons.
+var daemons sync.Map // *exec.Cmd -> mountpoint
+
+// killDaemons kills every daemon the tests started and detaches their
+// mounts: the process is about to exit on a hung test.
+func killDaemons() {
+	daemons.Range(func(k, v any) bool {
+		k.(*exec.Cmd).Process.Kill()
+		syscall.Unmount(v.(string), syscall.MNT_DETACH)
+		return true
+	})
+	for _, mp := range fs.MountsBelow(tmpRoot) {
+		syscall.Unmount(mp, syscall.MNT_DETACH)
+	}
 }
 
 func strict() bool { return os.Getenv("HERMESFS_TEST_STRICT") == "1" }
@@ -127,6 +173,9 @@ type host struct {
 	runtime  string
 	store    string
 	extraEnv []string
+	// wrap, if set, runs the daemon of start through this command line
+	// (the daemon's own command line appended).
+	wrap []string
 }
 
 func newHost(t *testing.T, store string) *host {
@@ -147,6 +196,7 @@ func (h *host) env() []string {
 // run runs a hermesfs command to completion.
 func (h *host) run(args ...string) (code int, stdout, stderr string) {
 	h.t.Helper()
+	defer testwatch.Wait(h.t, fmt.Sprintf("'hermesfs %s' to exit", strings.Join(args, " ")))()
 	cmd := exec.Command(hermesfsBin(h.t), args...)
 	cmd.Env = h.env()
 	cmd.Dir = "/"
@@ -196,7 +246,11 @@ func (s *syncBuffer) String() string {
 func (h *host) start(mp string, args ...string) *daemonProc {
 	h.t.Helper()
 	t := h.t
-	cmd := exec.Command(hermesfsBin(t), append(append([]string{"mount"}, args...), mp)...)
+	argv := append([]string{hermesfsBin(t), "mount"}, append(args, mp)...)
+	if h.wrap != nil {
+		argv = append(append([]string(nil), h.wrap...), argv...)
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = h.env()
 	cmd.Dir = "/"
 	d := &daemonProc{t: t, cmd: cmd, mp: mp, stderr: &syncBuffer{}, done: make(chan struct{})}
@@ -208,6 +262,7 @@ func (h *host) start(mp string, args ...string) *daemonProc {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	daemons.Store(cmd, mp)
 	readyCh := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(stdout)
@@ -229,6 +284,7 @@ func (h *host) start(mp string, args ...string) *daemonProc {
 				d.code = 128 + int(ws.Signal())
 			}
 		}
+		daemons.Delete(cmd)
 		close(d.done)
 	}()
 	t.Cleanup(func() {
@@ -261,6 +317,7 @@ func (h *host) mount(mp string, args ...string) *daemonProc {
 
 func (d *daemonProc) waitReady() {
 	d.t.Helper()
+	defer testwatch.Wait(d.t, "the ready line of 'hermesfs mount "+d.mp+"'")()
 	select {
 	case line, ok := <-d.readyCh:
 		if !ok {
@@ -290,6 +347,7 @@ func (d *daemonProc) wait() int {
 // never exits by itself: after 15s its FUSE connection is aborted, as a
 // restart of hermesfs does, which frees that thread.
 func (d *daemonProc) exited(limit time.Duration) bool {
+	defer testwatch.Wait(d.t, "'hermesfs mount "+d.mp+"' to exit")()
 	select {
 	case <-d.done:
 		return true
@@ -504,7 +562,7 @@ func unsquashLatest(t *testing.T, storeDir string) string {
 
 // launchS3 runs versitygw on loopback over data (a relaunch on the same
 // data serves the same objects on a new port) until the test ends, creates
-// bucket unless it is "", and puts the credentials in the environment.
+// bucket unless it is "" (the credentials are in the environment: TestMain).
 func launchS3(t *testing.T, data, bucket string) *s3test.Server {
 	t.Helper()
 	bin, err := s3test.Binary()
@@ -521,9 +579,6 @@ func launchS3(t *testing.T, data, bucket string) *s3test.Server {
 			t.Fatal(err)
 		}
 	}
-	t.Setenv("AWS_ACCESS_KEY_ID", s3test.AccessKey)
-	t.Setenv("AWS_SECRET_ACCESS_KEY", s3test.SecretKey)
-	t.Setenv("AWS_REGION", s3test.Region)
 	return srv
 }
 

@@ -16,6 +16,7 @@ import (
 // 2,900 characters are refused as Hermes would refuse them. Said at startup
 // and in status.
 func TestMemoryConfigAsHermesReadsIt(t *testing.T) {
+	t.Parallel()
 	need(t, "/dev/fuse")
 	mp := e2eDir(t, "home")
 	writeFile(t, filepath.Join(mp, "config.yaml"), "memory:\n  memory_char_limit: '3000'\n  user_char_limit: lots\n", 0o644)

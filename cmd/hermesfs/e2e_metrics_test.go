@@ -72,6 +72,7 @@ next:
 }
 
 func TestE2EMetrics(t *testing.T) {
+	t.Parallel()
 	need(t, "/dev/fuse")
 	storeDir := e2eDir(t, "store")
 	mp := e2eDir(t, "home")

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -8,6 +9,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
 )
 
 const (
@@ -114,6 +117,7 @@ func checkOwned(t *testing.T, root string, uid int, names ...string) {
 // the home's modes; what the agent made stays the agent's in the archive
 // and on a new host.
 func TestOwnerServesAgentUser(t *testing.T) {
+	t.Parallel()
 	need(t, "/dev/fuse", "sqlite3", "flock", "unsquashfs")
 	if os.Geteuid() != 0 {
 		missing(t, "root")
@@ -150,6 +154,23 @@ func TestOwnerServesAgentUser(t *testing.T) {
 		if got := mustRead(t, filepath.Join(mp, p)); got != want {
 			t.Errorf("%s = %q, want %q", p, got, want)
 		}
+	}
+
+	// The agent's user asks for status: the daemon and its state dir are
+	// root's. Status says that the mount runs, whose daemon it is, and how
+	// to see the rest, with exit 0, not "not running ... a killed daemon?".
+	bin := hermesfsBin(t)
+	wantState := fmt.Sprintf("running (pid %d, as root)", d.cmd.Process.Pid)
+	for _, args := range []string{"status " + mp, "status"} {
+		out, err := asUser(agentUID, "/", bin+" "+args)
+		if err != nil || !strings.Contains(out, wantState) || !strings.Contains(out, "'sudo hermesfs status "+mp+"'") {
+			t.Errorf("hermesfs %s as the agent's user: %v, want %q and a pointer to sudo:\n%s", args, err, wantState, out)
+		}
+	}
+	out, err := asUser(agentUID, "/", bin+" status --json "+mp)
+	var r daemon.StatusReport
+	if err != nil || json.Unmarshal([]byte(out), &r) != nil || !r.Running || r.PID != d.cmd.Process.Pid || r.RunsAs != "root" || r.Restricted == "" {
+		t.Errorf("hermesfs status --json as the agent's user: %v, %+v:\n%s", err, r, out)
 	}
 
 	// Another user: the home is 0750 and not their group.

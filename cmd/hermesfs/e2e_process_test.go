@@ -20,6 +20,7 @@ import (
 // next log lines fail, SIGPIPE kills nothing, and SIGTERM still publishes
 // the change made after the pipe went away and exits 0.
 func TestE2ESurvivesClosedLogPipe(t *testing.T) {
+	t.Parallel()
 	need(t, "/dev/fuse", "unsquashfs")
 	storeDir := e2eDir(t, "store")
 	mp := e2eDir(t, "home")
@@ -129,6 +130,7 @@ func exitCode(err error) int {
 // DEMO_DIR/home does not stop the recipe; the mount is detached and the
 // demo comes back with the changes the killed daemon had not published.
 func TestE2EDemoAfterKill9(t *testing.T) {
+	t.Parallel()
 	need(t, "/dev/fuse", "make", "fusermount3", "sqlite3") // sqlite3: scripts/deps.sh demo wants it
 	if os.Geteuid() != 0 {
 		t.Skip("standing in for the dead mount (below) mounts FUSE by hand, which needs root")
@@ -270,6 +272,7 @@ func daemonAlive(pid int) bool {
 // working directory (identity, recipients file, store, state dir, log
 // file, mountpoint) still names what it named there.
 func TestE2EBackgroundRelativePaths(t *testing.T) {
+	t.Parallel()
 	need(t, "/dev/fuse")
 	work := e2eDir(t, "cwd")
 	runtime := e2eDir(t, "run")

@@ -87,6 +87,7 @@ func (h *host) browse(mp string, args ...string) *browseProc {
 // and so do those of a read-only mount on another host booted lazily on
 // it; no wrong byte is served. The snapshot kept reads as before.
 func TestE2EPruneRacesReaders(t *testing.T) {
+	t.Parallel()
 	need(t, "/dev/fuse")
 	s3 := startS3Rig(t)
 	stall := startStallProxy(t, s3.faults.URL)
@@ -274,6 +275,7 @@ func errNamesSegment(text, key string) bool {
 // read) keeps it: the publish then lands, LATEST names a complete
 // snapshot, and a new host restores it exactly.
 func TestE2EPruneRacesPublish(t *testing.T) {
+	t.Parallel()
 	need(t, "/dev/fuse")
 	s3 := startS3Rig(t)
 	stall := startStallProxy(t, s3.faults.URL)

@@ -38,6 +38,7 @@ func readmeRecipe(t *testing.T, storeDir string) string {
 // gives back the snapshot's tree: for a plaintext and an encrypted store,
 // of an image whose extents span the segments of several snapshots.
 func TestE2EReadmeRecipe(t *testing.T) {
+	t.Parallel()
 	need(t, "/dev/fuse", "unsquashfs", "age", "dd")
 	for _, encrypted := range []bool{false, true} {
 		t.Run(map[bool]string{false: "plaintext", true: "encrypted"}[encrypted], func(t *testing.T) {

@@ -16,11 +16,9 @@ import (
 // every one restores on a new host, verified, to exactly the tree it was
 // taken of, and exports as a standard squashfs image.
 func TestE2ESegmentSnapshotsS3(t *testing.T) {
+	t.Parallel()
 	need(t, "/dev/fuse", "sqlite3", "unsquashfs")
-	endpoint, bucket, key, secret := s3test.Start(t)
-	t.Setenv("AWS_ACCESS_KEY_ID", key)
-	t.Setenv("AWS_SECRET_ACCESS_KEY", secret)
-	t.Setenv("AWS_REGION", s3test.Region)
+	endpoint, bucket, _, _ := s3test.Start(t) // its credentials are in the environment (TestMain)
 	store := fmt.Sprintf("s3://%s/agents/delta?endpoint=%s&region=%s&path_style=true", bucket, endpoint, s3test.Region)
 
 	// A home whose archive is a few times S3's 5 MiB minimum part: a

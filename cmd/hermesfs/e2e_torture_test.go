@@ -33,6 +33,7 @@ import (
 
 	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
 	"github.com/hermesfs/hermesfs/fs"
+	"github.com/hermesfs/hermesfs/fs/testwatch"
 	"github.com/hermesfs/hermesfs/uploader"
 	"github.com/hermesfs/hermesfs/uploader/faultproxy"
 	"github.com/hermesfs/hermesfs/uploader/image"
@@ -104,6 +105,9 @@ type tortureRig struct {
 
 func newTortureRig(t *testing.T, seed uint64, store string, args ...string) *tortureRig {
 	t.Helper()
+	// Minutes of kill rounds or store outages: longer than other tests
+	// may take before testwatch calls them hung.
+	testwatch.Extend(t, 20*time.Minute)
 	mp := filepath.Join(e2eDir(t, "home"), "h")
 	if err := os.Mkdir(mp, 0o755); err != nil {
 		t.Fatal(err)
@@ -420,6 +424,7 @@ var killModes = []string{
 // be in the mount, every published snapshot must be the tree at one
 // instant, and at the end a new host sees exactly the last state.
 func TestTortureKillAnywhere(t *testing.T) {
+	t.Parallel()
 	need(t, "/dev/fuse", "sqlite3", "unsquashfs", "strace", "chattr")
 	seed := tortureSeed(t)
 	storeDir := e2eDir(t, "store")
@@ -734,6 +739,7 @@ func isUpload(op string) bool {
 // only objects the store holds: a crash leaves at worst objects no
 // manifest names.
 func TestTortureKillDuringUpload(t *testing.T) {
+	t.Parallel()
 	need(t, "/dev/fuse", "sqlite3", "unsquashfs", "chattr")
 	seed := tortureSeed(t)
 	s3 := startS3Rig(t)
@@ -830,6 +836,7 @@ func storeCatalog(t *testing.T, store string) *uploader.Catalog {
 // must detach it and come up with the local changes, without anyone
 // running `hermesfs umount` first.
 func TestTortureRestartOverDeadMount(t *testing.T) {
+	t.Parallel()
 	need(t, "/dev/fuse", "chattr")
 	storeDir := e2eDir(t, "store")
 	mp := filepath.Join(e2eDir(t, "home"), "h")
@@ -899,6 +906,7 @@ func (r *tortureRig) waitPublished(d *daemonProc, line int, within time.Duration
 // its retries with backoff are what publish once the store is back. Finally SIGTERM during an outage exits 5 with the upper
 // layer kept, and the next start publishes it.
 func TestTortureStoreOutage(t *testing.T) {
+	t.Parallel()
 	need(t, "/dev/fuse", "sqlite3", "unsquashfs", "chattr")
 	seed := tortureSeed(t)
 	s3 := startS3Rig(t)
@@ -956,11 +964,13 @@ func TestTortureStoreOutage(t *testing.T) {
 			// the phase's minimum; a black hole holds every request,
 			// so nothing fails until it ends.
 			failed := ph.hole || (st.LastError != "" && !st.LastErrorAt.Before(t0))
-			if long && failed && (!ph.lapse || st.Lease == "lost") {
+			// An outage past the lease's life shows as the lease
+			// lapsed (nobody took it over: it is taken again).
+			if long && failed && (!ph.lapse || st.Lease == "lapsed") {
 				break
 			}
 			if time.Since(t0) > 70*time.Second {
-				if ph.lapse && st.Lease != "lost" {
+				if ph.lapse && st.Lease != "lapsed" {
 					t.Fatalf("%s: the lease never lapsed in 70s (status %+v)", ph.name, st)
 				}
 				t.Fatalf("%s: status shows no error from the outage after 70s: %q at %v", ph.name, st.LastError, st.LastErrorAt)
@@ -1019,6 +1029,7 @@ func TestTortureStoreOutage(t *testing.T) {
 // the same. The next start must not hang on it: it aborts that connection
 // and mounts.
 func TestTortureRestartOverHungMount(t *testing.T) {
+	t.Parallel()
 	need(t, "/dev/fuse")
 	if os.Geteuid() != 0 {
 		t.Skip("aborting a FUSE connection needs root")

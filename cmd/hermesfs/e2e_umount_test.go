@@ -14,6 +14,7 @@ import (
 // says what to pass, as often as it is asked; the daemon goes on serving
 // and, told its state dir, stops with its final snapshot.
 func TestE2EUmountRefusesLiveMountWithoutDaemon(t *testing.T) {
+	t.Parallel()
 	need(t, "/dev/fuse")
 	storeDir := e2eDir(t, "store")
 	mp := e2eDir(t, "home")

@@ -24,6 +24,7 @@ var publishedLine = regexp.MustCompile(`msg="snapshot published" .* pack=(\S+) u
 // seconds: a new host sees every write acknowledged more than D plus a
 // publish or two before the kill.
 func TestE2EWriteBackKill9(t *testing.T) {
+	t.Parallel()
 	need(t, "/dev/fuse")
 	const D = time.Second
 	storeDir := e2eDir(t, "store")
@@ -139,6 +140,7 @@ func TestE2EWriteBackKill9(t *testing.T) {
 // HERMESFS_WRITE_BACK publishes a change by itself, about 10s after it is
 // made, with no interval snapshot and no 'hermesfs snapshot' to do it.
 func TestWriteBackDefault(t *testing.T) {
+	t.Parallel()
 	need(t, "/dev/fuse")
 	storeDir := e2eDir(t, "store")
 	mp := e2eDir(t, "home")

@@ -35,6 +35,10 @@ Examples:
   hermesfs export --snapshot 20261122T134501.123Z-box-1a2b3c4d - | ssh backup 'cat > home.sqfs'
   hermesfs export --identity key.txt --encrypt-to age1... ./home.sqfs.age
 
+Exit status: 0 written, 1 failed (I/O, store unreachable), 2 bad command
+line, 3 corrupt (nothing is left at FILE), 6 encrypted and no --identity
+opens it, 7 the store has no snapshot ID ('hermesfs list' shows its ids).
+
 ` + storeHelp,
 		flags: func(fs *flag.FlagSet) {
 			addStoreFlags(fs)
@@ -66,6 +70,9 @@ func runExport(ctx context.Context, e *env, fs *flag.FlagSet, args []string) err
 	}
 	cat, loc, err := openCatalog(ctx, e, fs)
 	if err != nil {
+		return err
+	}
+	if err := checkNamedSnapshot(ctx, cat, loc, id); err != nil {
 		return err
 	}
 	if id == "" {

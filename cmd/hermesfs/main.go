@@ -15,6 +15,7 @@ import (
 	"syscall"
 
 	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
+	"github.com/hermesfs/hermesfs/uploader"
 )
 
 // Exit codes (defined with the daemon, whose errors carry them). Scripts
@@ -27,6 +28,7 @@ const (
 	exitConflict = daemon.ExitConflict
 	exitUnsynced = daemon.ExitUnsynced
 	exitCrypt    = daemon.ExitCrypt
+	exitNotFound = daemon.ExitNotFound
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -131,7 +133,7 @@ func (e *env) runCommand(ctx context.Context, c *command, args []string) int {
 		return exitOK
 	}
 	code := daemon.ExitCode(err)
-	fmt.Fprintf(e.stderr, "hermesfs %s: %v\n", c.name, err)
+	fmt.Fprintf(e.stderr, "hermesfs %s: %s\n", c.name, explainError(err))
 	if code == exitUsage {
 		fmt.Fprintf(e.stderr, "Run 'hermesfs %s --help' for usage.\n", c.name)
 	}
@@ -198,4 +200,15 @@ func (e *env) commandUsage(w io.Writer, c *command, fset *flag.FlagSet) {
 		fset.PrintDefaults()
 		fset.SetOutput(io.Discard)
 	}
+}
+
+// explainError is err's message led by the plain sentence the store gave
+// it (uploader.Explained: "the bucket does not exist"), if any: the
+// detail, an SDK's error, follows.
+func explainError(err error) string {
+	msg := err.Error()
+	if plain := uploader.Explain(err); plain != "" && !strings.HasPrefix(msg, plain) {
+		return plain + "\n  detail: " + msg
+	}
+	return msg
 }

@@ -25,7 +25,9 @@ extracts it into DIR, which must be empty or not exist. If the newest snapshot
 is corrupt, the newest older one that verifies is restored instead, with a
 warning naming what was skipped (exit status 3 if none verifies). An encrypted
 snapshot needs --identity; with none that opens it the restore stops with exit
-status 6 (it never falls back to an older snapshot it could read).
+status 6 (it never falls back to an older snapshot it could read). A
+--snapshot ID the store does not hold: exit status 7 ('hermesfs list' shows
+the ids it holds).
 
 Examples:
   hermesfs restore ~/hermes-copy
@@ -83,6 +85,9 @@ func runRestore(ctx context.Context, e *env, fs *flag.FlagSet, args []string) er
 	}
 	cat, loc, err := openCatalog(ctx, e, fs)
 	if err != nil {
+		return err
+	}
+	if err := checkNamedSnapshot(ctx, cat, loc, id); err != nil {
 		return err
 	}
 	// The archive is downloaded next to DIR: same file system, and no

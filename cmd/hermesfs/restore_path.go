@@ -35,6 +35,9 @@ func restorePath(ctx context.Context, e *env, fset *flag.FlagSet, id, rel, dest 
 	if err != nil {
 		return err
 	}
+	if err := checkNamedSnapshot(ctx, cat, loc, id); err != nil {
+		return err
+	}
 	var m uploader.Manifest
 	if id == "" {
 		m, err = cat.Latest(ctx)

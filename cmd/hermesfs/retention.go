@@ -32,14 +32,15 @@ func init() {
 }
 
 // addRetentionFlags declares the retention flags; keep receives --keep
-// (nil: a variable of its own).
+// (nil: a variable of its own). Like the --keep-* flags, --keep shows no
+// default of its own: given none of them, the default policy applies
+// (retentionPolicy), not a --keep of 10.
 func addRetentionFlags(fs *flag.FlagSet, keep *int) {
 	if keep == nil {
 		keep = new(int)
-		*keep = uploader.DefaultKeep
 	}
 	d := uploader.DefaultRetention()
-	fs.IntVar(keep, "keep", *keep, "the same as --keep-last (env HERMESFS_KEEP)")
+	fs.IntVar(keep, "keep", 0, fmt.Sprintf("the same as --keep-last (env HERMESFS_KEEP; default %d when no --keep-* flag is given)", d.Last))
 	defaults := map[string]int{"keep-last": d.Last, "keep-hourly": d.Hourly, "keep-daily": d.Daily, "keep-weekly": d.Weekly, "keep-monthly": d.Monthly, "keep-yearly": d.Yearly}
 	for _, r := range retentionCounts {
 		fs.Int(r.flag, 0, fmt.Sprintf("%s; -1: all (env %s; default %d when no --keep-* flag is given)", r.help, r.env, defaults[r.flag]))

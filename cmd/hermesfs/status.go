@@ -41,6 +41,11 @@ state dir its last mount used (the registry in the runtime dir remembers it
 until a reboot), else the default one. When neither holds any state, status
 says so: pass the --state-dir the mount was made with.
 
+A daemon that is not ready yet (a first mount packing and uploading a big
+home) is shown as starting, with what it does. A live mount whose daemon
+runs as another user (root, with --owner) is shown as running, with its pid
+and user and what to run to see the rest: its state is that user's alone.
+
 Exit codes: 0 running, 1 not running (or an error), 2 bad command line.
 
 Examples:
@@ -72,11 +77,22 @@ func statusOne(ctx context.Context, e *env, mountpoint, stateDir string, asJSON 
 	if err == nil && resp.Status != nil {
 		return printStatus(e.stdout, []daemon.StatusReport{*resp.Status}, asJSON)
 	}
+	if errors.Is(err, daemon.ErrNoDaemon) || errors.Is(err, os.ErrPermission) {
+		// Not ours to read: a daemon of another user (root, with
+		// --owner) may serve the mount.
+		if others := daemon.OtherUserMounts(loc.Mountpoint, true); len(others) > 0 {
+			return printStatus(e.stdout, []daemon.StatusReport{otherUserReport(others[0])}, asJSON)
+		}
+	}
 	if !errors.Is(err, daemon.ErrNoDaemon) {
 		if err == nil {
 			err = errors.New("empty answer")
 		}
 		return err
+	}
+	if r, ok := daemon.BootingReport(loc.Mountpoint, loc.StateDir); ok {
+		// Not ready yet: its control socket answers once it is.
+		return printStatus(e.stdout, []daemon.StatusReport{r}, asJSON)
 	}
 	if !stateKnown(loc.StateDir) {
 		return noStateKnown(loc)
@@ -145,11 +161,37 @@ func statusAll(ctx context.Context, e *env, asJSON bool) error {
 		}
 		reports = append(reports, *resp.Status)
 	}
+	if os.Getuid() != 0 {
+		// Mounts of daemons of other users (root, with --owner), whose
+		// registry this user cannot read.
+		known := map[string]bool{}
+		for _, r := range reports {
+			known[r.Mountpoint] = true
+		}
+		for _, o := range daemon.OtherUserMounts("/", false) {
+			if !known[o.Mountpoint] {
+				reports = append(reports, otherUserReport(o))
+			}
+		}
+	}
 	if len(reports) == 0 && !asJSON {
 		fmt.Fprintln(e.stdout, "no hermesfs mounts are running")
 		return nil
 	}
 	return printStatus(e.stdout, reports, asJSON)
+}
+
+// otherUserReport is what status can say of a mount whose daemon runs as
+// another user: that it runs, as whom, and how to see the rest.
+func otherUserReport(o daemon.OtherUserDaemon) daemon.StatusReport {
+	sudo := "sudo "
+	if o.UID != 0 {
+		sudo = "as " + o.User + ": "
+	}
+	return daemon.StatusReport{
+		Mountpoint: o.Mountpoint, Running: true, PID: o.PID, RunsAs: o.User,
+		Restricted: fmt.Sprintf("its state dir and control socket are readable by %s only: run '%shermesfs status %s'", o.User, sudo, o.Mountpoint),
+	}
 }
 
 func printStatus(w io.Writer, rs []daemon.StatusReport, asJSON bool) error {
@@ -176,11 +218,42 @@ func printStatus(w io.Writer, rs []daemon.StatusReport, asJSON bool) error {
 			if r.ReadOnly {
 				state += ", read-only"
 			}
+			if r.Waiting != nil {
+				state += ", not writable yet"
+			}
+			if r.Stopping != "" {
+				state = fmt.Sprintf("stopping (pid %d): %s; gives up at %s", r.PID, r.Stopping, r.StopDeadline.Local().Format(time.TimeOnly))
+			}
+		}
+		if r.Boot != "" {
+			row("mountpoint", "%s", r.Mountpoint)
+			row("state", "starting, not ready yet (pid %d, since %s)", r.PID, r.Started.Local().Format(time.DateTime))
+			row("state dir", "%s", r.StateDir)
+			row("doing", "%s", r.Boot)
+			tw.Flush()
+			continue
+		}
+		if r.Restricted != "" {
+			state = "running (as " + r.RunsAs + ")"
+			if r.PID > 0 {
+				state = fmt.Sprintf("running (pid %d, as %s)", r.PID, r.RunsAs)
+			}
+			row("mountpoint", "%s", r.Mountpoint)
+			row("state", "%s", state)
+			row("details", "%s", r.Restricted)
+			tw.Flush()
+			continue
 		}
 		row("mountpoint", "%s", r.Mountpoint)
 		row("state", "%s", state)
 		row("store", "%s", r.Store)
 		row("state dir", "%s", r.StateDir)
+		if r.Waiting != nil {
+			row("waiting", "%s (since %s)", r.Waiting.Describe(), r.Waiting.Since.Local().Format(time.TimeOnly))
+			row("lease", "%s", r.Lease)
+			tw.Flush()
+			continue
+		}
 		row("base snapshot", "%s", daemon.OrNone(r.Base))
 		if l := r.Lazy; l != nil {
 			row("lazy fill", "%s", daemon.LazyLine(l))
@@ -202,10 +275,14 @@ func printStatus(w io.Writer, rs []daemon.StatusReport, asJSON bool) error {
 		if r.InProgress {
 			row("next snapshot", "in progress")
 		} else if !r.NextDue.IsZero() {
-			row("next snapshot", "due %s (in %s)", r.NextDue.Local().Format(time.TimeOnly), time.Until(r.NextDue).Round(time.Second))
+			row("next snapshot", "due %s (in %s)", clockTime(r.NextDue, time.Now()), time.Until(r.NextDue).Round(time.Second))
 		}
 		if r.LastError != "" {
-			row("last error", "%s (%s)", r.LastError, r.LastErrorAt.Local().Format(time.DateTime))
+			when := r.LastErrorAt.Local().Format(time.DateTime)
+			if !r.LastErrorOver.IsZero() {
+				when += fmt.Sprintf("; over since %s: %s", r.LastErrorOver.Local().Format(time.DateTime), r.LastErrorOverBy)
+			}
+			row("last error", "%s (%s)", r.LastError, when)
 		}
 		row("lease", "%s", r.Lease)
 		if r.Encryption != nil {

@@ -71,7 +71,18 @@ func unpublishedLine(r daemon.StatusReport) string {
 	if r.UnpublishedAge < 10*time.Second {
 		age = r.UnpublishedAge.Round(100 * time.Millisecond)
 	}
-	return fmt.Sprintf("yes, for %s: the changes since %s are not in the store yet", age, r.UnpublishedSince.Local().Format(time.TimeOnly))
+	return fmt.Sprintf("yes, for %s: the changes since %s are not in the store yet", age, clockTime(r.UnpublishedSince, time.Now()))
+}
+
+// clockTime writes t in local time as status shows it: the time of day
+// when t is today, with its date when it is not ("due 08:08:47" a day
+// ahead reads as today).
+func clockTime(t, now time.Time) string {
+	t, now = t.Local(), now.Local()
+	if y, m, d := t.Date(); y == now.Year() && m == now.Month() && d == now.Day() {
+		return t.Format(time.TimeOnly)
+	}
+	return t.Format(time.DateTime)
 }
 
 // printAdopted names what the mount took in at boot from the mountpoint

@@ -6,11 +6,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	iofs "io/fs"
 	"log/slog"
 	"os"
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"github.com/hermesfs/hermesfs/archive"
@@ -190,20 +192,54 @@ func snapshotError(err error) error {
 	return daemon.CryptError(err)
 }
 
-// progress draws a one-line progress bar on a terminal, and nothing
-// elsewhere.
+// checkNamedSnapshot says, before a command reads anything of it, whether
+// the store holds snapshot id, which the user named: when the store has
+// no trace of it (no manifest, no extents, no archive), the id is wrong,
+// not the snapshot corrupt: exit 7, pointing to 'hermesfs list'. A
+// snapshot with some of its objects but no manifest (a publish in
+// progress, or one that crashed), or one pruned later, while the command
+// reads it, is the command's to report, as corrupt.
+func checkNamedSnapshot(ctx context.Context, cat *uploader.Catalog, loc storeurl.Location, id string) error {
+	if id == "" {
+		return nil
+	}
+	if _, err := cat.Manifest(ctx, id); err == nil || !errors.Is(err, iofs.ErrNotExist) {
+		return nil
+	}
+	for _, key := range []string{uploader.ManifestKey(id), uploader.ExtentsKey(id), uploader.ArchiveKey(id)} {
+		if _, err := cat.Store().Stat(ctx, key); !errors.Is(err, iofs.ErrNotExist) {
+			return nil
+		}
+	}
+	return withCode(exitNotFound, fmt.Errorf("no snapshot %s in %s ('hermesfs list' shows the snapshots it holds)", id, loc))
+}
+
+// progressEvery is how often a long download, export or extraction says
+// how far it is when stderr is not a terminal (a log, a pipe, systemd):
+// often enough that it never looks hung, rarely enough for a log.
+const progressEvery = 5 * time.Second
+
+// progress shows how far a long transfer is on stderr: on a terminal, a
+// one-line bar redrawn in place as the percentage moves; elsewhere, a
+// plain line every progressEvery (none for what ends sooner).
 type progress struct {
 	w     io.Writer
 	label string
-	last  int
-	shown bool
+	tty   bool
+	now   func() time.Time
+
+	last            int // percentage drawn (terminal)
+	shown           bool
+	start, lastLine time.Time
 }
 
 func newProgress(w io.Writer, label string) *progress {
-	if !isTerminal(w) {
-		return &progress{}
-	}
-	return &progress{w: w, label: label, last: -1}
+	return newProgressAt(w, label, isTerminal(w), time.Now)
+}
+
+func newProgressAt(w io.Writer, label string, tty bool, now func() time.Time) *progress {
+	t := now()
+	return &progress{w: w, label: strings.TrimSpace(label), tty: tty, now: now, last: -1, start: t, lastLine: t}
 }
 
 func (p *progress) update(done, total int64) {
@@ -211,16 +247,29 @@ func (p *progress) update(done, total int64) {
 		return
 	}
 	pct := int(done * 100 / total)
-	if pct == p.last {
+	if p.tty {
+		if pct == p.last {
+			return
+		}
+		p.last, p.shown = pct, true
+		bar := strings.Repeat("#", pct/4) + strings.Repeat(".", 25-pct/4)
+		fmt.Fprintf(p.w, "\r%-8s [%s] %3d%% %s / %s", p.label, bar, pct, daemon.HumanBytes(done), daemon.HumanBytes(total))
 		return
 	}
-	p.last, p.shown = pct, true
-	bar := strings.Repeat("#", pct/4) + strings.Repeat(".", 25-pct/4)
-	fmt.Fprintf(p.w, "\r%s [%s] %3d%% %s / %s", p.label, bar, pct, daemon.HumanBytes(done), daemon.HumanBytes(total))
+	now := p.now()
+	if now.Sub(p.lastLine) < progressEvery || done >= total {
+		return
+	}
+	p.lastLine = now
+	rate := ""
+	if secs := now.Sub(p.start).Seconds(); secs > 0 {
+		rate = fmt.Sprintf(", %s/s", daemon.HumanBytes(int64(float64(done)/secs)))
+	}
+	fmt.Fprintf(p.w, "%s: %s of %s (%d%%%s)\n", p.label, daemon.HumanBytes(done), daemon.HumanBytes(total), pct, rate)
 }
 
 func (p *progress) done() {
-	if p.shown {
+	if p.tty && p.shown {
 		fmt.Fprintln(p.w)
 	}
 }

@@ -31,7 +31,8 @@ Examples:
 
 Exit status: 0 intact, 1 could not check (I/O, store unreachable), 2 bad
 command line, 3 corrupt (the message names the first bad block and its byte
-offset), 6 encrypted and no --identity opens it.
+offset), 6 encrypted and no --identity opens it, 7 neither a file nor a
+snapshot the store holds ('hermesfs list' shows its ids).
 
 ` + storeHelp,
 		flags: func(fs *flag.FlagSet) { addStoreFlags(fs); addIdentityFlag(fs) },

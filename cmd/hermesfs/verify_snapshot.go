@@ -24,6 +24,9 @@ func verifySnapshot(ctx context.Context, e *env, fs *flag.FlagSet, id string) er
 	if err != nil {
 		return err
 	}
+	if err := checkNamedSnapshot(ctx, cat, loc, id); err != nil {
+		return err
+	}
 	tmp, err := os.MkdirTemp("", "hermesfs-verify-")
 	if err != nil {
 		return err

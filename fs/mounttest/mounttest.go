@@ -5,6 +5,7 @@ package mounttest
 import (
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -15,8 +16,10 @@ import (
 // Main makes a directory (prefix-*, in the system's temporary directory)
 // for the tests' mounts and sets *root to it, runs the tests, then exits:
 // with a failure if a mount is left below root (detached first), after
-// removing root.
+// removing root. The tests' child processes built with -race exit without
+// the race runtime's pause (RaceChildrenExitAtOnce).
 func Main(m *testing.M, prefix string, root *string) {
+	RaceChildrenExitAtOnce()
 	dir, err := os.MkdirTemp("", prefix+"-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -33,4 +36,17 @@ func Main(m *testing.M, prefix string, root *string) {
 	}
 	os.RemoveAll(dir)
 	os.Exit(code)
+}
+
+// RaceChildrenExitAtOnce makes the programs built with -race that the
+// tests start (hermesfs, the test binary as a helper process) exit as
+// soon as they are done. The race runtime otherwise sleeps a second in
+// every exit (GORACE atexit_sleep_ms, 1000 by default), for goroutines
+// still running to report races: a second for each of the hundreds of
+// commands and helpers a test run starts, while every race is still
+// reported when it happens. A GORACE that sets atexit_sleep_ms is kept.
+func RaceChildrenExitAtOnce() {
+	if g := os.Getenv("GORACE"); !strings.Contains(g, "atexit_sleep_ms") {
+		os.Setenv("GORACE", strings.TrimSpace(g+" atexit_sleep_ms=0"))
+	}
 }

@@ -328,6 +328,20 @@ func NewReader(src io.Reader, ids *Identities) (io.Reader, error) {
 	return &authReader{r: r}, nil
 }
 
+// HeaderMax is how many leading bytes of an age file CheckIdentities
+// needs at most: its header (one line per recipient) and payload nonce.
+const HeaderMax = 64 << 10
+
+// CheckIdentities reports whether ids open the age file that starts with
+// prefix (its first bytes: the header and the payload nonce, up to
+// HeaderMax; the payload itself is not needed): nil, a *KeyError
+// (ErrNoIdentity, ErrWrongIdentity), or ErrHeader for a header that is
+// damaged or cut short.
+func CheckIdentities(prefix []byte, ids *Identities) error {
+	_, err := NewReader(bytes.NewReader(prefix), ids)
+	return err
+}
+
 // Open returns a ReaderAt of the plaintext of the age file in src (size
 // bytes of ciphertext) and the plaintext's size. Each ReadAt fetches and
 // authenticates only the 64 KiB chunks that cover it; Open itself reads

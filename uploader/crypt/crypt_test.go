@@ -360,3 +360,37 @@ func newKeyB(b *testing.B, dir string) (string, string) {
 	}
 	return p, pub
 }
+
+// CheckIdentities needs only an age file's first bytes: its header and
+// payload nonce.
+func TestCryptCheckIdentities(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	right, pub := newKey(t, dir, "a.txt")
+	wrong, _ := newKey(t, dir, "b.txt")
+	r, _ := ParseRecipients([]string{pub})
+	ct := seal(t, bytes.Repeat([]byte("payload "), 64<<10), r)
+	end := bytes.Index(ct, []byte("\n---"))
+	if end < 0 {
+		t.Fatal("no header end")
+	}
+	end = bytes.IndexByte(ct[end+1:], '\n') + end + 2 // past the MAC line
+	prefix := ct[:end+16]                             // and the nonce
+	ids, _ := LoadIdentities([]string{right})
+	if err := CheckIdentities(prefix, ids); err != nil {
+		t.Errorf("the right identity on the header alone: %v", err)
+	}
+	if err := CheckIdentities(ct[:min(len(ct), HeaderMax)], ids); err != nil {
+		t.Errorf("the right identity on HeaderMax bytes: %v", err)
+	}
+	bad, _ := LoadIdentities([]string{wrong})
+	if err := CheckIdentities(prefix, bad); !errors.Is(err, ErrWrongIdentity) {
+		t.Errorf("a wrong identity: %v", err)
+	}
+	if err := CheckIdentities(prefix, nil); !errors.Is(err, ErrNoIdentity) {
+		t.Errorf("no identity: %v", err)
+	}
+	if err := CheckIdentities(prefix[:end/2], ids); !errors.Is(err, ErrHeader) {
+		t.Errorf("a header cut short: %v", err)
+	}
+}

@@ -21,6 +21,9 @@
 //	X.present   the chunks of X.partial that are durable and verified
 //	X.etag      the object they came from
 //	B.sums      the segment's digests (checked against the manifest)
+//	B.age-header an encrypted segment's first bytes (its age header), kept
+//	            to check identities against once only the plaintext is
+//	            left (Image.CheckIdentities)
 //
 // A cache bounded in bytes (hermesfs browse, which keeps every snapshot it
 // entered open): give the pool's Options.Lazy a lazy.Budget. The chunks
@@ -153,6 +156,88 @@ type segment struct {
 	// closed: no image uses it any more (a completion after that opens
 	// nothing).
 	closed bool
+	// keyOK: the pool's identities opened its age header (an encrypted
+	// segment opened from its ciphertext, or checked by
+	// CheckIdentities).
+	keyOK bool
+}
+
+// HeaderExt ends the name of the file keeping an encrypted segment's first
+// bytes (its age header) in the cache: B + HeaderExt.
+const HeaderExt = ".age-header"
+
+// CheckIdentities checks that the pool's identities open every encrypted
+// segment of the image. A segment read from its ciphertext was checked
+// when it opened; one whose plaintext is complete in the cache is read
+// without any key, so its age header is checked here: from the cache
+// (B.age-header), else from the store (the object's first bytes, then
+// kept). Errors: an *uploader.KeyError when they do not open it (nothing
+// of the image should be served then), a CorruptError for a damaged
+// header, the store's error when it is needed and does not answer.
+func (im *Image) CheckIdentities(ctx context.Context) error {
+	if im.m.Encryption == nil {
+		return nil
+	}
+	for _, s := range im.order {
+		s.mu.RLock()
+		ok := !s.enc || s.keyOK
+		s.mu.RUnlock()
+		if ok {
+			continue
+		}
+		hdr, err := im.pool.header(ctx, s)
+		if err == nil {
+			err = crypt.CheckIdentities(hdr, im.pool.o.Identities)
+		}
+		if err != nil {
+			return segmentCryptError(im.m, s.ref.Key, err)
+		}
+		s.mu.Lock()
+		s.keyOK = true
+		s.mu.Unlock()
+	}
+	return nil
+}
+
+// header returns encrypted segment s's first bytes (crypt.HeaderMax at
+// most): kept in the cache, else fetched and kept.
+func (p *Pool) header(ctx context.Context, s *segment) ([]byte, error) {
+	path := s.plain + HeaderExt
+	if b, err := os.ReadFile(path); err == nil && len(b) > 0 {
+		return b, nil
+	}
+	n := int64(crypt.HeaderMax)
+	if s.sums != nil && s.sums.Size > 0 {
+		n = min(n, s.sums.Size)
+	}
+	rc, _, err := p.o.Store.Get(ctx, s.ref.Key, 0, n)
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(rc)
+	if err != nil {
+		return nil, err
+	}
+	if err := uploader.WriteFileAtomic(path, b, 0o600); err != nil {
+		p.log.Warn("image: keeping a segment's age header", "segment", s.ref.Key, "err", err)
+	}
+	return b, nil
+}
+
+// keepHeader keeps the first bytes of the ciphertext file src of
+// encrypted segment s, before src goes.
+func (p *Pool) keepHeader(s *segment, src string) {
+	f, err := os.Open(src)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	b := make([]byte, crypt.HeaderMax)
+	n, _ := io.ReadFull(f, b)
+	if n > 0 {
+		uploader.WriteFileAtomic(s.plain+HeaderExt, b[:n], 0o600)
+	}
 }
 
 // PlainName is the base name of segment key's plaintext in a cache
@@ -433,7 +518,7 @@ func (p *Pool) openSegment(m uploader.Manifest, ref uploader.SegmentRef, sums *u
 		lz.Close()
 		return nil, segmentCryptError(m, ref.Key, err)
 	}
-	s.ra, s.size = pr, n
+	s.ra, s.size, s.keyOK = pr, n, true
 	if lz.Complete() {
 		p.finishSegment(s, lo.Path) // p.mu is held: no image to tell yet
 	}
@@ -487,6 +572,7 @@ func (p *Pool) segmentComplete(s *segment, path string) {
 // ciphertext is decrypted into it first. It reports whether it did.
 func (p *Pool) finishSegment(s *segment, path string) bool {
 	if s.enc {
+		p.keepHeader(s, path)
 		if err := decryptFile(path, s.plain, p.o.Identities); err != nil {
 			p.log.Warn("image: decrypting a complete segment; reads stay on the ciphertext cache", "segment", s.ref.Key, "err", err)
 			return false

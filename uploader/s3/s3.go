@@ -43,6 +43,7 @@ import (
 	awss3 "github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"github.com/aws/smithy-go"
+	"github.com/aws/smithy-go/logging"
 	smithymiddleware "github.com/aws/smithy-go/middleware"
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 
@@ -136,6 +137,11 @@ func New(ctx context.Context, c Config) (*Store, error) {
 		}),
 		config.WithRequestChecksumCalculation(aws.RequestChecksumCalculationWhenRequired),
 		config.WithResponseChecksumValidation(aws.ResponseChecksumValidationWhenRequired),
+		// The SDK's own warnings ("Response has no supported checksum",
+		// credential lookups) went to stderr unasked, where they only
+		// confuse: they go to the store's logger at debug level, and
+		// what matters reaches the user in the errors.
+		config.WithLogger(sdkLogger{c.Logger}),
 	}
 	if c.Region != "" {
 		opts = append(opts, config.WithRegion(c.Region))
@@ -728,8 +734,14 @@ func (s *Store) wrap(op, key string, err error) error {
 	if errors.As(err, &resp) {
 		status = resp.HTTPStatusCode()
 	}
+	plain := s.explain(code, status, err)
 	err = fmt.Errorf("s3: %s %s: %w", op, key, err)
+	if plain != "" {
+		err = uploader.Explained(plain, err)
+	}
 	switch {
+	case isCredentialsError(err):
+		return uploader.Permanent(err) // no request was sent: nothing to retry
 	case code == "NoSuchKey" || (status == 404 && (code == "NotFound" || code == "")):
 		return fmt.Errorf("%w (%w)", err, iofs.ErrNotExist)
 	case status == 412 || code == "PreconditionFailed":
@@ -743,6 +755,48 @@ func (s *Store) wrap(op, key string, err error) error {
 		return uploader.Permanent(err) // 403, NoSuchBucket, InvalidArgument...
 	}
 	return err
+}
+
+// sdkLogger is the SDK's logger as the store's slog logger, at debug
+// level.
+type sdkLogger struct{ l *slog.Logger }
+
+func (s sdkLogger) Logf(c logging.Classification, format string, v ...any) {
+	s.l.Debug("aws sdk: "+fmt.Sprintf(format, v...), "class", string(c))
+}
+
+// explain says in one sentence what a failed request means to a user,
+// when the answer (its code and status) or the error tells: "" when it
+// is nothing a sentence helps with (a missing key, a failed condition).
+func (s *Store) explain(code string, status int, err error) string {
+	where := fmt.Sprintf("bucket %q", s.bucket)
+	switch {
+	case isCredentialsError(err):
+		return "no AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE (~/.aws/credentials), or run where an instance role provides them"
+	case code == "NoSuchBucket":
+		return fmt.Sprintf("the %s does not exist (at this endpoint and region): check the bucket in --store", where)
+	case code == "SignatureDoesNotMatch":
+		return "the store refused the credentials: the secret key does not match the access key (check AWS_SECRET_ACCESS_KEY)"
+	case code == "InvalidAccessKeyId" || code == "XAdminUserNotFound":
+		return "the store does not know the access key (check AWS_ACCESS_KEY_ID)"
+	case code == "ExpiredToken" || code == "InvalidToken":
+		return "the store refused the credentials: the session token is expired or invalid (refresh AWS_SESSION_TOKEN, or log in again)"
+	case code == "AccessDenied" || status == 403:
+		return fmt.Sprintf("access to the %s was denied: the credentials lack permission for its prefix", where)
+	case code == "PermanentRedirect" || code == "AuthorizationHeaderMalformed" && strings.Contains(err.Error(), "region"):
+		return fmt.Sprintf("the %s is in another region: set --s3-region or AWS_REGION", where)
+	case status == 0 && strings.Contains(err.Error(), "request send failed"):
+		return "the store does not answer (its server cannot be reached)"
+	}
+	return ""
+}
+
+// isCredentialsError reports a request that was never sent because no
+// credentials could be found.
+func isCredentialsError(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "get credentials: ") || strings.Contains(msg, "failed to retrieve credentials") ||
+		strings.Contains(msg, "failed to refresh cached credentials")
 }
 
 // serverDate is the Date header of the response: the server's clock when

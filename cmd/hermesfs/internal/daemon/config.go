@@ -41,6 +41,19 @@ type Config struct {
 	// ReadOnly mounts the newest snapshot read-only and never publishes.
 	ReadOnly bool
 
+	// LeaseWait bounds how long a writable mount waits to become
+	// writable when it cannot take the store's writer lease at boot:
+	// another host holds it (until that lease lapses or is released), or
+	// the store does not answer. Meanwhile the mount shows what it safely
+	// can, read-only (writes fail with EROFS), and says what it waits
+	// for. 0 refuses at once (exit 4 for a held lease). Env
+	// HERMESFS_LEASE_WAIT.
+	LeaseWait time.Duration
+
+	// LeaseTTL is the writer lease's life without renewal; 0 is
+	// uploader.DefaultLeaseTTL. Tests shorten it (HERMESFS_TEST_LEASE_TTL).
+	LeaseTTL time.Duration
+
 	// OnConflict says what to do when the upper layer holds unpublished
 	// changes but another host published since: "" (refuse), "keep-local"
 	// or "discard-local".

@@ -26,6 +26,10 @@ import (
 //	{"op":"shutdown"}  -> {"shutdown":{...}} once the daemon has taken its final
 //	                      snapshot and unmounted; the daemon exits right after
 //
+// While the daemon stops, status is still answered (statusReport.Stopping
+// says what the stop is doing), snapshot is refused, and shutdown waits
+// for the stop's outcome.
+//
 // A failure is {"error":"...","code":N}, N being the exit code the client
 // should end with. Only the owner can connect (0600 in a 0700 directory).
 
@@ -69,15 +73,19 @@ type controlHandler interface {
 
 // controlServer serves the control socket.
 type controlServer struct {
-	ln      *net.UnixListener
-	path    string
-	h       controlHandler
-	log     *slog.Logger
-	ctx     context.Context
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
-	closing chan struct{}
-	once    sync.Once
+	ln     *net.UnixListener
+	path   string
+	h      controlHandler
+	log    *slog.Logger
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	// closing is closed once the daemon stops: snapshots are refused,
+	// status and shutdown still answered; closed once the listener is.
+	closing    chan struct{}
+	closed     chan struct{}
+	refuseOnce sync.Once
+	once       sync.Once
 }
 
 // listenControl binds path (removing a stale socket left by a killed
@@ -101,7 +109,7 @@ func listenControl(path string, h controlHandler, log *slog.Logger) (*controlSer
 		return nil, fmt.Errorf("control socket %s: %w", path, err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &controlServer{ln: ln, path: path, h: h, log: log, ctx: ctx, cancel: cancel, closing: make(chan struct{})}
+	s := &controlServer{ln: ln, path: path, h: h, log: log, ctx: ctx, cancel: cancel, closing: make(chan struct{}), closed: make(chan struct{})}
 	s.wg.Add(1)
 	go s.serve()
 	return s, nil
@@ -113,7 +121,7 @@ func (s *controlServer) serve() {
 		c, err := s.ln.AcceptUnix()
 		if err != nil {
 			select {
-			case <-s.closing:
+			case <-s.closed:
 				return
 			default:
 			}
@@ -157,7 +165,7 @@ func (s *controlServer) dispatch(req controlRequest) controlResponse {
 	case "snapshot":
 		select {
 		case <-s.closing:
-			return controlResponse{Error: "shutting down", Code: exitFailure}
+			return controlResponse{Error: "the daemon is stopping: its final snapshot is the last one ('hermesfs status' says how far it is)", Code: exitFailure}
 		default:
 		}
 		r, err := s.h.snapshot(s.ctx)
@@ -172,11 +180,18 @@ func (s *controlServer) dispatch(req controlRequest) controlResponse {
 	return controlResponse{Error: fmt.Sprintf("unknown op %q", req.Op), Code: exitUsage}
 }
 
+// refuse makes the server refuse new snapshots: the daemon is stopping.
+// Status and shutdown requests are still answered.
+func (s *controlServer) refuse() {
+	s.refuseOnce.Do(func() { close(s.closing) })
+}
+
 // stopAccepting closes the listener: no new requests. Requests in flight
 // (a shutdown waiting for its answer) go on.
 func (s *controlServer) stopAccepting() {
+	s.refuse()
 	s.once.Do(func() {
-		close(s.closing)
+		close(s.closed)
 		s.ln.Close()
 		os.Remove(s.path)
 	})

@@ -6,11 +6,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	iofs "io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -28,7 +30,8 @@ import (
 //
 // Life: boot (lock the state dir, open the store, take the lease, decide the
 // lower layer, mount) -> serve (ready line, READY=1, control socket, timer)
-// -> stop (final snapshot with the mount live, unmount, rebase, release).
+// -> stop (final snapshot, which seals the mount, unmount, rebase, release:
+// stop.go).
 // A signal during boot aborts it; once ready, a signal starts stop, which
 // runs to its end on its own deadline (--stop-timeout).
 //
@@ -86,7 +89,12 @@ type daemon struct {
 	inProgress bool
 	lastErr    string
 	lastErrAt  time.Time
-	leaseState string
+	// lastErrStore: the last error was the store's or a publish's;
+	// lastErrOver is when something (lastErrOverBy) showed it over.
+	lastErrStore  bool
+	lastErrOver   time.Time
+	lastErrOverBy string
+	leaseState    string
 	// leaseGone: the lease was lost and another host has published
 	// since; it is never taken again (reacquireLease).
 	leaseGone bool
@@ -118,8 +126,42 @@ type daemon struct {
 	bgCtx    context.Context
 	bgCancel context.CancelFunc
 
+	// newStoreDir is the local store directory this boot creates, named
+	// explicitly but missing (checkStoreConfig).
+	newStoreDir string
+
 	// relet passes the serve loop the Lost channel of a lease taken again.
 	relet chan (<-chan struct{})
+
+	// The stop (stop.go): what it does now and since when (status shows
+	// it), when it gives up, and whether a second signal abandoned its
+	// final snapshot.
+	stopStep  stopStep
+	stopPhase string
+	stopSince time.Time
+	stopBy    time.Time
+	abandoned atomic.Bool
+
+	// While the lease is awaited at boot (leasewait.go): booting until
+	// the mount is ready (status then reports waiting alone, snapshots
+	// are refused); waiting is what it waits for; the mount shown
+	// meanwhile is d.ov over the lower layer shown (showing says what
+	// it is, offline: the state dir's, the store not answering).
+	// previewing: decideBase decides what to show, not what to write
+	// on; refuseWrites: the next mount refuses changes. ctl is the
+	// control socket, listening from the wait on.
+	booting      bool
+	waiting      *waitReport
+	shown        string
+	showing      string
+	offline      bool
+	previewing   bool
+	previewErr   string
+	refuseWrites bool
+	ctl          *controlServer
+	// underneath: the mountpoint directory, opened before the mount
+	// shown while waiting covered it (underneathWaits).
+	underneath *os.File
 
 	stopOnce  sync.Once
 	stopCh    chan struct{}
@@ -135,6 +177,7 @@ func runDaemon(ctx context.Context, e *env, cfg *Config, p parts) error {
 		stopCh:    make(chan struct{}),
 		resultSet: make(chan struct{}),
 		started:   time.Now(),
+		booting:   true,
 	}
 	d.root = e.Logger
 	if d.root == nil {
@@ -148,23 +191,104 @@ func runDaemon(ctx context.Context, e *env, cfg *Config, p parts) error {
 		return err
 	}
 	defer d.met.close()
-	if err := d.boot(ctx); err != nil {
+	err = d.boot(ctx)
+	d.clearBootStatus()
+	if err != nil {
 		d.cleanupBoot(true)
-		return err
+		return d.endBoot(err)
 	}
 	d.met.ready()
 	return d.serve(ctx)
 }
 
+// listen starts the control socket and registers the mount for `hermesfs
+// status`, once: at the wait for the lease, else once the mount is ready.
+func (d *daemon) listen() error {
+	if d.ctl != nil {
+		return nil
+	}
+	ctl, err := listenControl(d.sd.socket(), d, d.log)
+	if err != nil {
+		return err
+	}
+	d.ctl = ctl
+	rdir := RuntimeDir(os.Getuid(), d.e.Getenv)
+	if err := registerMount(rdir, registryEntry{Mountpoint: d.cfg.Mountpoint, StateDir: d.sd.path, Socket: d.sd.socket(), PID: os.Getpid(), Store: d.st.Store}); err != nil {
+		d.log.Warn("cannot register the mount for 'hermesfs status'", "err", err)
+	}
+	return nil
+}
+
+// endBoot finishes a boot that failed or was stopped (err) once it is
+// cleaned up: a `hermesfs umount` waiting on the control socket gets the
+// outcome, the registry records the stop. A stop while waiting for the
+// lease is no failure: its code is the outcome's.
+func (d *daemon) endBoot(err error) error {
+	res := shutdownResult{Code: ExitCode(err), Error: err.Error()}
+	var stopped *errStoppedWaiting
+	if errors.As(err, &stopped) {
+		res.Code = stopped.code
+		if res.Code == exitOK {
+			d.log.Info("stopped", "why", stopped.why)
+			err = nil
+		} else {
+			err = withCode(res.Code, errors.New(stopped.why))
+		}
+	}
+	if d.ctl != nil {
+		d.result = res
+		close(d.resultSet)
+		d.ctl.close(5 * time.Second)
+		markStopped(RuntimeDir(os.Getuid(), d.e.Getenv), d.cfg.Mountpoint, os.Getpid())
+	}
+	return err
+}
+
+// notify puts status on the systemd status line (STATUS=).
+func (d *daemon) notify(status string) {
+	sdNotify(d.e.Getenv, "STATUS="+status)
+}
+
 func (d *daemon) setErr(err error) {
 	d.mu.Lock()
 	d.lastErr, d.lastErrAt = err.Error(), time.Now()
+	d.lastErrStore, d.lastErrOver, d.lastErrOverBy = false, time.Time{}, ""
+	d.mu.Unlock()
+}
+
+// setStoreErr records an error of the store or of publishing, which the
+// next snapshot that publishes (or the lease taken again) ends: status
+// then shows it as over (resolveStoreErr).
+func (d *daemon) setStoreErr(err error) {
+	d.setErr(err)
+	d.mu.Lock()
+	d.lastErrStore = true
+	d.mu.Unlock()
+}
+
+// resolveStoreErr marks the last error over, if it is the store's, by
+// what ended it.
+func (d *daemon) resolveStoreErr(by string) {
+	d.mu.Lock()
+	if d.lastErrStore && d.lastErrOver.IsZero() {
+		d.lastErrOver, d.lastErrOverBy = time.Now(), by
+	}
 	d.mu.Unlock()
 }
 
 // boot goes from nothing to a ready mount.
 func (d *daemon) boot(ctx context.Context) error {
 	cfg := d.cfg
+	mp, err := ResolveMountpoint(cfg.Mountpoint)
+	if err != nil {
+		return err
+	}
+	if mp != cfg.Mountpoint {
+		d.log.Info("the mountpoint is a symlink: mounting on the directory it names", "symlink", cfg.Mountpoint, "target", mp)
+		cfg.Mountpoint = mp
+		d.base = d.root.With("mountpoint", mp)
+		d.log = d.base.With("component", "daemon")
+	}
 	if cfg.StateDir == "" {
 		sd, err := DefaultStateDir(cfg.Mountpoint, os.Getuid(), d.e.Getenv)
 		if err != nil {
@@ -173,6 +297,9 @@ func (d *daemon) boot(ctx context.Context) error {
 		cfg.StateDir = sd
 	}
 	if err := d.checkStoreConfig(); err != nil {
+		return err
+	}
+	if err := checkFUSE(); err != nil {
 		return err
 	}
 	if fs.IsMountpoint(cfg.Mountpoint) {
@@ -188,7 +315,7 @@ func (d *daemon) boot(ctx context.Context) error {
 		return fmt.Errorf("mountpoint %s: not a directory", cfg.Mountpoint)
 	}
 
-	sd, err := openStateDir(cfg.StateDir)
+	sd, err := d.lockStateDir(cfg.StateDir)
 	if err != nil {
 		return err
 	}
@@ -217,40 +344,54 @@ func (d *daemon) boot(ctx context.Context) error {
 		}
 	}
 
+	d.notify("opening the store " + d.st.Store)
 	d.cat, err = d.parts.openCatalog(ctx, d)
 	if err != nil {
 		return fmt.Errorf("store %s: %w", d.st.Store, err)
 	}
+	if d.newStoreDir != "" {
+		d.log.Warn("NEW EMPTY STORE: the store directory did not exist and was created; if you meant an existing store, stop now and check --store (a typo?)", "store", d.newStoreDir)
+	}
 
 	if cfg.ReadOnly {
 		d.leaseState = "none"
-	} else {
-		d.lease, err = d.cat.Lease(ctx, d.leaseHolder())
-		if err != nil {
-			if errors.Is(err, errLeaseHeld) {
-				hint := "use --read-only to mount the newest snapshot read-only"
-				if held, ok := errors.AsType[*uploader.LeaseHeldError](err); ok && held.SameMachine {
-					if mp, ok := strings.CutPrefix(held.Holder, "hermesfs mount "); ok {
-						hint = fmt.Sprintf("stop that mount first ('hermesfs umount %s'), or %s", mp, hint)
-					}
-				}
-				return withCode(exitConflict, fmt.Errorf("%w (%s)", err, hint))
-			}
-			return fmt.Errorf("lease: %w", err)
-		}
-		d.leaseState = "held"
+	} else if err := d.takeLease(ctx); err != nil {
+		// Waited for (leasewait.go) if it may be.
+		return err
 	}
 
 	lower, err := d.decideBase(ctx)
+	if d.ov != nil && (errors.Is(err, errRemount) || err == nil && lower != d.shown) {
+		// The tree shown while waiting for the lease is not the one to
+		// write on (LATEST moved, or the local changes go aside):
+		// replace it, deciding again with the upper layer free.
+		d.log.Info("the tree shown while waiting is not the one to write on: replacing it before any write", "shown", OrNone(d.showing), "latest", OrNone(d.expect))
+		d.dropPreview()
+		lower, err = d.decideBase(ctx)
+	} else if d.ov != nil && err == nil && d.underneathWaits(ctx) {
+		// Files written into the mountpoint directory before the home
+		// was shown over it: a mount takes them in before it covers
+		// the directory (underneath.go).
+		d.log.Info("the mountpoint directory underneath the tree shown while waiting holds files to take in: mounting again before any write", "shown", OrNone(d.showing))
+		d.dropPreview()
+		lower, err = d.decideBase(ctx)
+	}
 	if err != nil {
 		return err
 	}
 	if l, ok := d.lease.(interface{ SetBase(string) }); ok && d.st.Base != "" {
 		l.SetBase(d.st.Base) // the lease names it: prune keeps it
 	}
-	d.ov, err = d.parts.mount(ctx, d, lower)
-	if err != nil {
-		return fmt.Errorf("mount %s: %w", cfg.Mountpoint, err)
+	shown := d.ov != nil // the tree shown while waiting is the one decided
+	if !shown {
+		d.notify("mounting " + cfg.Mountpoint)
+		ov, err := d.parts.mount(ctx, d, lower)
+		if err != nil {
+			return fmt.Errorf("mount %s: %w", cfg.Mountpoint, err)
+		}
+		d.mu.Lock()
+		d.ov = ov
+		d.mu.Unlock()
 	}
 	d.publishedGen = d.ov.Generation()
 	d.st.CleanShutdown = false
@@ -267,6 +408,12 @@ func (d *daemon) boot(ctx context.Context) error {
 		// saves nothing and leaves it to the writer.
 		os.Remove(filepath.Join(d.sd.packDir(), "next.seg"))
 	}
+	if shown {
+		// Writable as it is, with no remount; only now that state.json
+		// says the upper layer may hold unpublished changes.
+		d.ov.AllowWrites()
+		d.log.Info("the writer lease is ours: the mount is writable", "snapshot", OrNone(d.st.Base), "waited", time.Since(d.started).Round(time.Millisecond))
+	}
 	return nil
 }
 
@@ -278,8 +425,21 @@ func (d *daemon) checkStoreConfig() error {
 	if err != nil {
 		return err
 	}
-	if _, err := storeurl.Parse(raw, o); err != nil {
+	loc, err := storeurl.Parse(raw, o)
+	if err != nil {
 		return usageError("%v", err)
+	}
+	if loc.Scheme == "file" && raw != "" && !d.cfg.ReadOnly {
+		// A store named by a path that does not exist is most likely a
+		// typo: a new store is made only where its parent exists, and
+		// said loudly (newStoreDir).
+		if _, err := os.Stat(loc.Dir); errors.Is(err, iofs.ErrNotExist) {
+			parent := filepath.Dir(loc.Dir)
+			if _, err := os.Stat(parent); err != nil {
+				return usageError("store %s: the directory does not exist, nor its parent %s (a typo?); to start a new store there, create the parent first (mkdir -p %s)", loc.Dir, parent, parent)
+			}
+			d.newStoreDir = loc.Dir
+		}
 	}
 	var co uploader.CatalogOptions
 	return d.e.Encryption(&co)
@@ -291,6 +451,10 @@ func (d *daemon) checkStoreConfig() error {
 func (d *daemon) cleanupBoot(refused bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	if d.underneath != nil {
+		d.underneath.Close()
+		d.underneath = nil
+	}
 	if d.ov != nil {
 		d.ov.Unmount(ctx)
 	}
@@ -303,7 +467,9 @@ func (d *daemon) cleanupBoot(refused bool) {
 	}
 	if d.sd != nil {
 		if refused {
-			d.sd.removeCreated()
+			// A state dir this boot made goes whole unless a seed
+			// published from it.
+			d.sd.removeCreated(d.st.LastPublished == "")
 		}
 		d.sd.close()
 	}
@@ -335,19 +501,23 @@ func (d *daemon) decideBase(ctx context.Context) (string, error) {
 		d.roBase = got
 		return d.sd.cached(got), nil
 	}
-	if err := d.migrateCache(); err != nil {
-		return "", fmt.Errorf("state dir: %w", err)
-	}
-	if err := d.newImages(d.sd.segmentsDir()); err != nil {
+	if err := d.openCache(); err != nil {
 		return "", err
 	}
+	// Decided anew: a decision made while the lease was awaited (what to
+	// show) may have found local changes that this one sets aside.
+	d.pending = false
+	// inUse: the mount shown while the lease was awaited (leasewait.go)
+	// serves the upper layer: nothing may move it; a decision that
+	// would is errRemount, taken before anything changes.
+	inUse := d.ov != nil
 
 	changed, err := fs.UpperHasChanges(d.sd.upper())
 	if err != nil {
 		return "", fmt.Errorf("state dir: %w", err)
 	}
 	upperEmpty := !changed
-	if empty, _ := DirEmpty(d.sd.upper()); upperEmpty && !empty {
+	if empty, _ := DirEmpty(d.sd.upper()); upperEmpty && !empty && !inUse {
 		// Only the overlay's bookkeeping: start the new mount without it.
 		if err := d.clearUpper("unchanged"); err != nil {
 			return "", err
@@ -378,6 +548,9 @@ func (d *daemon) decideBase(ctx context.Context) (string, error) {
 			}
 		}
 		if stored {
+			if inUse {
+				return "", errRemount
+			}
 			if err := d.clearUpper("published"); err != nil {
 				return "", err
 			}
@@ -413,6 +586,9 @@ func (d *daemon) decideBase(ctx context.Context) (string, error) {
 			d.log.Warn("another host published since our changes; keeping ours (--on-conflict keep-local): the next snapshot replaces theirs as LATEST", "ours", OrNone(ours), "theirs", latest.ID)
 			return d.baseFile(ctx, st.Base)
 		case cfg.OnConflict == "discard-local":
+			if inUse {
+				return "", errRemount
+			}
 			to, err := setAside(d.sd.upper(), "discarded")
 			if err != nil {
 				return "", err
@@ -441,6 +617,11 @@ func (d *daemon) decideBase(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("mountpoint: %w", err)
 	}
+	if d.previewing {
+		// Nothing published to show, and a seed publishes: that waits
+		// for the lease. The mountpoint directory stays in view.
+		return "", errNothingToShow
+	}
 	if empty {
 		d.log.Info("empty store and empty mountpoint: starting from an empty tree")
 		st.Base = ""
@@ -449,23 +630,42 @@ func (d *daemon) decideBase(ctx context.Context) (string, error) {
 	return d.seed(ctx)
 }
 
+// openCache migrates what an older hermesfs left in the state dir and
+// opens the image pool over its cache, once: the images of a mount shown
+// while the lease was awaited stay open in it.
+func (d *daemon) openCache() error {
+	if d.imgs != nil {
+		return nil
+	}
+	if err := d.migrateCache(); err != nil {
+		return fmt.Errorf("state dir: %w", err)
+	}
+	return d.newImages(d.sd.segmentsDir())
+}
+
 // seed publishes the mountpoint directory's contents as the first snapshot
 // and makes it the base.
 func (d *daemon) seed(ctx context.Context) (string, error) {
 	t0 := time.Now()
+	d.notify("seeding the store: packing " + d.cfg.Mountpoint + " as the first snapshot")
+	d.log.Info("seeding the store: packing the mountpoint directory as the first snapshot", "dir", d.cfg.Mountpoint)
 	// What the pack reads is in the snapshot; what changes from now on
 	// is taken in at this boot's look underneath (underneath.go).
 	d.st.UnderneathChecked = d.underneathMark()
 	out := filepath.Join(d.sd.packDir(), "next.seg")
-	ps, err := d.parts.packDir(ctx, d.cfg.Mountpoint, out)
+	progress := newSeedProgress(d)
+	progress.started()
+	ps, err := d.parts.packDir(ctx, d.cfg.Mountpoint, out, progress.packed)
 	if err != nil {
 		return "", fmt.Errorf("seed from %s: %w", d.cfg.Mountpoint, err)
 	}
+	progress.packDone(ps)
 	packTime := time.Since(t0)
 	t1 := time.Now()
+	d.notify(fmt.Sprintf("seeding the store: uploading the first snapshot (%s, %d files)", HumanBytes(ps.Segment), ps.Files))
 	var pr uploader.Published
 	err = contain(func() (err error) {
-		in := uploader.ImageInput{Segment: out, Extents: ps.Extents, Files: ps.Files, MetaOffset: ps.MetaOffset}
+		in := uploader.ImageInput{Segment: out, Extents: ps.Extents, Files: ps.Files, MetaOffset: ps.MetaOffset, Progress: progress.uploaded}
 		if d.cfg.Standalone {
 			// The first image is its one segment.
 			f, err := os.Open(out)
@@ -508,6 +708,13 @@ func (d *daemon) adoptSegment(out string, p uploader.Published) error {
 		if err := uploader.WriteFileAtomic(filepath.Join(dir, image.PlainName(p.Segment)+uploader.SumsExt), p.SegmentSums, 0o600); err != nil {
 			return err
 		}
+		if len(p.SegmentHeader) > 0 {
+			// The identities are checked against it at the next boot,
+			// which may find the store silent (Image.CheckIdentities).
+			if err := uploader.WriteFileAtomic(filepath.Join(dir, image.PlainName(p.Segment)+image.HeaderExt), p.SegmentHeader, 0o600); err != nil {
+				return err
+			}
+		}
 	} else {
 		os.Remove(out)
 	}
@@ -538,6 +745,7 @@ func (d *daemon) baseFile(ctx context.Context, base string) (string, error) {
 // hermesfs's) is downloaded whole into the cache first.
 func (d *daemon) openBase(ctx context.Context, id string) (*openImage, error) {
 	t0 := time.Now()
+	d.notify("opening snapshot " + id)
 	o, complete, err := d.bootImage(ctx, id, nil)
 	if errors.Is(err, image.ErrNoDigests) {
 		m, merr := d.cachedManifest(ctx, id)
@@ -545,12 +753,20 @@ func (d *daemon) openBase(ctx context.Context, id string) (*openImage, error) {
 			return nil, merr
 		}
 		d.log.Info("the snapshot has no chunk digests (an older hermesfs made it); downloading it whole", "id", id)
+		d.notify("downloading snapshot " + id + " whole (an older hermesfs made it)")
 		dst := filepath.Join(d.sd.segmentsDir(), image.PlainName(m.Archive))
 		if _, err := d.cat.Fetch(ctx, id, dst); err != nil {
 			return nil, err
 		}
 		d.verifyBase = true
 		o, complete, err = d.bootImage(ctx, id, &m)
+	}
+	if err == nil {
+		// An encrypted snapshot complete in the cache reads without a
+		// key: the identities are checked against it all the same, so
+		// that a wrong or missing --identity is refused (exit 6) here,
+		// not on the next host.
+		err = o.im.CheckIdentities(ctx)
 	}
 	if err != nil {
 		return nil, bootError(err)
@@ -638,16 +854,15 @@ func (d *daemon) serve(ctx context.Context) error {
 	defer d.bgCancel()
 	base, store, pending, lastPub := d.st.Base, d.st.Store, d.pending, d.st.LastPublished
 	d.initSchedule()
-	ctl, err := listenControl(d.sd.socket(), d, d.log)
-	if err != nil {
+	if err := d.listen(); err != nil {
 		d.cleanupBoot(false)
 		return err
 	}
-	rdir := RuntimeDir(os.Getuid(), d.e.Getenv)
-	if err := registerMount(rdir, registryEntry{Mountpoint: cfg.Mountpoint, StateDir: d.sd.path, Socket: d.sd.socket(), PID: os.Getpid(), Store: store}); err != nil {
-		d.log.Warn("cannot register the mount for 'hermesfs status'", "err", err)
-	}
-	defer markStopped(rdir, cfg.Mountpoint, os.Getpid())
+	ctl := d.ctl
+	defer markStopped(RuntimeDir(os.Getuid(), d.e.Getenv), cfg.Mountpoint, os.Getpid())
+	d.mu.Lock()
+	d.booting = false
+	d.mu.Unlock()
 
 	if cfg.ReadOnly {
 		base = d.roBase
@@ -763,13 +978,7 @@ loop:
 			lost = l
 		case <-lost:
 			lost = nil
-			d.mu.Lock()
-			d.leaseState = "lost"
-			d.mu.Unlock()
-			err := fmt.Errorf("%w (local state kept, mount still served)", errLeaseLost)
-			d.log.Error("lease lost", "err", err)
-			d.setErr(err)
-			sdNotify(d.e.Getenv, "STATUS=lease lost: not publishing")
+			d.leaseLost()
 		case <-tick:
 			d.mu.Lock()
 			d.nextDue = time.Now().Add(cfg.Interval)
@@ -788,9 +997,11 @@ loop:
 			sdNotify(d.e.Getenv, "WATCHDOG=1")
 		}
 	}
-	d.log.Info("stopping", "why", why)
-	sdNotify(d.e.Getenv, "STOPPING=1\nSTATUS=final snapshot")
-	ctl.stopAccepting()
+	d.log.Info("stopping", "why", why, "stop_timeout", cfg.StopTimeout.String(),
+		"second_signal", "stops at once, without the final snapshot (exit 5, local changes kept for the next start)")
+	sdNotify(d.e.Getenv, "STOPPING=1\nSTATUS=stopping")
+	// Status and umount are still answered while the daemon stops.
+	ctl.refuse()
 	res := d.stop(bg.Wait)
 	d.result = res
 	close(d.resultSet)
@@ -801,125 +1012,33 @@ loop:
 	return nil
 }
 
-// stop takes the final snapshot with the mount live, unmounts and
-// rebases, all within the stop timeout.
-func (d *daemon) stop(waitBg func()) shutdownResult {
-	cfg := d.cfg
-	deadline := time.Now().Add(cfg.StopTimeout)
-	// Keep a part of the budget for the unmount.
-	reserve := min(10*time.Second, cfg.StopTimeout/4)
-	snapCtx, cancel := context.WithDeadline(context.Background(), deadline.Add(-reserve))
-	defer cancel()
-
-	// Snapshots still running are cancelled when the deadline nears.
-	t := time.AfterFunc(time.Until(deadline.Add(-reserve)), d.bgCancel)
-	defer t.Stop()
-
-	d.stopLazyFill()
-	res := shutdownResult{Code: exitOK}
-	var finalGen uint64
-	gone := false
-	select {
-	case <-d.ov.Done():
-		gone = true
-	default:
-	}
-	switch {
-	case cfg.ReadOnly:
-	case gone:
-		// Nothing can be frozen any more; the upper layer is intact on
-		// disk and the next start publishes it, if anything changed.
-		d.snapMu.Lock()
+// leaseLost records the loss of the writer lease: taken over by another
+// holder (publishing stops for good), or lapsed because the store did not
+// answer its renewals (taken again once it does: reacquireLease).
+func (d *daemon) leaseLost() {
+	d.mu.Lock()
+	l := d.lease
+	d.mu.Unlock()
+	if l != nil && errors.Is(l.Err(), uploader.ErrLeaseLapsed) {
 		d.mu.Lock()
-		finalGen, res.FinalID = d.publishedGen, d.st.LastPublished
+		d.leaseState = "lapsed"
 		d.mu.Unlock()
-		changed := d.changedSincePublished()
-		d.snapMu.Unlock()
-		if changed {
-			res.Code, res.Error = exitUnsynced, fmt.Sprintf("the mount went away before a final snapshot; local changes are kept in %s and published by the next start", d.sd.path)
-		} else {
-			gone = false // nothing to lose: a clean stop
-		}
-	default:
-		// A snapshot in progress finishes (or fails) first, within the
-		// same deadline (bgCancel above): never a half-published snapshot.
-		locked := make(chan struct{})
-		go func() { d.snapMu.Lock(); close(locked) }()
-		var r snapshotResult
-		var err error
-		select {
-		case <-locked:
-			r, err = d.snapshotLocked(snapCtx, "final")
-			// Writers that went on during the final snapshot (the agent
-			// was not stopped first): take what they wrote too, a couple
-			// of times at most, while time remains.
-			for i := 0; i < 2 && err == nil && snapCtx.Err() == nil && d.changedSincePublished(); i++ {
-				var again snapshotResult
-				if again, err = d.snapshotLocked(snapCtx, "final, writes went on"); err == nil {
-					r = again
-				}
-			}
-			d.snapMu.Unlock()
-		case <-snapCtx.Done():
-			err = fmt.Errorf("a snapshot in progress did not finish within --stop-timeout %s", cfg.StopTimeout)
-			go func() { <-locked; d.snapMu.Unlock() }()
-		}
-		if err != nil {
-			res.Code, res.Error = exitUnsynced, fmt.Sprintf("final snapshot failed: %v; local changes are kept in %s and published by the next start", err, d.sd.path)
-			if errors.Is(err, errLeaseLost) || errors.Is(err, errConflict) {
-				res.Code = exitConflict
-			}
-		} else {
-			res.FinalID = r.ID
-		}
-		d.mu.Lock()
-		finalGen = d.publishedGen
-		d.mu.Unlock()
+		err := fmt.Errorf("the writer lease lapsed because the store did not answer its renewals; the next snapshot takes it again once the store answers, unless another host took it meanwhile (local state kept, mount still served): %w", l.Err())
+		d.log.Warn("lease lapsed", "err", err)
+		d.setStoreErr(err)
+		d.notify("store unreachable: the writer lease lapsed; publishing resumes when the store answers")
+		return
 	}
-
-	uctx, ucancel := context.WithDeadline(context.Background(), deadline.Add(reserve/2))
-	defer ucancel()
-	if err := d.ov.Unmount(uctx); err != nil {
-		d.log.Error("unmount", "err", err)
-		if res.Code == exitOK {
-			res.Code, res.Error = exitFailure, fmt.Sprintf("unmount: %v", err)
-		}
+	d.mu.Lock()
+	d.leaseState = "lost"
+	d.mu.Unlock()
+	err := fmt.Errorf("%w (local state kept, mount still served)", errLeaseLost)
+	if l != nil && l.Err() != nil {
+		err = fmt.Errorf("%w: %w (local state kept, mount still served)", errLeaseLost, l.Err())
 	}
-	// Snapshot goroutines see the cancelled mount and return.
-	waitDone := make(chan struct{})
-	go func() { waitBg(); close(waitDone) }()
-	select {
-	case <-waitDone:
-	case <-time.After(time.Until(deadline) + reserve):
-	}
-	d.closeImages()
-
-	if !cfg.ReadOnly && res.Code == exitOK && !gone && d.ov.Generation() != finalGen {
-		// Acknowledged writes came after the final snapshot's freeze (the
-		// mount was still live): they are only in the upper layer, and
-		// exit 0 would tell whoever throws this machine away that the
-		// store has everything.
-		res.Code = exitUnsynced
-		res.Error = fmt.Sprintf("writes went on after the final snapshot %s; they are kept in %s and published by the next start (stop the writers before hermesfs)", OrNone(res.FinalID), d.sd.path)
-	}
-	if !cfg.ReadOnly {
-		d.finish(res.Code == exitOK && !gone, finalGen)
-	}
-	if d.lease != nil {
-		rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
-		if err := d.lease.Release(rctx); err != nil {
-			d.log.Warn("lease release", "err", err)
-		}
-		rcancel()
-	}
-	d.cat.Close()
-	d.sd.close()
-	if res.Code == exitOK {
-		d.log.Info("stopped", "final_snapshot", OrNone(res.FinalID))
-	} else {
-		d.log.Error("stopped with unpublished changes", "err", res.Error, "code", res.Code)
-	}
-	return res
+	d.log.Error("lease lost", "err", err)
+	d.setErr(err)
+	d.notify("lease lost: not publishing")
 }
 
 // reacquireLease takes the writer lease again when it was lost, which
@@ -934,13 +1053,18 @@ func (d *daemon) stop(waitBg func()) shutdownResult {
 // lease.
 func (d *daemon) reacquireLease(ctx context.Context) error {
 	d.mu.Lock()
-	lost, gone, expect := d.leaseState == "lost", d.leaseGone, d.expect
+	lost, gone, expect := d.leaseState == "lost" || d.leaseState == "lapsed", d.leaseGone, d.expect
 	d.mu.Unlock()
 	if !lost || gone || d.cfg.ReadOnly {
 		return nil
 	}
 	l, err := d.cat.Lease(ctx, d.leaseHolder())
 	if err != nil {
+		if errors.Is(err, errLeaseHeld) {
+			d.mu.Lock()
+			d.leaseState = "lost" // another holder has it now
+			d.mu.Unlock()
+		}
 		return err
 	}
 	latest, err := d.cat.Latest(ctx)
@@ -965,7 +1089,8 @@ func (d *daemon) reacquireLease(ctx context.Context) error {
 	default:
 	}
 	d.log.Warn("took the writer lease again after it lapsed; publishing resumes")
-	sdNotify(d.e.Getenv, "STATUS=lease taken again: publishing")
+	d.resolveStoreErr("the writer lease was taken again")
+	d.notify("lease taken again: publishing")
 	return nil
 }
 

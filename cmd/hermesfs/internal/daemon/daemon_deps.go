@@ -5,6 +5,8 @@ import (
 	"errors"
 	iofs "io/fs"
 
+	"github.com/hermesfs/hermesfs/archive"
+	"github.com/hermesfs/hermesfs/fs"
 	"github.com/hermesfs/hermesfs/uploader"
 	"github.com/hermesfs/hermesfs/uploader/crypt"
 )
@@ -23,11 +25,22 @@ type overlay interface {
 	Dirty(since uint64) (files int, bytes int64)
 	// Freeze captures the merged tree at one instant.
 	Freeze(ctx context.Context) (frozenView, error)
+	// Seal is the stop's freeze: after it, every change fails
+	// (fs.Mounted.Seal).
+	Seal(ctx context.Context) (frozenView, error)
+	// Unrevoked counts the files open for writing through passthrough
+	// whose writes Seal could not refuse.
+	Unrevoked() int
+	// Holders lists (at most max of) the files open on the mount.
+	Holders(max int) []fs.Holder
 	// Unmount detaches the mount (lazily, open files allowed) and waits for
 	// the server to stop.
 	Unmount(ctx context.Context) error
 	// Done is closed once the mount is gone, however it went.
 	Done() <-chan struct{}
+	// AllowWrites lets changes through a mount made refusing them
+	// (daemon.refuseWrites).
+	AllowWrites()
 }
 
 // frozenView is the merged tree at a freeze instant, packable by the
@@ -94,6 +107,9 @@ type lease interface {
 	Lost() <-chan struct{}
 	// Release gives the lease up.
 	Release(ctx context.Context) error
+	// Err is nil while the lease is held; once lost, why
+	// (uploader.ErrLeaseLapsed: the store did not answer its renewals).
+	Err() error
 }
 
 var (
@@ -141,8 +157,9 @@ type packStats struct {
 type parts interface {
 	openCatalog(ctx context.Context, d *daemon) (catalog, error)
 	// packDir packs directory dir as a new image: its one segment goes
-	// to the file out (atomically).
-	packDir(ctx context.Context, dir, out string) (packStats, error)
+	// to the file out (atomically). progress, if set, is archive's
+	// PackOptions.Progress.
+	packDir(ctx context.Context, dir, out string, progress func(archive.PackProgress)) (packStats, error)
 	// packView packs a frozen view as an image: the bytes no source image
 	// holds go to the file out (atomically), the rest are extents of the
 	// sources: the image base (an earlier snapshot of the tree, nil for

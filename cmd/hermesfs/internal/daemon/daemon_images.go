@@ -280,7 +280,7 @@ func (d *daemon) cleanCache(keep ...string) {
 			}
 		}
 		base := n
-		for _, ext := range []string{".partial", ".present", ".etag", uploader.SumsExt, uploader.EncryptedExt} {
+		for _, ext := range []string{image.HeaderExt, ".partial", ".present", ".etag", uploader.SumsExt, uploader.EncryptedExt} {
 			base = strings.TrimSuffix(base, ext)
 		}
 		base = strings.TrimSuffix(base, uploader.EncryptedExt)
@@ -329,6 +329,7 @@ func (d *daemon) bootImage(ctx context.Context, id string, m *uploader.Manifest)
 
 // fetchWhole fetches every byte of im into the cache and waits for it.
 func (d *daemon) fetchWhole(ctx context.Context, im *image.Image) error {
+	d.notify(fmt.Sprintf("downloading snapshot %s (%s) before mounting (--lazy=false)", im.Manifest().ID, HumanBytes(im.Size())))
 	if err := im.Prefetch(ctx, 0, im.Size()); err != nil {
 		return fmt.Errorf("fetch the snapshot: %w", err)
 	}

@@ -23,11 +23,45 @@ func (d *daemon) snapshotNow(ctx context.Context, reason string) (snapshotResult
 
 // snapshotLocked is snapshotNow with snapMu held by the caller.
 func (d *daemon) snapshotLocked(ctx context.Context, reason string) (snapshotResult, error) {
+	return d.snapshotOf(ctx, reason, nil)
+}
+
+// finalSnapshotLocked is the stop's snapshot, snapMu held: it seals the
+// mount (from its freeze on, every change fails: fs.Mounted.Seal) and
+// publishes that view, so the snapshot holds every write a writer was
+// told succeeded and nothing can come after it. The mount stays sealed
+// whatever it returns.
+func (d *daemon) finalSnapshotLocked(ctx context.Context) (snapshotResult, error) {
+	view, err := d.ov.Seal(ctx)
+	if err != nil {
+		err = fmt.Errorf("snapshot (final): seal the mount: %w", err)
+		d.met.snapshotFailed(err)
+		d.log.Error("final snapshot failed; local state kept", "err", err)
+		d.setErr(err)
+		return snapshotResult{}, err
+	}
+	return d.snapshotOf(ctx, "final", view)
+}
+
+// snapshotOf takes a snapshot of view (taken by the caller, closed here),
+// or of a new freeze if view is nil.
+func (d *daemon) snapshotOf(ctx context.Context, reason string, view frozenView) (snapshotResult, error) {
+	if view != nil {
+		defer func() {
+			if view != nil {
+				view.Close()
+			}
+		}()
+	}
 	if d.cfg.ReadOnly {
 		return snapshotResult{}, errors.New("read-only mount: it never publishes")
 	}
+	gen := d.ov.Generation()
+	if view != nil {
+		gen = view.Generation()
+	}
 	d.mu.Lock()
-	unchanged := d.ov.Generation() == d.publishedGen && !d.pending
+	unchanged := gen == d.publishedGen && !d.pending
 	last, expect := d.st.LastPublished, d.expect
 	// The newest snapshot is the mount's base: a tree that is the base's
 	// again (files created and removed, nothing else) needs none.
@@ -48,11 +82,11 @@ func (d *daemon) snapshotLocked(ctx context.Context, reason string) (snapshotRes
 		err = fmt.Errorf("snapshot (%s): the writer lease lapsed while the store was unreachable and cannot be taken again yet: %w", reason, err)
 		d.met.snapshotFailed(mark(err, errLeaseReacquire))
 		d.log.Warn("not publishing", "err", err)
-		d.setErr(err)
+		d.setStoreErr(err)
 		return snapshotResult{}, err
 	}
 	d.mu.Lock()
-	lost, base := d.leaseState == "lost", d.st.Base
+	lost, base := d.leaseState != "held", d.st.Base
 	d.mu.Unlock()
 	if lost {
 		d.met.snapshotFailed(errLeaseLost)
@@ -72,8 +106,10 @@ func (d *daemon) snapshotLocked(ctx context.Context, reason string) (snapshotRes
 		parent = base
 	}
 	var r snapshotDone
+	given := view
+	view = nil // snapshotOnce closes it
 	err := contain(func() (err error) {
-		r, err = d.snapshotOnce(ctx, parent, expect, onBase)
+		r, err = d.snapshotOnce(ctx, parent, expect, onBase, given)
 		return err
 	})
 	if err != nil {
@@ -86,7 +122,7 @@ func (d *daemon) snapshotLocked(ctx context.Context, reason string) (snapshotRes
 			err = fmt.Errorf("snapshot (%s): %w", reason, err)
 			d.log.Error("snapshot failed; local state kept, retrying at the next tick", "err", err)
 		}
-		d.setErr(err)
+		d.setStoreErr(err)
 		if errors.Is(err, errConflict) || errors.Is(err, errLeaseLost) {
 			return r.snapshotResult, withCode(exitConflict, err)
 		}
@@ -106,7 +142,8 @@ func (d *daemon) snapshotLocked(ctx context.Context, reason string) (snapshotRes
 		"segment_bytes", r.segment, "rewritten_bytes", r.rewritten, "extents", r.extents, "segments", r.segments,
 		"packed_on", OrNone(r.packedOn))
 	d.met.snapshotPublished(r)
-	sdNotify(d.e.Getenv, "STATUS=snapshot "+r.ID+" published")
+	d.resolveStoreErr("snapshot " + r.ID + " published")
+	d.notify("snapshot " + r.ID + " published")
 
 	d.maybePrune(ctx, reason)
 	return r.snapshotResult, nil
@@ -176,21 +213,31 @@ func (d *daemon) packBase(ctx context.Context) (*openImage, string) {
 	return nil, ""
 }
 
-// snapshotOnce freezes the tree, packs it and publishes it. onBase: the
-// newest snapshot is the base the mount sits on, so a tree that is the
-// lower layer's again is not packed (r.Unchanged, ID the base).
-func (d *daemon) snapshotOnce(ctx context.Context, parent, expect string, onBase bool) (snapshotDone, error) {
+// snapshotOnce freezes the tree (unless given its view, which it closes),
+// packs it and publishes it. onBase: the newest snapshot is the base the
+// mount sits on, so a tree that is the lower layer's again is not packed
+// (r.Unchanged, ID the base).
+func (d *daemon) snapshotOnce(ctx context.Context, parent, expect string, onBase bool, view frozenView) (snapshotDone, error) {
 	var r snapshotDone
-	d.resolveHot() // not part of the stall: nothing is frozen yet
 	t0 := time.Now()
-	view, err := d.ov.Freeze(ctx)
-	if err != nil {
-		return r, fmt.Errorf("freeze: %w", err)
+	given := view != nil
+	if !given {
+		d.resolveHot() // not part of the stall: nothing is frozen yet
+		t0 = time.Now()
+		var err error
+		if view, err = d.ov.Freeze(ctx); err != nil {
+			return r, fmt.Errorf("freeze: %w", err)
+		}
 	}
 	// Closed below once packed, or on the way out of a panic.
 	closeView := sync.OnceValue(view.Close)
 	defer closeView()
 	r.FreezeStall = time.Since(t0)
+	if given {
+		// The stop's sealed view: the hot set still ends before the
+		// pack reads the lower layer.
+		d.resolveHot()
+	}
 	viewGen := view.Generation()
 	if onBase {
 		// SQLite creates and removes a database's -wal and -shm even for
@@ -318,13 +365,28 @@ var _ controlHandler = (*daemon)(nil)
 func (d *daemon) status() statusReport {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.booting {
+		// The boot owns the state until the mount is ready; what it
+		// waits for is all there is to say.
+		r := statusReport{
+			Mountpoint: d.cfg.Mountpoint, Running: true, PID: os.Getpid(), StateDir: d.sd.path, Host: d.host,
+			Store: d.parts.storeURL(d), Lease: d.leaseState, Started: d.started,
+		}
+		if d.waiting != nil {
+			w := *d.waiting
+			r.Waiting = &w
+		}
+		return r
+	}
 	r := statusReport{
 		Mountpoint: d.cfg.Mountpoint, Running: true, PID: os.Getpid(),
 		Store: d.st.Store, StateDir: d.sd.path, Host: d.host, ReadOnly: d.cfg.ReadOnly,
 		Base: d.st.Base, LastPublished: d.st.LastPublished,
 		Snapshots: d.count, Last: d.last, NextDue: d.nextDue, InProgress: d.inProgress,
-		LastError: d.lastErr, LastErrorAt: d.lastErrAt, Lease: d.leaseState, Started: d.started,
+		LastError: d.lastErr, LastErrorAt: d.lastErrAt, LastErrorOver: d.lastErrOver, LastErrorOverBy: d.lastErrOverBy,
+		Lease: d.leaseState, Started: d.started,
 		Generation: d.ov.Generation(), Encryption: d.encryption,
+		Stopping: d.stopPhase, StopDeadline: d.stopBy,
 	}
 	if r.Last == nil && d.st.LastPublished != "" {
 		r.Last = &snapshotRecord{ID: d.st.LastPublished, Time: d.st.PublishedAt}
@@ -345,6 +407,12 @@ func (d *daemon) status() statusReport {
 }
 
 func (d *daemon) snapshot(ctx context.Context) (snapshotResult, error) {
+	d.mu.Lock()
+	booting := d.booting
+	d.mu.Unlock()
+	if booting {
+		return snapshotResult{}, withCode(exitConflict, errors.New("the mount is not writable yet (waiting for the writer lease): nothing to snapshot"))
+	}
 	// Bounded like the periodic snapshots, so the final one never waits
 	// on a request past the stop timeout.
 	ctx, cancel := context.WithCancel(ctx)

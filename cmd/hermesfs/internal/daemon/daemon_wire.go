@@ -70,9 +70,9 @@ func statsOf(res archive.PackResult, ext []uploader.Extent, out string) packStat
 	return ps
 }
 
-func (realParts) packDir(ctx context.Context, dir, out string) (packStats, error) {
+func (realParts) packDir(ctx context.Context, dir, out string, progress func(archive.PackProgress)) (packStats, error) {
 	res, err := packTo(out, func(f *os.File) (archive.PackResult, error) {
-		return archive.PackDir(ctx, f, dir, archive.PackOptions{Segment: true})
+		return archive.PackDir(ctx, f, dir, archive.PackOptions{Segment: true, Progress: progress})
 	})
 	if err != nil {
 		return packStats{}, err
@@ -164,6 +164,14 @@ func (v *viewAdapter) Open(name string) (iofs.File, error) {
 
 func (m *mountAdapter) Freeze(ctx context.Context) (frozenView, error) {
 	v, err := m.Mounted.Freeze(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &viewAdapter{v}, nil
+}
+
+func (m *mountAdapter) Seal(ctx context.Context) (frozenView, error) {
+	v, err := m.Mounted.Seal(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -269,6 +277,8 @@ func (realParts) mount(ctx context.Context, d *daemon, lowerPath string) (overla
 		AllowOther:          d.cfg.Owner != nil,
 		CopyUpByRangeMin:    d.cfg.CopyUpMin,
 	}
+	// Shown while the writer lease is awaited (leasewait.go).
+	opts.RefuseWrites = d.refuseWrites
 	m, err := fs.Mount(ctx, d.cfg.Mountpoint, opts)
 	if err != nil {
 		guard.Close()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"time"
 
 	"github.com/hermesfs/hermesfs/uploader"
 	"github.com/hermesfs/hermesfs/uploader/crypt"
@@ -17,8 +18,14 @@ type catalogAdapter struct {
 	lease  *uploader.Lease
 	ids    *crypt.Identities // decrypt encrypted snapshots read lazily
 	// stateDir is recorded in the lease, so that a mount refused by it
-	// can say which state dir (on which machine) holds it.
-	stateDir string
+	// can say which state dir (on which machine) holds it; process, so
+	// that a mount on this machine can prove this one gone (holderGone,
+	// which judges the leases found held). ttl is the lease's (0: the
+	// default).
+	stateDir   string
+	process    *uploader.LeaseProcess
+	holderDead func(uploader.LeaseRecord) (string, bool)
+	ttl        time.Duration
 }
 
 var _ catalog = (*catalogAdapter)(nil)
@@ -126,7 +133,8 @@ func (a *catalogAdapter) Prune(ctx context.Context, policy uploader.RetentionPol
 }
 
 func (a *catalogAdapter) Lease(ctx context.Context, holder string) (lease, error) {
-	l, err := a.c.AcquireLease(ctx, uploader.LeaseOptions{Holder: holder, StateDir: a.stateDir})
+	l, err := a.c.AcquireLease(ctx, uploader.LeaseOptions{Holder: holder, StateDir: a.stateDir, Process: a.process,
+		HolderDead: a.holderDead, TTL: a.ttl})
 	if err != nil {
 		if errors.Is(err, uploader.ErrLeaseHeld) {
 			return nil, mark(err, errLeaseHeld)
@@ -166,7 +174,7 @@ func (realParts) openCatalog(ctx context.Context, d *daemon) (catalog, error) {
 		log.Info("new snapshots are encrypted with age", "recipients", co.Recipients.Len(), "recipient_types", strings.Join(co.Recipients.Types(), ","))
 	}
 	a := newCatalogAdapter(s, co, nil)
-	a.stateDir = d.sd.path
+	a.stateDir, a.process, a.holderDead, a.ttl = d.sd.path, d.leaseProcess(), holderGone, d.cfg.LeaseTTL
 	if !d.cfg.ReadOnly {
 		if err := checkEncryptedLatest(ctx, a.c, co); err != nil {
 			return nil, err

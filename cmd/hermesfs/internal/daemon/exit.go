@@ -12,6 +12,7 @@ const (
 	ExitConflict = 4 // another host published or holds the store (lease, LATEST)
 	ExitUnsynced = 5 // stopped, but the final snapshot did not reach the store; local state kept
 	ExitCrypt    = 6 // an encrypted snapshot could not be opened (no or wrong --identity), or plaintext over encrypted refused
+	ExitNotFound = 7 // the snapshot named (restore, export, verify) is not in the store
 )
 
 const (

@@ -39,3 +39,7 @@ func LocateDaemon(getenv func(string) string, mountpoint, stateDir string) (Regi
 func LocateDaemons(getenv func(string) string, mountpoint, stateDir string) ([]RegistryEntry, error) {
 	return locateDaemons(&env{Options{Getenv: getenv}}, mountpoint, stateDir)
 }
+
+// WaitReport is what a mount that is not writable yet waits for
+// (StatusReport.Waiting).
+type WaitReport = waitReport

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/hermesfs/hermesfs/fs"
 )
 
 // A mount over a live hermesfs mount of another store and state dir is
@@ -64,5 +66,66 @@ func TestMountRefusedOverLiveMount(t *testing.T) {
 		if got := newestFile(t, storeA, name); got != want {
 			t.Errorf("%s in the first mount's store: %q, want %q", name, got, want)
 		}
+	}
+}
+
+// TestRunSymlinkedMountpoint: a mountpoint given as a symlink is the
+// directory it names. A symlink to a live hermesfs mount is refused like
+// that mount's own path (nothing seeded, the live mount still served); a
+// symlink to a plain directory mounts that directory, registered under its
+// path, and the symlink finds the running daemon.
+func TestRunSymlinkedMountpoint(t *testing.T) {
+	needFUSE(t)
+	root := tempDir(t)
+	storeA, storeB, mpA, mpB, runDir := filepath.Join(root, "store-a"), filepath.Join(root, "store-b"), filepath.Join(root, "home-a"), filepath.Join(root, "home-b"), filepath.Join(root, "run")
+	for _, d := range []string{storeA, storeB, mpA, mpB} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a := startDaemon(t, storeA, mpA, filepath.Join(root, "state-a"), runDir)
+	if err := os.WriteFile(filepath.Join(mpA, "a.txt"), []byte("served by A\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	linkA := filepath.Join(root, "link-a")
+	if err := os.Symlink("home-a", linkA); err != nil {
+		t.Fatal(err)
+	}
+	logs, err := runRefused(t, storeB, linkA, filepath.Join(root, "state-b"), nil) // its runtime dir: root/run
+	if err == nil || !strings.Contains(err.Error(), "already mounted by a running hermesfs") {
+		t.Errorf("a mount through a symlink to a live mount: %v (exit %d), want it refused naming the daemon; logs:\n%s", err, ExitCode(err), logs)
+	}
+	if ents, _ := os.ReadDir(storeB); len(ents) > 0 {
+		t.Errorf("the refused mount wrote to its store: %v", ents)
+	}
+	if got, err := os.ReadFile(filepath.Join(mpA, "a.txt")); err != nil || string(got) != "served by A\n" {
+		t.Errorf("A's mount after the refusal: %q %v", got, err)
+	}
+	if err := a.stop(t); err != nil {
+		t.Fatalf("A: %v", err)
+	}
+
+	linkB := filepath.Join(root, "link-b")
+	if err := os.Symlink(mpB, linkB); err != nil {
+		t.Fatal(err)
+	}
+	b := startDaemon(t, storeB, linkB, filepath.Join(root, "state-b"), runDir)
+	if !fs.IsMountpoint(mpB) {
+		t.Fatalf("nothing mounted at %s, the directory the symlink names", mpB)
+	}
+	if _, err := os.Stat(registryPath(runDir, mpB)); err != nil {
+		t.Errorf("registry entry under the directory's path: %v", err)
+	}
+	loc, err := locateDaemon(&env{Options{Getenv: func(k string) string {
+		if k == "HERMESFS_RUNTIME_DIR" {
+			return runDir
+		}
+		return ""
+	}}}, linkB, "")
+	if err != nil || loc.From != FromRunning || loc.Mountpoint != mpB {
+		t.Errorf("locating the daemon through the symlink: %+v %v", loc, err)
+	}
+	if err := b.stop(t); err != nil {
+		t.Fatal(err)
 	}
 }

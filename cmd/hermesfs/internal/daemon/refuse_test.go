@@ -24,6 +24,7 @@ import (
 // it created (the dir and its parents, lock, cache/, pack/, upper/) is taken
 // away again, and what was there before stays as it was.
 func TestRunRefusedLeavesStateDir(t *testing.T) {
+	needFUSE(t) // checked before any of these refusals
 	root := tempDir(t)
 	mp := filepath.Join(root, "home")
 	if err := os.Mkdir(mp, 0o700); err != nil {
@@ -149,4 +150,43 @@ func tree(t *testing.T, dir string) []string {
 		t.Fatal(err)
 	}
 	return out
+}
+
+// TestRunStorePathTypo: a local store named by a path whose parent does
+// not exist (a typo) is refused with a usage error, creating nothing; one
+// whose parent exists is created, and the log says loudly that it is a
+// new, empty store.
+func TestRunStorePathTypo(t *testing.T) {
+	needFUSE(t)
+	root := tempDir(t)
+	mp := filepath.Join(root, "home")
+	if err := os.Mkdir(mp, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	typo := filepath.Join(root, "srv-typo", "hermes", "store")
+	logs, err := runRefused(t, typo, mp, filepath.Join(root, "state"), nil)
+	if ExitCode(err) != ExitUsage || !strings.Contains(fmt.Sprint(err), "does not exist, nor its parent") {
+		t.Errorf("a store path with missing parents: %v (exit %d), want a usage error; logs:\n%s", err, ExitCode(err), logs)
+	}
+	for _, p := range []string{filepath.Join(root, "srv-typo"), filepath.Join(root, "state")} {
+		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("the refused mount created %s: %v", p, err)
+		}
+	}
+
+	fresh := filepath.Join(root, "new-store")
+	r := startDaemon(t, fresh, mp, filepath.Join(root, "state"), filepath.Join(root, "run"))
+	if logs := r.logs.String(); !strings.Contains(logs, "NEW EMPTY STORE") || !strings.Contains(logs, fresh) {
+		t.Errorf("a new store made without a word:\n%s", logs)
+	}
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	r = startDaemon(t, fresh, mp, filepath.Join(root, "state"), filepath.Join(root, "run"))
+	if strings.Contains(r.logs.String(), "NEW EMPTY STORE") {
+		t.Error("an existing store called new")
+	}
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -121,11 +121,10 @@ func ProcessAlive(pid int) bool {
 // entry of its last mount (a daemon that stopped or was killed), else the
 // default state dir. From says which.
 func locateDaemon(e *env, mountpoint, stateDir string) (registryEntry, error) {
-	mp, err := filepath.Abs(mountpoint)
+	mp, err := ResolveMountpoint(mountpoint)
 	if err != nil {
 		return registryEntry{}, err
 	}
-	mp = filepath.Clean(mp)
 	from := FromFlag
 	if stateDir == "" {
 		r, rerr := lookupRegistry(RuntimeDir(os.Getuid(), e.Getenv), mp)
@@ -159,11 +158,10 @@ func locateDaemon(e *env, mountpoint, stateDir string) (registryEntry, error) {
 // the default state dir. Whoever
 // would detach a mount no daemon answers for must have tried them all.
 func locateDaemons(e *env, mountpoint, stateDir string) ([]registryEntry, error) {
-	mp, err := filepath.Abs(mountpoint)
+	mp, err := ResolveMountpoint(mountpoint)
 	if err != nil {
 		return nil, err
 	}
-	mp = filepath.Clean(mp)
 	var out []registryEntry
 	seen := map[string]bool{}
 	add := func(r registryEntry) {

@@ -33,6 +33,12 @@ type Options struct {
 	Logger *slog.Logger
 	// Version names the build in manifests and metrics.
 	Version string
+	// Signals delivers the signals that arrive while the daemon stops
+	// (the first one ended Run's context): a second SIGINT or SIGTERM
+	// during the final snapshot abandons it (exit 5, local changes
+	// kept). Nil: the daemon asks for SIGINT and SIGTERM itself while it
+	// stops.
+	Signals <-chan os.Signal
 
 	// Store resolves the store: its URL and how to open it. Called at
 	// boot (logger is the store's) and for messages (logger nil); an

@@ -16,6 +16,7 @@ import (
 	"github.com/hermesfs/hermesfs/archive"
 	"github.com/hermesfs/hermesfs/fs"
 	"github.com/hermesfs/hermesfs/fs/mounttest"
+	"github.com/hermesfs/hermesfs/fs/testwatch"
 	"github.com/hermesfs/hermesfs/uploader"
 	"github.com/hermesfs/hermesfs/uploader/image"
 	"github.com/hermesfs/hermesfs/uploader/storeurl"
@@ -25,7 +26,16 @@ import (
 // mounts they left from any others.
 var testRoot string
 
-func TestMain(m *testing.M) { mounttest.Main(m, "hermesfs-daemontest", &testRoot) }
+func TestMain(m *testing.M) {
+	// A test hung past its deadline ends the run (testwatch): its mounts
+	// go first.
+	testwatch.OnExpire(func() {
+		for _, mp := range fs.MountsBelow(testRoot) {
+			syscall.Unmount(mp, syscall.MNT_DETACH)
+		}
+	})
+	mounttest.Main(m, "hermesfs-daemontest", &testRoot)
+}
 
 // tempDir is t.TempDir under testRoot.
 func tempDir(t *testing.T) string {
@@ -140,6 +150,7 @@ func launchDaemon(t *testing.T, store, mp, state, runDir string) (r *running, re
 // launchDaemonWith is launchDaemon with edit, as startDaemonWith.
 func launchDaemonWith(t *testing.T, store, mp, state, runDir string, edit func(*Config, *Options)) (r *running, ready <-chan struct{}) {
 	t.Helper()
+	testwatch.Start(t)
 	cfg := Config{
 		Mountpoint:  mp,
 		StateDir:    state,

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hermesfs/hermesfs/fs"
 	"github.com/hermesfs/hermesfs/uploader"
 )
 
@@ -73,7 +74,7 @@ func openStateDir(path string) (_ *stateDir, err error) {
 	s := &stateDir{path: path}
 	defer func() {
 		if err != nil {
-			s.removeCreated()
+			s.removeCreated(false)
 		}
 	}()
 	if s.created, err = mkdirAll(path); err != nil {
@@ -124,6 +125,101 @@ func openStateDir(path string) (_ *stateDir, err error) {
 		s.lock.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	}
 	return s, nil
+}
+
+// stateHolderWait bounds how long a boot waits for a killed daemon that
+// still holds the state dir to finish exiting.
+var stateHolderWait = 15 * time.Second
+
+// lockStateDir is openStateDir, except that a state dir held by a daemon
+// that was killed but has not finished exiting (a zombie: one of its
+// threads waits in the kernel, on a FUSE request nobody will answer) is
+// taken over: the FUSE mounts below the state dir (the one at the
+// mountpoint went before, clearMountpoint) are aborted, which ends that
+// wait, and the lock is waited for, at most stateHolderWait.
+func (d *daemon) lockStateDir(path string) (*stateDir, error) {
+	sd, err := openStateDir(path)
+	if err == nil {
+		d.clearStateMounts(path)
+	}
+	if !errors.Is(err, errStateLocked) {
+		return sd, err
+	}
+	pid := lockHolder(path)
+	if !processDying(pid) {
+		return nil, err
+	}
+	d.log.Warn("the state dir is held by a hermesfs daemon that was killed and has not finished exiting (a thread of it waits on a FUSE mount); aborting the mounts it may wait on, and waiting for it",
+		"pid", pid, "state_dir", path, "waiting_up_to", stateHolderWait.String())
+	for _, mp := range fs.MountsBelow(path) {
+		if fstype, _ := MountedFS(mp); strings.HasPrefix(fstype, "fuse") {
+			if aerr := fs.AbortConnection(mp, d.log); aerr != nil {
+				d.log.Warn("cannot abort a FUSE mount in the state dir", "mountpoint", mp, "err", aerr)
+			} else {
+				d.log.Warn("aborted a FUSE mount the killed daemon left in the state dir", "mountpoint", mp)
+			}
+		}
+	}
+	deadline := time.Now().Add(stateHolderWait)
+	for {
+		sd, err = openStateDir(path)
+		if !errors.Is(err, errStateLocked) {
+			if err == nil {
+				d.log.Info("took over the state dir of the killed daemon", "pid", pid)
+				d.clearStateMounts(path)
+			}
+			return sd, err
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("%w; it is a killed daemon that cannot finish exiting (State: Z; see /proc/%d/task/*/stack for what its threads wait on; aborting that FUSE connection frees it)", err, pid)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// clearStateMounts aborts and detaches the FUSE mounts below a state dir
+// whose lock this daemon has just taken: only a daemon holding that lock
+// mounts there (the passthrough write check), so they are a killed
+// daemon's, dead or hung, and a hung one would hang the removal of the
+// directory it is in.
+func (d *daemon) clearStateMounts(path string) {
+	for _, mp := range fs.MountsBelow(path) {
+		if fstype, _ := MountedFS(mp); !strings.HasPrefix(fstype, "fuse") {
+			continue
+		}
+		if err := fs.AbortConnection(mp, d.log); err != nil {
+			d.log.Warn("cannot abort a FUSE mount a killed daemon left in the state dir", "mountpoint", mp, "err", err)
+		} else {
+			d.log.Warn("aborted a FUSE mount a killed daemon left in the state dir", "mountpoint", mp)
+		}
+	}
+}
+
+// lockHolder is the pid the lock file of state dir path names (0 if
+// none).
+func lockHolder(path string) int {
+	b, err := os.ReadFile(filepath.Join(path, "lock"))
+	if err != nil {
+		return 0
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return pid
+}
+
+// processDying reports whether process pid has exited but not all of its
+// threads have (its main thread is a zombie: it can never run again, and
+// what it holds goes once its last thread ends).
+func processDying(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	// "pid (comm) S ...": the state follows the last ')'.
+	i := strings.LastIndexByte(string(b), ')')
+	return i >= 0 && i+2 < len(b) && b[i+2] == 'Z'
 }
 
 // mkdirAll is os.MkdirAll(path, 0o700) that returns the directories it
@@ -189,11 +285,22 @@ func sameFile(f *os.File, path string) (bool, error) {
 
 // removeCreated takes away what openStateDir created, newest first, for a
 // boot that does not go ahead: the lock file, then each directory it made
-// that is still empty. Nothing that existed before, and nothing the boot
-// wrote since (a download, state.json), is removed. Call it before close,
-// with the lock held.
-func (s *stateDir) removeCreated() {
+// that is still empty. With whole (the boot published nothing), a state
+// dir it made goes whole, with what the boot wrote there since
+// (state.json, a download, the bookkeeping of a mount shown read-only
+// while the lease was awaited), unless its upper layer holds changes.
+// Nothing that existed before is removed. Call it before close, with the
+// lock held.
+func (s *stateDir) removeCreated(whole bool) {
+	if whole {
+		changed, err := fs.UpperHasChanges(s.upper())
+		whole = err == nil && !changed
+	}
 	for i := len(s.created) - 1; i >= 0; i-- {
+		if s.created[i] == s.path && whole {
+			os.RemoveAll(s.path)
+			continue
+		}
 		if s.created[i] == s.segmentsDir() {
 			// Made by this boot: what it holds (a manifest's segment
 			// digests, fetched before the mount was refused) is only a

@@ -17,10 +17,14 @@ type statusReport struct {
 	Mountpoint string `json:"mountpoint"`
 	Running    bool   `json:"running"`
 	PID        int    `json:"pid,omitempty"`
-	Store      string `json:"store"`
-	StateDir   string `json:"state_dir"`
-	Host       string `json:"host,omitempty"`
-	ReadOnly   bool   `json:"read_only,omitempty"`
+	// Stopping is what a daemon that is stopping does now (empty while
+	// it serves); StopDeadline is when it gives up (--stop-timeout).
+	Stopping     string    `json:"stopping,omitempty"`
+	StopDeadline time.Time `json:"stop_deadline,omitzero"`
+	Store        string    `json:"store"`
+	StateDir     string    `json:"state_dir"`
+	Host         string    `json:"host,omitempty"`
+	ReadOnly     bool      `json:"read_only,omitempty"`
 	// Base is the snapshot the lower layer is; LastPublished the newest
 	// snapshot published from this mount.
 	Base          string `json:"base,omitempty"`
@@ -36,6 +40,11 @@ type statusReport struct {
 	InProgress  bool            `json:"snapshot_in_progress,omitempty"`
 	LastError   string          `json:"last_error,omitempty"`
 	LastErrorAt time.Time       `json:"last_error_at,omitzero"`
+	// LastErrorOver is when the condition of the last error ended (a
+	// snapshot published after a store outage), LastErrorOverBy how;
+	// zero while it may still hold.
+	LastErrorOver   time.Time `json:"last_error_over_at,omitzero"`
+	LastErrorOverBy string    `json:"last_error_over_by,omitempty"`
 
 	// WriteBack is --write-back (0: off).
 	WriteBack time.Duration `json:"write_back_ns,omitempty"`
@@ -49,8 +58,13 @@ type statusReport struct {
 	RecoveryPointWarning string        `json:"recovery_point_warning,omitempty"`
 
 	// Lease: "held", "lost" (another host took it over: publishing
-	// stopped), "none" (read-only) or "released".
+	// stopped), "lapsed" (the store did not answer its renewals: taken
+	// again when it does), "waiting" (at boot: see Waiting), "none"
+	// (read-only) or "released".
 	Lease string `json:"lease"`
+	// Waiting is what a mount that is not writable yet waits for: the
+	// writer lease another holder has, or the store (leasewait.go).
+	Waiting *waitReport `json:"waiting,omitempty"`
 	// Encryption is how this mount encrypts new snapshots; absent when it
 	// publishes plaintext. Never key material.
 	Encryption *encryptionInfo `json:"encryption,omitempty"`
@@ -67,6 +81,17 @@ type statusReport struct {
 	// PartialCopyUps are files copied up by range whose background copy
 	// has not finished.
 	PartialCopyUps []fs.PartialCopyUp `json:"partial_copy_ups,omitempty"`
+
+	// Boot is what a daemon that is not ready yet does (BootingReport:
+	// read from boot.json by `status`, never from the control socket).
+	Boot string `json:"boot,omitempty"`
+
+	// Restricted is set by `status` (never by the daemon) for a mount whose
+	// daemon runs as another user, whose state it cannot read: why the
+	// rest of the report is missing, and what to run instead.
+	Restricted string `json:"restricted,omitempty"`
+	// RunsAs is that daemon's user.
+	RunsAs string `json:"runs_as,omitempty"`
 
 	// Adopted is what this mount took in at boot from the mountpoint
 	// directory: files written there while no mount covered it.

@@ -61,12 +61,23 @@ func (d *daemon) adoptUnderneath(ctx context.Context, upper string, lower fs.Low
 		// takes them in.
 		return nil
 	}
-	since := d.st.UnderneathChecked
-	if since.IsZero() && !slices.Contains(d.sd.created, d.sd.upper()) {
-		// A state dir from before the record: the directory was
-		// accounted for when the state dir was made.
-		since = birthTime(d.sd.path)
+	if d.refuseWrites {
+		// The home shown while the writer lease is awaited takes
+		// nothing in: once the lease is ours the base is decided again,
+		// and what is taken in must go over that one. The directory,
+		// opened before the mount covers it, tells then whether the
+		// mount must be made again to take something in
+		// (underneathWaits).
+		if d.underneath == nil {
+			f, err := os.Open(d.cfg.Mountpoint)
+			if err != nil {
+				return fmt.Errorf("the mountpoint directory %s: %w", d.cfg.Mountpoint, err)
+			}
+			d.underneath = f
+		}
+		return nil
 	}
+	since := d.underneathSince()
 	start := d.underneathMark()
 	got, err := fs.Adopt(ctx, d.cfg.Mountpoint, upper, lower, fs.AdoptOptions{
 		Since:  since,
@@ -84,6 +95,40 @@ func (d *daemon) adoptUnderneath(ctx context.Context, upper string, lower fs.Low
 	}
 	d.st.UnderneathChecked = start
 	return nil
+}
+
+// underneathSince is when the mountpoint directory was last accounted
+// for: what changed there at it or after is taken in (zero: everything).
+func (d *daemon) underneathSince() time.Time {
+	since := d.st.UnderneathChecked
+	if since.IsZero() && !slices.Contains(d.sd.created, d.sd.upper()) {
+		// A state dir from before the record: the directory was
+		// accounted for when the state dir was made.
+		since = birthTime(d.sd.path)
+	}
+	return since
+}
+
+// underneathWaits reports whether the mountpoint directory, covered by the
+// home shown while the writer lease was awaited, holds anything this boot
+// must take in; the boot then makes the mount again (adoption writes into
+// the upper layer, which only an unmounted overlay may have written
+// behind its back). It may say yes of a file the home holds the same; a
+// directory it cannot read counts as yes, and the mount made again looks
+// at it as every boot does.
+func (d *daemon) underneathWaits(ctx context.Context) bool {
+	if d.underneath == nil {
+		return false
+	}
+	f := d.underneath
+	d.underneath = nil
+	defer f.Close()
+	changed, err := fs.ChangedUnderneath(ctx, fmt.Sprintf("/proc/self/fd/%d", f.Fd()), d.underneathSince())
+	if err != nil {
+		d.log.Warn("cannot look at the mountpoint directory underneath the home shown while waiting; mounting again to take in what it holds", "err", err)
+		return true
+	}
+	return changed
 }
 
 // warnAdopted logs one warning naming what was taken in (a bounded list
