@@ -31,8 +31,13 @@ import (
 // The stored bytes must never hide a change. The fill runs under node.mu,
 // which copy-up holds too, and only while the node has no upper file: a
 // copy-up (and every write after it, which the kernel puts into the page
-// cache itself) comes after the fill. Guarded files, whose commits replace
-// the content behind the kernel's back, are not filled.
+// cache itself) comes after the fill. Nor while a read-write handle of the
+// lower file is open with its copy-up deferred to its first write
+// (deferred.go): the kernel puts that write into the page cache before the
+// daemon sees it, and a fill could lay the lower bytes over it (or wait for
+// the page the write holds locked, while the write waits for node.mu).
+// Guarded files, whose commits replace the content behind the kernel's
+// back, are not filled.
 
 // Decompressing a small file at its first open waits, on a cold page
 // cache, for the image's bytes to come from the disk (or the store). A
@@ -55,7 +60,7 @@ var fillBufs = sync.Pool{New: func() any { b := make([]byte, defaultFillMax); re
 // mount. n.mu is held, and n has no upper file. Failures are not the
 // open's: a damaged block is reported by the READ that meets it.
 func (ov *overlay) fillOnOpen(n *node, size int64) {
-	if size <= 0 || size > ov.opts.OpenFillMax || n.filled || ov.fillOff.Load() {
+	if size <= 0 || size > ov.opts.OpenFillMax || n.filled || n.deferred > 0 || ov.fillOff.Load() {
 		return
 	}
 	n.filled = true

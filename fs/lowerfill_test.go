@@ -2,14 +2,18 @@ package fs
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/hermesfs/hermesfs/archive"
 )
@@ -217,6 +221,248 @@ func TestOpenFillAhead(t *testing.T) {
 	for i := len(names) - 1; i >= 0; i-- {
 		if got := e.read("pkg/__pycache__/" + names[i]); got != string(randBytes(size, uint64(i))) {
 			t.Fatalf("%s: wrong bytes", names[i])
+		}
+	}
+}
+
+// TestOpenFillThenWrite: a small lower file filled at a read-only open and
+// then opened for writing without O_TRUNC is copied up at that open, and a
+// write into its middle reads back with the filled bytes around it, through
+// the mount and in the upper file; a guarded file is never filled, and its
+// writes still reach the guard with the lower content as the old one.
+func TestOpenFillThenWrite(t *testing.T) {
+	t.Parallel()
+	content := randBytes(20<<10, 5)
+	lower, _ := packLower(t, func(dir string) {
+		os.MkdirAll(filepath.Join(dir, "memories"), 0o755)
+		os.WriteFile(filepath.Join(dir, "memories/MEMORY.md"), []byte("lower memory"), 0o644)
+		os.WriteFile(filepath.Join(dir, "mod.pyc"), content, 0o644)
+	})
+	g := &testGuard{max: 64}
+	st := NewStats()
+	e := mountEnv(t, lower, Options{Stats: st, Guard: g})
+
+	if got := e.read("memories/MEMORY.md"); got != "lower memory" {
+		t.Fatalf("guarded file: %q", got)
+	}
+	if files, _ := st.Filled(); files != 0 {
+		t.Fatalf("a guarded file was filled (%d files)", files)
+	}
+	if got := e.read("mod.pyc"); got != string(content) {
+		t.Fatal("mod.pyc: wrong bytes")
+	}
+	if files, _ := st.Filled(); files != 1 {
+		t.Fatalf("%d files filled, want mod.pyc", files)
+	}
+
+	_, done0 := st.CopyUps()
+	f, err := os.OpenFile(e.path("mod.pyc"), os.O_RDWR, 0)
+	must(t, err)
+	if _, done := st.CopyUps(); done != done0+1 {
+		t.Errorf("open for writing: %d copy-ups done, want one", done-done0)
+	}
+	if _, err := f.WriteAt([]byte("NEW BYTES"), 5000); err != nil {
+		t.Fatal(err)
+	}
+	must(t, f.Close())
+	want := slices.Clone(content)
+	copy(want[5000:], "NEW BYTES")
+	if got := e.read("mod.pyc"); got != string(want) {
+		t.Error("after a write into the filled file: wrong bytes through the mount")
+	}
+	if got, err := os.ReadFile(filepath.Join(e.upper, "mod.pyc")); err != nil || !bytes.Equal(got, want) {
+		t.Errorf("the upper file after the write: %d bytes, %v", len(got), err)
+	}
+
+	// The guarded file: a write through an O_RDWR open is checked against
+	// the lower content and read back.
+	g.reset()
+	if _, err := writeClose(e.path("memories/MEMORY.md"), unix.O_RDWR|unix.O_APPEND, " and more"); err != nil {
+		t.Fatal(err)
+	}
+	if c := g.calls(); len(c) != 1 || c[0].old != "lower memory" || c[0].new != "lower memory and more" {
+		t.Errorf("guard checks: %+v", c)
+	}
+	if got := e.read("memories/MEMORY.md"); got != "lower memory and more" {
+		t.Errorf("guarded file after its write: %q", got)
+	}
+	if files, _ := st.Filled(); files != 1 {
+		t.Errorf("%d files filled, want only mod.pyc", files)
+	}
+}
+
+// TestOpenFillNotBesideDeferredWriter: a read-only open of a lower file
+// that a read-write handle has open, not yet copied up (copy-up by range
+// defers it to the first write), fills nothing: the writer's pages are the
+// kernel's, and a fill could put lower bytes over them. The reader sees
+// the write.
+func TestOpenFillNotBesideDeferredWriter(t *testing.T) {
+	t.Parallel()
+	content := randBytes(64<<10, 6)
+	lower, _ := packLower(t, func(dir string) {
+		os.WriteFile(filepath.Join(dir, "f"), content, 0o644)
+	})
+	st := NewStats()
+	e := mountEnv(t, lower, Options{Stats: st, CopyUpByRangeMin: 16 << 10})
+	w, err := os.OpenFile(e.path("f"), os.O_RDWR, 0)
+	must(t, err)
+	defer w.Close()
+	if e.inUpper("f") {
+		t.Fatal("the read-write open copied the file up: the test needs a deferred copy-up")
+	}
+	r, err := os.Open(e.path("f"))
+	must(t, err)
+	defer r.Close()
+	if files, _ := st.Filled(); files != 0 {
+		t.Errorf("a read-only open beside a deferred writer filled %d files", files)
+	}
+	if _, err := w.WriteAt([]byte("written"), 100); err != nil {
+		t.Fatal(err)
+	}
+	want := slices.Clone(content)
+	copy(want[100:], "written")
+	got := make([]byte, len(content)+1)
+	k, _ := r.ReadAt(got, 0)
+	if !bytes.Equal(got[:k], want) {
+		t.Errorf("the reader does not see the write (%d bytes)", k)
+	}
+}
+
+// TestOpenFillAheadCorrupt: a damaged small file in the window of a
+// neighbour's first open is read ahead, and still never served: its own
+// open succeeds and its read fails with EIO.
+func TestOpenFillAheadCorrupt(t *testing.T) {
+	t.Parallel()
+	needFuse(t)
+	src := tempDir(t)
+	// Each one block (of 32 KiB): a fragment block shared by both would be
+	// damaged for both.
+	good := randBytes(32<<10, 8)
+	bad := randBytes(32<<10, 9) // uncompressible: the damage hits its bytes
+	must(t, os.WriteFile(filepath.Join(src, "a-good"), good, 0o644))
+	must(t, os.WriteFile(filepath.Join(src, "b-bad"), bad, 0o644))
+	img := filepath.Join(tempDir(t), "img.sqfs")
+	f, err := os.Create(img)
+	must(t, err)
+	_, err = archive.PackDir(t.Context(), f, src, archive.PackOptions{BlockSize: 32 << 10})
+	f.Close()
+	must(t, err)
+	raw, err := os.ReadFile(img)
+	must(t, err)
+	i := bytes.Index(raw, bad[2000:2100])
+	if i < 0 {
+		t.Fatal("b-bad's bytes not found in the image")
+	}
+	raw[i] ^= 0xff
+	must(t, os.WriteFile(img, raw, 0o644))
+
+	ar := openLower(t, img)
+	lower := &readsLower{Lower: ar, reads: map[archive.Inode]int{}}
+	st := NewStats()
+	e := mountEnv(t, lower, Options{Stats: st})
+	if got := e.read("a-good"); got != string(good) {
+		t.Fatal("a-good: wrong bytes")
+	}
+	a, err := ar.Lookup(ar.Root(), "b-bad")
+	must(t, err)
+	deadline := time.Now().Add(time.Minute)
+	for lower.count(a.Ino) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("b-bad was not read ahead after a-good's open")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	h, err := os.Open(e.path("b-bad"))
+	if err != nil {
+		t.Fatalf("open of a file with a damaged block: %v", err)
+	}
+	defer h.Close()
+	buf := make([]byte, len(bad))
+	if k, err := h.ReadAt(buf, 0); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("read of a damaged file read ahead: %d bytes, %v; want EIO", k, err)
+	}
+	if files, _ := st.Filled(); files != 1 {
+		t.Errorf("%d files filled, want a-good only", files)
+	}
+}
+
+// blockingLower holds the lower reads of one inode until released.
+type blockingLower struct {
+	*readsLower
+	hold    archive.Inode
+	held    chan struct{} // closed when a read of hold waits
+	release chan struct{}
+	once    sync.Once
+}
+
+func (l *blockingLower) ReadAt(ino archive.Inode, p []byte, off int64) (int, error) {
+	if ino == l.hold {
+		l.once.Do(func() { close(l.held) })
+		<-l.release
+	}
+	return l.readsLower.ReadAt(ino, p, off)
+}
+
+// TestOpenFillAheadStopsAtUnmount: an unmount waits for the read-ahead of
+// a directory's small files in progress, and nothing more of the window is
+// read once it began.
+func TestOpenFillAheadStopsAtUnmount(t *testing.T) {
+	t.Parallel()
+	names := make([]string, 8)
+	ar, _ := packLower(t, func(dir string) {
+		for i := range names {
+			names[i] = fmt.Sprintf("mod%02d.pyc", i)
+			os.WriteFile(filepath.Join(dir, names[i]), randBytes(20<<10, uint64(i)), 0o644)
+		}
+	})
+	ino := make([]archive.Inode, len(names))
+	for i, n := range names {
+		a, err := ar.Lookup(ar.Root(), n)
+		must(t, err)
+		ino[i] = a.Ino
+	}
+	lower := &blockingLower{
+		readsLower: &readsLower{Lower: ar, reads: map[archive.Inode]int{}},
+		hold:       ino[1], held: make(chan struct{}), release: make(chan struct{}),
+	}
+	e := mountEnv(t, lower, Options{})
+	if got := e.read(names[0]); got != string(randBytes(20<<10, 0)) {
+		t.Fatal("mod00: wrong bytes")
+	}
+	select {
+	case <-lower.held:
+	case <-time.After(time.Minute):
+		t.Fatal("the files after mod00 were not read ahead")
+	}
+	unmounted := make(chan struct{})
+	m := e.m
+	e.m = nil
+	go func() {
+		defer close(unmounted)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := m.Unmount(ctx); err != nil {
+			t.Errorf("unmount: %v", err)
+		}
+	}()
+	// The unmount waits for the read in progress (wait until it began).
+	for !m.ov.unmounted.Load() {
+		select {
+		case <-unmounted:
+			t.Fatal("unmount returned while a read ahead was in progress")
+		case <-time.After(time.Millisecond):
+		}
+	}
+	select {
+	case <-unmounted:
+		t.Fatal("unmount returned while a read ahead was in progress")
+	default:
+	}
+	close(lower.release)
+	<-unmounted
+	for i := 2; i < len(names); i++ {
+		if c := lower.count(ino[i]); c != 0 {
+			t.Errorf("%s read %d times ahead after the unmount began", names[i], c)
 		}
 	}
 }

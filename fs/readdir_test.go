@@ -3,6 +3,7 @@ package fs
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -180,5 +181,94 @@ func TestReaddirOpenDirRemoved(t *testing.T) {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFDIR {
 		t.Errorf("fstat of a removed merged directory: mode %o, %v", st.Mode, err)
+	}
+}
+
+// TestReaddirAfterChanges: a directory listed (and its listing cached by
+// the kernel, without OPENDIR) lists its changes at once, whether this
+// process or another one made them: a create, a mkdir, a symlink, a rename
+// within it, in and out of it, an unlink and an rmdir, in a lower, a merged
+// and an upper-only directory.
+func TestReaddirAfterChanges(t *testing.T) {
+	t.Parallel()
+	sh := needTool(t, "sh")
+	lower, _ := packLower(t, sampleTree)
+	st := NewStats()
+	e := mountEnv(t, lower, Options{Stats: st})
+	must(t, os.Mkdir(e.path("up"), 0o755))
+	e.write("up/u1", "u")
+	e.write("a/b/merged", "m")
+	dirs := map[string][]string{
+		"skills/web": {"SKILL.md", "sub"},
+		"a/b":        {"merged", "two.txt"},
+		"up":         {"u1"},
+	}
+	list := func(d string) []string {
+		t.Helper()
+		got := e.names(d)
+		slices.Sort(got)
+		return got
+	}
+	for d, want := range dirs {
+		if got := list(d); !slices.Equal(got, want) {
+			t.Fatalf("%s: %v, want %v", d, got, want)
+		}
+	}
+	// Listed again: from the kernel's cache, no READDIR.
+	rd := func() uint64 { o := opCalls(st); return o["readdir"] + o["readdirplus"] }
+	r0 := rd()
+	for d := range dirs {
+		list(d)
+	}
+	if r := rd(); r != r0 {
+		t.Fatalf("listing listed directories again made %d READDIR requests; the test needs cached listings", r-r0)
+	}
+
+	for i, by := range []string{"this process", "another process"} {
+		change := func(cmd string) {
+			t.Helper()
+			if by == "this process" {
+				return
+			}
+			c := exec.Command(sh, "-ec", cmd)
+			c.Dir = e.mnt
+			if out, err := c.CombinedOutput(); err != nil {
+				t.Fatalf("%s: %v: %s", cmd, err, out)
+			}
+		}
+		p := fmt.Sprintf("p%d-", i)
+		for d, want := range dirs {
+			if by == "this process" {
+				e.write(d+"/"+p+"new", "n")
+				must(t, os.Mkdir(e.path(d+"/"+p+"dir"), 0o755))
+				must(t, os.Symlink("x", e.path(d+"/"+p+"sym")))
+				must(t, os.Rename(e.path(d+"/"+p+"new"), e.path(d+"/"+p+"renamed")))
+				e.write(p+"moved-in", "i")
+				must(t, os.Rename(e.path(p+"moved-in"), e.path(d+"/"+p+"moved-in")))
+			} else {
+				change(fmt.Sprintf("echo n > %[1]s/%[2]snew; mkdir %[1]s/%[2]sdir; ln -s x %[1]s/%[2]ssym; mv %[1]s/%[2]snew %[1]s/%[2]srenamed; echo i > %[2]smoved-in; mv %[2]smoved-in %[1]s/", d, p))
+			}
+			want = append(want, p+"dir", p+"moved-in", p+"renamed", p+"sym")
+			slices.Sort(want)
+			if got := list(d); !slices.Equal(got, want) {
+				t.Errorf("%s after creates and renames by %s: %v, want %v", d, by, got, want)
+			}
+			// Out again: an unlink, an rmdir, a rename out.
+			if by == "this process" {
+				must(t, os.Remove(e.path(d+"/"+p+"sym")))
+				must(t, os.Remove(e.path(d+"/"+p+"dir")))
+				must(t, os.Rename(e.path(d+"/"+p+"moved-in"), e.path(p+"moved-out")))
+			} else {
+				change(fmt.Sprintf("rm %[1]s/%[2]ssym; rmdir %[1]s/%[2]sdir; mv %[1]s/%[2]smoved-in %[2]smoved-out", d, p))
+			}
+			want = slices.DeleteFunc(want, func(s string) bool { return s == p+"sym" || s == p+"dir" || s == p+"moved-in" })
+			if got := list(d); !slices.Equal(got, want) {
+				t.Errorf("%s after removals by %s: %v, want %v", d, by, got, want)
+			}
+			dirs[d] = want
+		}
+	}
+	if ops := opCalls(st); ops["opendir"] > 1 {
+		t.Errorf("%d OPENDIR requests, want at most the first", ops["opendir"])
 	}
 }
