@@ -48,7 +48,8 @@ import (
 // of the small files after it in the directory, up to fillAhead bytes of
 // them, into the archive's block cache. Their own first opens then find
 // their bytes decompressed. The window moves on as later files of the
-// directory are opened, never back.
+// directory are opened, never back. It opens at the second small file of a
+// directory filled, not the first (fillAheadAfter).
 
 // defaultFillMax is Options.OpenFillMax when it is zero.
 const defaultFillMax = 128 << 10
@@ -92,6 +93,12 @@ func (ov *overlay) fillOnOpen(n *node, size int64) {
 // decompressed ahead of their opens.
 const fillAhead = 512 << 10
 
+// fillAheadAfter is how many small files of a directory are filled before
+// its files are decompressed ahead: a program that reads one file of each
+// directory (git status reads each directory's .gitignore) would have the
+// daemon decompress, beside it, files nobody reads.
+const fillAheadAfter = 2
+
 // fillAhead starts decompressing the blocks of the small lower files that
 // follow file n in its directory, from where an earlier fill ahead in that
 // directory stopped, in the background (bounded by decodeSlots, waited for
@@ -99,6 +106,10 @@ const fillAhead = 512 << 10
 func (ov *overlay) fillAhead(n *node) {
 	d, name, ok := n.parent()
 	if !ok || d.lower == 0 || ov.unmounted.Load() {
+		return
+	}
+	if d.fillOpens.Add(1) < fillAheadAfter {
+		// One file of the directory read: not yet a reader of many.
 		return
 	}
 	ents := d.lowerListing()

@@ -176,10 +176,10 @@ func (l *readsLower) count(ino archive.Inode) int {
 	return l.reads[ino]
 }
 
-// TestOpenFillAhead: the first open of a small file starts reading the
-// small files after it in its directory, before they are opened, up to the
-// window; files past the window are left alone until an open nearer to
-// them; every file reads its own bytes.
+// TestOpenFillAhead: the second open of a small file in a directory (not
+// the first) starts reading the small files after it, before they are
+// opened, up to the window; files past the window are left alone until an
+// open nearer to them; every file reads its own bytes.
 func TestOpenFillAhead(t *testing.T) {
 	t.Parallel()
 	const size = 40 << 10
@@ -206,12 +206,19 @@ func TestOpenFillAhead(t *testing.T) {
 	if got := e.read("pkg/__pycache__/" + names[0]); got != string(randBytes(size, 0)) {
 		t.Fatal("mod00: wrong bytes")
 	}
-	// The window after mod00: fillAhead bytes of files.
-	inWindow := fillAhead / size
+	// One file of a directory read: nothing ahead yet.
+	if c := lower.count(ino[1]); c != 0 {
+		t.Errorf("mod01 read %d times after the first open in its directory", c)
+	}
+	if got := e.read("pkg/__pycache__/" + names[1]); got != string(randBytes(size, 1)) {
+		t.Fatal("mod01: wrong bytes")
+	}
+	// The window after mod01: fillAhead bytes of files.
+	inWindow := 1 + fillAhead/size
 	deadline := time.Now().Add(30 * time.Second)
 	for lower.count(ino[inWindow]) == 0 {
 		if time.Now().After(deadline) {
-			t.Fatalf("files after the one opened were not read ahead (mod01: %d reads, mod%02d: %d)", lower.count(ino[1]), inWindow, lower.count(ino[inWindow]))
+			t.Fatalf("files after the ones opened were not read ahead (mod02: %d reads, mod%02d: %d)", lower.count(ino[2]), inWindow, lower.count(ino[inWindow]))
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -328,8 +335,8 @@ func TestOpenFillNotBesideDeferredWriter(t *testing.T) {
 	}
 }
 
-// TestOpenFillAheadCorrupt: a damaged small file in the window of a
-// neighbour's first open is read ahead, and still never served: its own
+// TestOpenFillAheadCorrupt: a damaged small file in the window of its
+// neighbours' opens is read ahead, and still never served: its own
 // open succeeds and its read fails with EIO.
 func TestOpenFillAheadCorrupt(t *testing.T) {
 	t.Parallel()
@@ -337,8 +344,10 @@ func TestOpenFillAheadCorrupt(t *testing.T) {
 	src := tempDir(t)
 	// Each one block (of 32 KiB): a fragment block shared by both would be
 	// damaged for both.
+	first := randBytes(32<<10, 7)
 	good := randBytes(32<<10, 8)
 	bad := randBytes(32<<10, 9) // uncompressible: the damage hits its bytes
+	must(t, os.WriteFile(filepath.Join(src, "0-first"), first, 0o644))
 	must(t, os.WriteFile(filepath.Join(src, "a-good"), good, 0o644))
 	must(t, os.WriteFile(filepath.Join(src, "b-bad"), bad, 0o644))
 	img := filepath.Join(tempDir(t), "img.sqfs")
@@ -360,6 +369,9 @@ func TestOpenFillAheadCorrupt(t *testing.T) {
 	lower := &readsLower{Lower: ar, reads: map[archive.Inode]int{}}
 	st := NewStats()
 	e := mountEnv(t, lower, Options{Stats: st})
+	if got := e.read("0-first"); got != string(first) {
+		t.Fatal("0-first: wrong bytes")
+	}
 	if got := e.read("a-good"); got != string(good) {
 		t.Fatal("a-good: wrong bytes")
 	}
@@ -381,8 +393,8 @@ func TestOpenFillAheadCorrupt(t *testing.T) {
 	if k, err := h.ReadAt(buf, 0); !errors.Is(err, syscall.EIO) {
 		t.Fatalf("read of a damaged file read ahead: %d bytes, %v; want EIO", k, err)
 	}
-	if files, _ := st.Filled(); files != 1 {
-		t.Errorf("%d files filled, want a-good only", files)
+	if files, _ := st.Filled(); files != 2 {
+		t.Errorf("%d files filled, want 0-first and a-good only", files)
 	}
 }
 
@@ -423,16 +435,18 @@ func TestOpenFillAheadStopsAtUnmount(t *testing.T) {
 	}
 	lower := &blockingLower{
 		readsLower: &readsLower{Lower: ar, reads: map[archive.Inode]int{}},
-		hold:       ino[1], held: make(chan struct{}), release: make(chan struct{}),
+		hold:       ino[2], held: make(chan struct{}), release: make(chan struct{}),
 	}
 	e := mountEnv(t, lower, Options{})
-	if got := e.read(names[0]); got != string(randBytes(20<<10, 0)) {
-		t.Fatal("mod00: wrong bytes")
+	for i := range 2 {
+		if got := e.read(names[i]); got != string(randBytes(20<<10, uint64(i))) {
+			t.Fatalf("%s: wrong bytes", names[i])
+		}
 	}
 	select {
 	case <-lower.held:
 	case <-time.After(time.Minute):
-		t.Fatal("the files after mod00 were not read ahead")
+		t.Fatal("the files after mod01 were not read ahead")
 	}
 	unmounted := make(chan struct{})
 	m := e.m
@@ -460,7 +474,7 @@ func TestOpenFillAheadStopsAtUnmount(t *testing.T) {
 	}
 	close(lower.release)
 	<-unmounted
-	for i := 2; i < len(names); i++ {
+	for i := 3; i < len(names); i++ {
 		if c := lower.count(ino[i]); c != 0 {
 			t.Errorf("%s read %d times ahead after the unmount began", names[i], c)
 		}

@@ -142,7 +142,10 @@ type node struct {
 	// fillAheadTo is the index in a lower directory's listing up to which
 	// the blocks of its small files were decompressed ahead (lowerfill.go).
 	fillAheadTo atomic.Int64
-	lowerEnts   atomic.Pointer[[]archive.DirEntry] // lowerListing
+	// fillOpens counts the small lower files of a directory filled at
+	// their first open (lowerfill.go).
+	fillOpens atomic.Int32
+	lowerEnts atomic.Pointer[[]archive.DirEntry] // lowerListing
 	// listings are a directory's listings being read (readdir.go).
 	listings *dirListings
 	// ptWrite: the passthrough handles of this node share a writable
