@@ -210,6 +210,12 @@ type Catalog struct {
 		etag string
 		at   time.Duration
 	}
+	// unconfirmed maps a snapshot id whose move of LATEST failed with an
+	// error that may have come after the write landed, and whose check
+	// read failed too, to the Expect of that publish. A later publish that
+	// expects the same finds LATEST naming one of these: its own snapshot,
+	// not another host's (see expected).
+	unconfirmed map[string]string
 }
 
 // NewCatalog returns the catalog kept in s.
@@ -385,7 +391,7 @@ func (c *Catalog) Publish(ctx context.Context, in PublishInput) (Manifest, error
 	if err != nil {
 		return Manifest{}, fmt.Errorf("publish: %w", err)
 	}
-	if latest != in.Expect {
+	if !c.expected(latest, in.Expect) {
 		return Manifest{}, &ConflictError{Expected: in.Expect, Latest: latest}
 	}
 	enc, cleanup, err := c.sealInput(ctx, latest, &in)
@@ -461,7 +467,7 @@ func (c *Catalog) Publish(ctx context.Context, in PublishInput) (Manifest, error
 			return Manifest{}, fmt.Errorf("publish %s: uploaded but not published: %w", id, err)
 		}
 	}
-	if err := c.moveLatest(ctx, id, latest, etag); err != nil {
+	if err := c.moveLatest(ctx, id, in.Expect, latest, etag); err != nil {
 		return Manifest{}, err
 	}
 	c.log.Info("published snapshot", "id", id, "parent", in.Parent, "size", m.Size, "files", m.Files, "encrypted", enc != nil)
@@ -469,33 +475,65 @@ func (c *Catalog) Publish(ctx context.Context, in PublishInput) (Manifest, error
 }
 
 // moveLatest points LATEST at id if it still is the object read as prev
-// (etag; "" = absent).
-func (c *Catalog) moveLatest(ctx context.Context, id, prev, etag string) error {
+// (etag; "" = absent). expect is the publish's PublishInput.Expect.
+func (c *Catalog) moveLatest(ctx context.Context, id, expect, prev, etag string) error {
 	body := []byte(id + "\n")
 	opts := PutOptions{IfMatch: etag, IfNoneMatch: etag == ""}
 	_, err := c.store.Put(ctx, LatestKey, bytes.NewReader(body), int64(len(body)), opts)
 	if err == nil {
+		c.confirmed()
 		return nil
 	}
-	if !errors.Is(err, ErrPrecondition) {
-		// The write may have landed before the error reached us (a
-		// connection reset after the server acted, retries exhausted):
-		// look, so that a published snapshot is not taken for a failure.
-		if now, _, rerr := c.readLatest(ctx); rerr == nil && now == id {
-			return nil
+	// The write may have landed before the error reached us (a connection
+	// reset after the server acted; a retried write that finds its own
+	// first attempt and fails its precondition): look, so that a published
+	// snapshot is not taken for a failure, nor for another host's.
+	now, _, rerr := c.readLatest(ctx)
+	switch {
+	case rerr == nil && now == id:
+		c.confirmed()
+		return nil
+	case rerr != nil:
+		// Nobody knows yet whether LATEST moved: if it did, the next
+		// publish that expects what this one did finds it ours.
+		c.mu.Lock()
+		if c.unconfirmed == nil {
+			c.unconfirmed = map[string]string{}
 		}
+		c.unconfirmed[id] = expect
+		c.mu.Unlock()
+		return fmt.Errorf("publish %s: move %s: %w; reading it back: %w", id, LatestKey, err, rerr)
+	case !errors.Is(err, ErrPrecondition):
 		return fmt.Errorf("publish %s: move %s: %w", id, LatestKey, err)
 	}
-	// Lost the race, or a retried write found its own first attempt had
-	// landed: look.
-	now, _, rerr := c.readLatest(ctx)
-	if rerr != nil {
-		return fmt.Errorf("publish %s: move %s: %w; then: %w", id, LatestKey, err, rerr)
-	}
-	if now == id {
-		return nil
-	}
 	return &ConflictError{ID: id, Expected: prev, Latest: now}
+}
+
+// expected reports whether a publish that expects LATEST to name expect
+// may go on over latest, what LATEST names: the same, or a snapshot this
+// catalog published over expect without learning that LATEST moved (a
+// write whose answer and check were both lost to an outage).
+func (c *Catalog) expected(latest, expect string) bool {
+	if latest == expect {
+		return true
+	}
+	c.mu.Lock()
+	was, ok := c.unconfirmed[latest]
+	c.mu.Unlock()
+	if ok && was == expect {
+		c.log.Info("LATEST names a snapshot of this host whose publish was not confirmed: it was published; the next goes over it",
+			"latest", latest, "expected", orNone(expect))
+		return true
+	}
+	return false
+}
+
+// confirmed forgets the unconfirmed publishes once LATEST is known to have
+// moved past them.
+func (c *Catalog) confirmed() {
+	c.mu.Lock()
+	c.unconfirmed = nil
+	c.mu.Unlock()
 }
 
 func cmp(s, def string) string {

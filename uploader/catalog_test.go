@@ -649,6 +649,79 @@ func TestCatalogLatestLandedDespiteError(t *testing.T) {
 	}
 }
 
+// blackout is a store whose next write of LATEST lands but reports an
+// error, and whose next read of LATEST then fails: an outage that took
+// both the answer to a publish and its check.
+type blackout struct {
+	uploader.Store
+	armed, reading *atomic.Bool
+}
+
+func (s blackout) Put(ctx context.Context, key string, r io.Reader, size int64, opts uploader.PutOptions) (uploader.ObjectInfo, error) {
+	info, err := s.Store.Put(ctx, key, r, size, opts)
+	if err == nil && key == uploader.LatestKey && s.armed.CompareAndSwap(true, false) {
+		s.reading.Store(true)
+		return info, errors.New("502 Bad Gateway")
+	}
+	return info, err
+}
+
+func (s blackout) Get(ctx context.Context, key string, off, length int64) (io.ReadCloser, uploader.ObjectInfo, error) {
+	if key == uploader.LatestKey && s.reading.CompareAndSwap(true, false) {
+		return nil, uploader.ObjectInfo{}, errors.New("connection refused")
+	}
+	return s.Store.Get(ctx, key, off, length)
+}
+
+// A publish whose LATEST write landed while neither its answer nor its
+// check came back is taken for a failure; the next publish, which expects
+// what that one did, finds LATEST naming it and goes over it: it is this
+// host's own snapshot, not a conflict with another host.
+func TestCatalogUnconfirmedPublishIsOwn(t *testing.T) {
+	for _, images := range []bool{false, true} {
+		t.Run(map[bool]string{false: "archive", true: "image"}[images], func(t *testing.T) {
+			s := newLocal(t)
+			armed, reading := new(atomic.Bool), new(atomic.Bool)
+			c := catalog(blackout{s, armed, reading}, "host-a", newClock())
+			publish := func(expect string) (string, error) {
+				p, _ := archiveFile(t, 1000)
+				if !images {
+					m, err := c.Publish(t.Context(), uploader.PublishInput{Path: p, Parent: expect, Expect: expect})
+					return m.ID, err
+				}
+				pr, err := c.PublishImage(t.Context(), uploader.ImageInput{
+					Segment: p, Extents: []uploader.Extent{{Length: 1000}}, Parent: expect, Expect: expect,
+				})
+				return pr.ID, err
+			}
+			first, err := publish("")
+			if err != nil {
+				t.Fatal(err)
+			}
+			armed.Store(true)
+			if _, err := publish(first); err == nil {
+				t.Fatal("a publish whose LATEST write and check both failed reported success")
+			}
+			lost, err := catalog(s, "checker", newClock()).LatestID(t.Context())
+			if err != nil || lost == first {
+				t.Fatalf("the blacked-out LATEST write did not land (LATEST %q, %v): the test shows nothing", lost, err)
+			}
+			next, err := publish(first)
+			if err != nil {
+				t.Fatalf("the publish after an unconfirmed one of the same host: %v", err)
+			}
+			if got, _ := catalog(s, "checker", newClock()).LatestID(t.Context()); got != next || next == lost {
+				t.Fatalf("LATEST %q; published %q over the unconfirmed %q", got, next, lost)
+			}
+			// What the host never published stays a conflict: a publish
+			// expecting the first snapshot, now two behind.
+			if _, err := publish(first); !errors.Is(err, uploader.ErrConflict) {
+				t.Fatalf("a publish over a LATEST it did not expect: %v, want a conflict", err)
+			}
+		})
+	}
+}
+
 // lostLeaseReply is a store whose next lease write lands but reports an
 // error, as a renewal that timed out after the server acted does.
 type lostLeaseReply struct {

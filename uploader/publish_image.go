@@ -98,7 +98,7 @@ func (c *Catalog) PublishImage(ctx context.Context, in ImageInput) (Published, e
 	if err != nil {
 		return Published{}, fmt.Errorf("publish: %w", err)
 	}
-	if latest != in.Expect {
+	if !c.expected(latest, in.Expect) {
 		return Published{}, &ConflictError{Expected: in.Expect, Latest: latest}
 	}
 	enc, err := c.checkEncryption(ctx, latest)
@@ -203,7 +203,7 @@ func (c *Catalog) PublishImage(ctx context.Context, in ImageInput) (Published, e
 			return Published{}, fmt.Errorf("publish %s: uploaded but not published: %w", id, err)
 		}
 	}
-	if err := c.moveLatest(ctx, id, latest, etag); err != nil {
+	if err := c.moveLatest(ctx, id, in.Expect, latest, etag); err != nil {
 		return Published{}, err
 	}
 	p.Manifest = m

@@ -18,6 +18,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -46,11 +47,18 @@ func Start(t testing.TB) (endpoint, bucket, accessKey, secretKey string) {
 		}
 		t.Skipf("s3test: %v", err)
 	}
-	srv, err := Launch(bin, t.TempDir(), nil)
+	out := &tail{max: 16 << 10}
+	srv, err := Launch(bin, t.TempDir(), out)
 	if err != nil {
-		t.Fatalf("s3test: %v", err)
+		t.Fatalf("s3test: %v; its output: %s", err, out)
 	}
 	t.Cleanup(func() {
+		// A server that died under a test explains that test's failure
+		// ("connection refused"): say so, with what it said.
+		if gone, err := srv.Exited(); gone {
+			t.Errorf("s3test: versitygw exited during the test (%v); its output: %s", err, out)
+			return
+		}
 		if err := srv.Close(); err != nil {
 			t.Errorf("s3test: stop versitygw: %v", err)
 		}
@@ -169,6 +177,42 @@ func (s *Server) CreateBucket(ctx context.Context, name string) error {
 		return fmt.Errorf("create bucket %s: %w", name, err)
 	}
 	return nil
+}
+
+// Exited reports whether the server's process has ended, and how.
+func (s *Server) Exited() (bool, error) {
+	select {
+	case <-s.exited:
+		return true, s.waitErr
+	default:
+		return false, nil
+	}
+}
+
+// tail keeps the last max bytes written to it.
+type tail struct {
+	mu  sync.Mutex
+	max int
+	b   []byte
+}
+
+func (w *tail) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.b = append(w.b, p...)
+	if over := len(w.b) - w.max; over > 0 {
+		w.b = append(w.b[:0], w.b[over:]...)
+	}
+	return len(p), nil
+}
+
+func (w *tail) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.b) == 0 {
+		return "(none)"
+	}
+	return string(w.b)
 }
 
 // Close stops the server; closing it again does nothing.
