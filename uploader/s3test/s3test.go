@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -115,12 +116,29 @@ func Launch(bin, dir string, logw io.Writer) (*Server, error) {
 		cmd := exec.Command(bin, "--access", AccessKey, "--secret", SecretKey, "--region", Region,
 			"--port", addr, "--quiet", "posix", dir)
 		cmd.Stdout, cmd.Stderr = logw, logw
+		// Killed with the test binary, so that a test killed by its
+		// deadline leaves no server behind. The kernel sends Pdeathsig
+		// when the forking THREAD ends, and Go ends the thread of a
+		// goroutine that returns while locked to it (the FUSE file
+		// system's requests to its own mount do): the process is started
+		// and waited for by a goroutine locked to its thread until the
+		// process has exited.
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-		if err := cmd.Start(); err != nil {
+		s := &Server{Endpoint: "http://" + addr, cmd: cmd, exited: make(chan struct{})}
+		started := make(chan error, 1)
+		go func() {
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			err := cmd.Start()
+			started <- err
+			if err == nil {
+				s.waitErr = cmd.Wait()
+			}
+			close(s.exited)
+		}()
+		if err := <-started; err != nil {
 			return nil, fmt.Errorf("start versitygw: %w", err)
 		}
-		s := &Server{Endpoint: "http://" + addr, cmd: cmd, exited: make(chan struct{})}
-		go func() { s.waitErr = cmd.Wait(); close(s.exited) }()
 		if lastErr = s.waitReady(addr, 15*time.Second); lastErr == nil {
 			return s, nil
 		}
