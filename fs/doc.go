@@ -142,7 +142,9 @@
 // # Kernel I/O modes
 //
 // Lower files are opened with FOPEN_KEEP_CACHE (their content never
-// changes); a sequential reader has the next MiB decompressed ahead of it.
+// changes); a sequential reader has the next MiB decompressed ahead of it,
+// and a small file's content is handed to the page cache at its first open,
+// so that reading it takes no READ (lowerfill.go).
 // Upper files are served by the daemon with the page cache, except
 // read-only opens of files of Options.PassthroughMinSize or more, which use
 // FUSE passthrough where the kernel allows it (kernel >= 6.9 and
@@ -153,8 +155,9 @@
 // writes them without a round trip, and a freeze stops those writes with a
 // barrier and copies the files whole (ptwrite.go). Other writable opens
 // are daemon-served, so the freeze sees and can hold each write; the
-// writeback cache is off for the same reason. Directory listings are
-// cached by the kernel, and entries and attributes for an hour: every
+// writeback cache is off for the same reason. Directories are opened
+// without OPENDIR requests (readdir.go), their listings cached by the
+// kernel, and entries and attributes for an hour: every
 // change goes through the kernel, which updates its caches itself (a
 // guarded commit, made behind its back, is announced). The kernel allows
 // one backing file per inode and, while an inode has a passthrough open,

@@ -60,6 +60,9 @@ func (n *node) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, uint3
 			lower := !n.upper.Load()
 			if lower {
 				n.cachedOpens++
+				if !guardedPath {
+					ov.fillOnOpen(n, la.Size)
+				}
 			}
 			n.mu.Unlock()
 			if lower {
@@ -67,7 +70,8 @@ func (n *node) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, uint3
 				// across opens, a file read before is served
 				// without a READ, and decompressing it again would
 				// only take CPU from readers. The first READ starts
-				// the read-ahead.
+				// the read-ahead; a small file is filled once
+				// (lowerfill.go).
 				h := &lowerFile{n: n, up: upperRef{fd: -1}, size: la.Size}
 				return h, fuse.FOPEN_KEEP_CACHE | fuse.FOPEN_NOFLUSH, 0
 			}

@@ -58,6 +58,12 @@ type overlay struct {
 	barriers  sync.Map    // *node -> *barrier
 	freezeMu  sync.Mutex
 
+	// probes are rawFS's lookups of a node by its FUSE node id
+	// (readdir.go): cancel channel -> **node.
+	probes sync.Map
+	// fillOff: the kernel refused a page cache fill (lowerfill.go).
+	fillOff atomic.Bool
+
 	unmounted atomic.Bool
 	// writesRefused: every change fails with EROFS (writegate.go).
 	writesRefused atomic.Bool
@@ -117,6 +123,9 @@ type node struct {
 	// noDefer: a removal of the file's name began with no deferred open;
 	// read-write opens copy up at open from then on.
 	noDefer bool
+	// filled: the lower content was handed to the page cache at an open
+	// (lowerfill.go).
+	filled bool
 	// cacheStale is set when the content changed behind the page cache
 	// (passthrough writes, a guarded commit): the next cached open drops
 	// the kernel's cache instead of keeping it.
@@ -130,6 +139,15 @@ type node struct {
 	// passthrough, held by backingRefs open handles; 0 if none.
 	backingID   int32
 	backingRefs int
+	// fillAheadTo is the index in a lower directory's listing up to which
+	// the blocks of its small files were decompressed ahead (lowerfill.go).
+	fillAheadTo atomic.Int64
+	// fillOpens counts the small lower files of a directory filled at
+	// their first open (lowerfill.go).
+	fillOpens atomic.Int32
+	lowerEnts atomic.Pointer[[]archive.DirEntry] // lowerListing
+	// listings are a directory's listings being read (readdir.go).
+	listings *dirListings
 	// ptWrite: the passthrough handles of this node share a writable
 	// backing file (decided by the first of them, a writable open given
 	// passthrough); the node is in overlay.ptw until the last one closes.
@@ -137,24 +155,23 @@ type node struct {
 }
 
 var (
-	_ fusefs.InodeEmbedder      = (*node)(nil)
-	_ fusefs.NodeLookuper       = (*node)(nil)
-	_ fusefs.NodeGetattrer      = (*node)(nil)
-	_ fusefs.NodeSetattrer      = (*node)(nil)
-	_ fusefs.NodeReadlinker     = (*node)(nil)
-	_ fusefs.NodeOpendirHandler = (*node)(nil)
-	_ fusefs.NodeOpener         = (*node)(nil)
-	_ fusefs.NodeCreater        = (*node)(nil)
-	_ fusefs.NodeMkdirer        = (*node)(nil)
-	_ fusefs.NodeMknoder        = (*node)(nil)
-	_ fusefs.NodeSymlinker      = (*node)(nil)
-	_ fusefs.NodeLinker         = (*node)(nil)
-	_ fusefs.NodeUnlinker       = (*node)(nil)
-	_ fusefs.NodeRmdirer        = (*node)(nil)
-	_ fusefs.NodeRenamer        = (*node)(nil)
-	_ fusefs.NodeStatfser       = (*node)(nil)
-	_ fusefs.NodeFsyncer        = (*node)(nil)
-	_ fusefs.NodeOnForgetter    = (*node)(nil)
+	_ fusefs.InodeEmbedder   = (*node)(nil)
+	_ fusefs.NodeLookuper    = (*node)(nil)
+	_ fusefs.NodeGetattrer   = (*node)(nil)
+	_ fusefs.NodeSetattrer   = (*node)(nil)
+	_ fusefs.NodeReadlinker  = (*node)(nil)
+	_ fusefs.NodeOpener      = (*node)(nil)
+	_ fusefs.NodeCreater     = (*node)(nil)
+	_ fusefs.NodeMkdirer     = (*node)(nil)
+	_ fusefs.NodeMknoder     = (*node)(nil)
+	_ fusefs.NodeSymlinker   = (*node)(nil)
+	_ fusefs.NodeLinker      = (*node)(nil)
+	_ fusefs.NodeUnlinker    = (*node)(nil)
+	_ fusefs.NodeRmdirer     = (*node)(nil)
+	_ fusefs.NodeRenamer     = (*node)(nil)
+	_ fusefs.NodeStatfser    = (*node)(nil)
+	_ fusefs.NodeFsyncer     = (*node)(nil)
+	_ fusefs.NodeOnForgetter = (*node)(nil)
 )
 
 // OnForget releases what the node kept for the kernel.
@@ -520,6 +537,9 @@ func fileModeToUnix(m iofs.FileMode) uint32 {
 // Lookup finds name in the merged directory: the upper entry if there is
 // one, else the lower entry unless a whiteout hides it.
 func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
+	if n.probed(ctx, name) {
+		return nil, syscall.ENOENT
+	}
 	ov := n.ov
 	dfd := -1
 	if n.upper.Load() {
@@ -798,124 +818,6 @@ func dtToMode(t uint8) uint32 {
 	default:
 		return syscall.S_IFREG
 	}
-}
-
-// OpendirHandle returns a handle that lists the merged directory.
-func (n *node) OpendirHandle(ctx context.Context, flags uint32) (fusefs.FileHandle, uint32, syscall.Errno) {
-	h := &dirHandle{n: n, fd: -1}
-	if n.upper.Load() {
-		// Keep the upper directory itself, so fstat of an open directory
-		// answers after it is removed or replaced.
-		if fd, _, err := n.dirFd(false); err == nil {
-			if fd == n.ov.u.root {
-				fd, err = unix.Openat(fd, ".", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-			}
-			if err == nil {
-				h.fd = fd
-			}
-		}
-	}
-	// The kernel may keep listings: every change of a directory goes
-	// through it, and it drops its cached listing when one happens.
-	return h, fuse.FOPEN_CACHE_DIR | fuse.FOPEN_KEEP_CACHE, 0
-}
-
-// dirHandle lists a merged directory. The listing is taken at the first
-// read and again at every rewind, so offsets stay valid between reads.
-type dirHandle struct {
-	n       *node
-	fd      int // O_PATH descriptor of the upper directory, -1 if none
-	mu      sync.Mutex
-	entries []fuse.DirEntry
-	loaded  bool
-	idx     int
-}
-
-var (
-	_ fusefs.FileReaddirenter = (*dirHandle)(nil)
-	_ fusefs.FileSeekdirer    = (*dirHandle)(nil)
-	_ fusefs.FileFsyncdirer   = (*dirHandle)(nil)
-	_ fusefs.FileReleasedirer = (*dirHandle)(nil)
-)
-
-func (h *dirHandle) load() syscall.Errno {
-	list, err := h.n.ov.list(h.n)
-	if err != nil {
-		return errnoOf(err)
-	}
-	parentIno := h.n.ino
-	if p, _, ok := h.n.parent(); ok {
-		parentIno = p.ino
-	}
-	ents := make([]fuse.DirEntry, 0, len(list)+2)
-	ents = append(ents,
-		fuse.DirEntry{Name: ".", Mode: syscall.S_IFDIR, Ino: h.n.ino},
-		fuse.DirEntry{Name: "..", Mode: syscall.S_IFDIR, Ino: parentIno})
-	for _, e := range list {
-		ents = append(ents, fuse.DirEntry{Name: e.name, Mode: e.mode, Ino: e.ino})
-	}
-	for i := range ents {
-		ents[i].Off = uint64(i + 1)
-	}
-	h.entries, h.loaded, h.idx = ents, true, 0
-	return 0
-}
-
-func (h *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if !h.loaded {
-		if errno := h.load(); errno != 0 {
-			return nil, errno
-		}
-	}
-	if h.idx >= len(h.entries) {
-		return nil, 0
-	}
-	e := h.entries[h.idx]
-	h.idx++
-	return &e, 0
-}
-
-func (h *dirHandle) Seekdir(ctx context.Context, off uint64) syscall.Errno {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if off == 0 || !h.loaded {
-		if errno := h.load(); errno != 0 {
-			return errno
-		}
-	}
-	if off > uint64(len(h.entries)) {
-		return syscall.EINVAL
-	}
-	h.idx = int(off)
-	return 0
-}
-
-func (h *dirHandle) Fsyncdir(ctx context.Context, flags uint32) syscall.Errno {
-	return h.n.Fsync(ctx, nil, flags)
-}
-
-func (h *dirHandle) Releasedir(ctx context.Context, flags uint32) {
-	if h.fd >= 0 {
-		unix.Close(h.fd)
-		h.fd = -1
-	}
-}
-
-// statHandle serves fstat of an open directory: go-fuse passes the handle
-// of any open file of a node, so a directory removed while open still
-// answers from its upper directory.
-func (h *dirHandle) statHandle(a *fuse.Attr) syscall.Errno {
-	if h.fd < 0 {
-		return syscall.ENOSYS
-	}
-	st, err := statFd(h.fd)
-	if err != nil {
-		return errnoOf(err)
-	}
-	h.n.fillUpperAttr(a, &st)
-	return 0
 }
 
 // timespec converts a time to a unix.Timespec.

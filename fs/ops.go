@@ -431,6 +431,13 @@ func (n *node) remove(ctx context.Context, name string, dir bool) syscall.Errno 
 	}
 	if e.upper {
 		if dir {
+			// fstat of the directory still open answers from it
+			// (directories are opened without a handle).
+			if ch := n.GetChild(name); ch != nil {
+				if cn, ok := ch.Operations().(*node); ok {
+					cn.keepOrphan(dfd, name)
+				}
+			}
 			if err := ov.removeUpperDir(dfd, name); err != nil {
 				return errnoOf(err)
 			}

@@ -194,6 +194,12 @@ type Options struct {
 	// Default 1ms.
 	CopyUpPause time.Duration
 
+	// OpenFillMax is the largest lower file whose content the daemon
+	// hands to the kernel's page cache at its first read-only open, so
+	// that reading it needs no READ request (lowerfill.go). Default 128
+	// KiB; negative turns it off.
+	OpenFillMax int64
+
 	// holdCopyUps starts the mount with its background copies held
 	// (partialSet.setHold), for tests.
 	holdCopyUps bool
@@ -243,6 +249,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.CopyUpBlock <= 0 || o.CopyUpBlock&(o.CopyUpBlock-1) != 0 {
 		o.CopyUpBlock = defaultRangeBS
+	}
+	if o.OpenFillMax == 0 {
+		o.OpenFillMax = defaultFillMax
 	}
 	if o.CopyUpPause <= 0 {
 		o.CopyUpPause = time.Millisecond

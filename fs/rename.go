@@ -210,7 +210,7 @@ func (n *node) rename(ctx context.Context, name string, newParent fusefs.InodeEm
 			return errnoOf(err)
 		}
 	}
-	if de.upper && !srcDir && de.ust.nlink <= 1 && dst != nil {
+	if de.upper && (srcDir || de.ust.nlink <= 1) && dst != nil {
 		dst.keepOrphan(dfd, newName)
 	}
 	unlockNames, moves, errno := ov.renameNames(sfd, srel, name, dfd, drel, newName, &se, &de, false)

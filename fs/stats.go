@@ -17,6 +17,10 @@ import (
 type Stats struct {
 	ops [numOps]opStat
 
+	// filled counts the lower files handed to the page cache at open
+	// (lowerfill.go), filledBytes their bytes.
+	filled, filledBytes atomic.Uint64
+
 	copyUps     atomic.Int64  // in progress
 	copyUpsDone atomic.Uint64 // finished, successfully or not
 
@@ -85,6 +89,7 @@ const (
 	opFsyncDir
 	opStatFs
 	opStatx
+	opIoctl
 	numOps
 )
 
@@ -96,7 +101,7 @@ var opNames = [numOps]string{
 	opUnlink: "unlink", opRmdir: "rmdir", opRename: "rename", opLink: "link",
 	opSymlink: "symlink", opReadlink: "readlink", opOpenDir: "opendir", opReadDir: "readdir",
 	opReadDirPlus: "readdirplus", opReleaseDir: "releasedir", opFsyncDir: "fsyncdir",
-	opStatFs: "statfs", opStatx: "statx",
+	opStatFs: "statfs", opStatx: "statx", opIoctl: "ioctl",
 }
 
 // epoch anchors the monotonic timestamps of samples.
@@ -163,6 +168,12 @@ func (s *Stats) Ops() []OpStat {
 		out = append(out, st)
 	}
 	return out
+}
+
+// Filled returns the lower files whose content was handed to the kernel's
+// page cache at their first open, and their bytes.
+func (s *Stats) Filled() (files, bytes uint64) {
+	return s.filled.Load(), s.filledBytes.Load()
 }
 
 // CopyUps returns the copy-ups of lower files (not directories) into the
@@ -377,4 +388,9 @@ func (t *timedFS) StatFs(c <-chan struct{}, h *fuse.InHeader, out *fuse.StatfsOu
 func (t *timedFS) Statx(c <-chan struct{}, in *fuse.StatxIn, out *fuse.StatxOut) fuse.Status {
 	defer t.s.end(t.s.begin(opStatx))
 	return t.RawFileSystem.Statx(c, in, out)
+}
+
+func (t *timedFS) Ioctl(c <-chan struct{}, in *fuse.IoctlIn, inbuf []byte, out *fuse.IoctlOut, outbuf []byte) fuse.Status {
+	defer t.s.end(t.s.begin(opIoctl))
+	return t.RawFileSystem.Ioctl(c, in, inbuf, out, outbuf)
 }

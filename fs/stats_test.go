@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
 )
 
 func TestStatsCountsRequests(t *testing.T) {
@@ -15,8 +16,9 @@ func TestStatsCountsRequests(t *testing.T) {
 	}
 	lower, _ := packLower(t, sampleTree)
 	st := NewStats()
-	// Without passthrough, so that writes reach the daemon.
-	e := mountEnv(t, lower, Options{Stats: st, NoPassthrough: true})
+	// Without passthrough, so that writes reach the daemon, and without
+	// filling the page cache at open, so that reads do.
+	e := mountEnv(t, lower, Options{Stats: st, NoPassthrough: true, OpenFillMax: -1})
 
 	if !st.FirstChange().IsZero() {
 		t.Fatal("a change recorded before any")
@@ -32,12 +34,19 @@ func TestStatsCountsRequests(t *testing.T) {
 	for range 3 * OpSampleEvery {
 		e.read("top.txt")
 	}
+	// isatty(3) on a file: an ioctl the kernel sends to the daemon.
+	tf, err := os.Open(e.path("top.txt"))
+	must(t, err)
+	if _, err := unix.IoctlGetTermios(int(tf.Fd()), unix.TCGETS); err != unix.ENOTTY {
+		t.Errorf("TCGETS on a file: %v, want ENOTTY", err)
+	}
+	tf.Close()
 
 	ops := map[string]OpStat{}
 	for _, o := range st.Ops() {
 		ops[o.Op] = o
 	}
-	for _, op := range []string{"lookup", "create", "write", "open", "read", "release"} {
+	for _, op := range []string{"lookup", "create", "write", "open", "read", "release", "ioctl"} {
 		o, ok := ops[op]
 		if !ok || o.Calls == 0 || o.Samples == 0 || o.Buckets[len(o.Buckets)-1] > o.Samples {
 			t.Errorf("%s: %+v, want calls and samples", op, o)

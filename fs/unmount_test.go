@@ -73,8 +73,10 @@ func TestUnmountOpenFilesUnprivileged(t *testing.T) {
 		t.Fatalf("mount helper: %s %s (%v)", line, out, err)
 	}
 	// Another process of the user holds a file open (root may not enter
-	// a mount without allow_other).
-	h, line := startHelper(t, "hold", mnt, upper, img, nobody, "HELPER_FILE="+filepath.Join(mnt, "top.txt"))
+	// a mount without allow_other): a large one, whose bytes are not in
+	// the page cache (a small file's are put there at open, and a read
+	// of them needs no daemon).
+	h, line := startHelper(t, "hold", mnt, upper, img, nobody, "HELPER_FILE="+filepath.Join(mnt, "big.bin"))
 	if line != "open" {
 		d.cmd.Process.Signal(syscall.SIGTERM)
 		d.wait()

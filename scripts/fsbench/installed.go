@@ -26,6 +26,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"time"
@@ -33,6 +34,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/hermesfs/hermesfs/archive"
+	"github.com/hermesfs/hermesfs/fs"
 )
 
 // The packages the import and require benchmarks load: the ones genhome
@@ -46,6 +48,15 @@ var (
 		"chalk", "debug", "lru-cache", "npm-registry-fetch"}
 )
 
+type workload struct {
+	key  string // names it in -workloads
+	name string
+	fn   func(root string) error
+}
+
+// installedKeys are the -installed workloads, in the order they run.
+var installedKeys = []string{"python", "node", "git", "find", "stat", "read"}
+
 type tree struct {
 	name  string
 	root  string
@@ -54,7 +65,13 @@ type tree struct {
 
 // runInstalled packs the home, mounts the overlay and the kernel's
 // reference over it, and runs every workload cold and warm.
-func (b *bench) runInstalled(trials int) error {
+func (b *bench) runInstalled(trials int, profileDir string) error {
+	if profileDir != "" {
+		b.stats = true
+		if err := os.MkdirAll(profileDir, 0o755); err != nil {
+			return err
+		}
+	}
 	if err := os.RemoveAll(b.work); err != nil {
 		return err
 	}
@@ -113,23 +130,29 @@ func (b *bench) runInstalled(trials int) error {
 	for _, r := range installedRequires {
 		fmt.Fprintf(&js, "require(%q);", r)
 	}
-	workloads := []struct {
-		name string
-		fn   func(root string) error
-	}{
-		{fmt.Sprintf("python: import %d packages from the venv", len(installedImports)), func(root string) error {
+	workloads := []workload{
+		{"python", fmt.Sprintf("python: import %d packages from the venv", len(installedImports)), func(root string) error {
 			v := filepath.Join(root, venv)
 			return command(root, []string{"PYTHONHOME=" + v, "PYTHONNOUSERSITE=1", "PYTHONDONTWRITEBYTECODE=1"}, "", filepath.Join(v, "bin", "python3"), "-c", script)
 		}},
-		{fmt.Sprintf("node -e: require %d packages", len(installedRequires)), func(root string) error {
+		{"node", fmt.Sprintf("node -e: require %d packages", len(installedRequires)), func(root string) error {
 			return command(filepath.Join(root, "hermes-agent"), nil, "", node, "-e", js.String())
 		}},
-		{"git status of the checkout", func(root string) error {
+		{"git", "git status of the checkout", func(root string) error {
 			return command(filepath.Join(root, "hermes-agent"), nil, "", "git", "status", "--porcelain")
 		}},
-		{"find over the whole home", func(root string) error { return command(root, nil, "-", "find", ".") }},
-		{"stat every entry", statAll},
-		{"read every file", readAll},
+		{"find", "find over the whole home", func(root string) error { return command(root, nil, "-", "find", ".") }},
+		{"stat", "stat every entry", statAll},
+		{"read", "read every file", readAll},
+	}
+	if len(b.workloads) > 0 {
+		var keep []workload
+		for _, w := range workloads {
+			if b.workloads[w.key] {
+				keep = append(keep, w)
+			}
+		}
+		workloads = keep
 	}
 	// The first git status on a mount rewrites the index (the inode
 	// numbers differ from the native tree's); every tree runs each
@@ -140,6 +163,9 @@ func (b *bench) runInstalled(trials int) error {
 				return fmt.Errorf("%s on %s: %w", w.name, t.name, err)
 			}
 		}
+	}
+	if profileDir != "" {
+		return b.profileInstalled(trees[:2], workloads, profileDir)
 	}
 	files, size := countTree(b.home)
 	fmt.Printf("# home: %d files, %.1f MiB; median of %d runs; ratios to native\n", files, float64(size)/(1<<20), trials)
@@ -265,4 +291,112 @@ func (b *bench) kernelOverlay(img string) (tree, error) {
 		}
 		return up()
 	}}, nil
+}
+
+// profileInstalled runs each workload once cold and once warm on native
+// disk (trees[0]) and the overlay (trees[1]), and prints the FUSE requests
+// the overlay served for each run by operation, with their mean sampled
+// latency; a CPU profile of this process (the overlay serving the run)
+// goes to dir for each.
+func (b *bench) profileInstalled(trees []tree, workloads []workload, dir string) error {
+	for _, w := range workloads {
+		for i, cold := range []bool{true, false, false} {
+			mode := "warm"
+			if cold {
+				mode = "cold"
+			}
+			if i == 1 {
+				// Just after the cold run: what it left to refresh.
+				mode = "warm1"
+			}
+			var took [2]time.Duration
+			var ops []fs.OpStat
+			var reads struct {
+				calls, size int64
+				took        time.Duration
+			}
+			for ti, t := range trees {
+				if cold {
+					if t.fresh != nil {
+						if err := t.fresh(); err != nil {
+							return fmt.Errorf("remounting %s: %w", t.name, err)
+						}
+					}
+					if err := dropCaches(); err != nil {
+						return fmt.Errorf("cold runs need root: %w", err)
+					}
+				}
+				var before []fs.OpStat
+				var prof *os.File
+				if t.fresh != nil {
+					before = b.curStats.Ops()
+					b.imageReads.take()
+					f, err := os.Create(filepath.Join(dir, profileName(w.name)+"-"+mode+".prof"))
+					if err != nil {
+						return err
+					}
+					prof = f
+					if err := pprof.StartCPUProfile(f); err != nil {
+						f.Close()
+						return err
+					}
+				}
+				start := time.Now()
+				err := w.fn(t.root)
+				took[ti] = time.Since(start)
+				if prof != nil {
+					pprof.StopCPUProfile()
+					prof.Close()
+					ops = opsSince(before, b.curStats.Ops())
+					reads.calls, reads.size, reads.took = b.imageReads.take()
+				}
+				if err != nil {
+					return fmt.Errorf("%s on %s: %w", w.name, t.name, err)
+				}
+			}
+			fmt.Printf("%s, %s: native %s, hermesfs %s (%.2fx)\n", w.name, mode, dur(took[0]), dur(took[1]), float64(took[1])/float64(took[0]))
+			var total uint64
+			for _, o := range ops {
+				total += o.Calls
+				mean := time.Duration(0)
+				if o.Samples > 0 {
+					mean = o.Sum / time.Duration(o.Samples)
+				}
+				fmt.Printf("    %-12s %8d  mean %s\n", o.Op, o.Calls, dur(mean))
+			}
+			fmt.Printf("    %-12s %8d\n", "total", total)
+			fmt.Printf("    image reads %d, %.1f MiB, %s in all\n", reads.calls, float64(reads.size)/(1<<20), dur(reads.took))
+		}
+	}
+	return nil
+}
+
+// opsSince returns the requests of after not yet in before (the latency
+// figures are after's own: sampled over the mount's life).
+func opsSince(before, after []fs.OpStat) []fs.OpStat {
+	var out []fs.OpStat
+	for _, a := range after {
+		for _, o := range before {
+			if o.Op == a.Op {
+				a.Calls -= o.Calls
+				a.Samples -= o.Samples
+				a.Sum -= o.Sum
+			}
+		}
+		if a.Calls > 0 {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// profileName turns a workload's name into a file name.
+func profileName(name string) string {
+	f := strings.Fields(strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
+			return r
+		}
+		return ' '
+	}, strings.ToLower(name)))
+	return strings.Join(f[:min(len(f), 3)], "-")
 }

@@ -24,6 +24,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"runtime/pprof"
 	"slices"
@@ -53,7 +54,10 @@ func main() {
 	stats := flag.Bool("stats", false, "keep the overlay's monitoring figures (fs.Stats: request counts and sampled latencies), as `hermesfs mount --metrics-addr` does")
 	installed := flag.Bool("installed", false, "instead of the workloads above: an installed agent's (-home made by genhome -install): Python imports, node requires, git status, find, stat and read of the whole home, cold and warm, on native disk, the overlay and the kernel's squashfs under overlayfs")
 	trials := flag.Int("trials", 5, "with -installed: runs of each workload on each tree (the median is reported)")
+	workloadsFlag := flag.String("workloads", "", "with -installed: comma-separated workloads to run (default all): "+strings.Join(installedKeys, ","))
+	profileDir := flag.String("profile-dir", "", "with -installed: instead of the timed trials, run each workload once cold and once warm on native disk and the overlay, print the FUSE requests the overlay served for each (fs.Stats), and write a CPU profile of the overlay's process during each run to this directory (WORKLOAD-cold.prof, WORKLOAD-warm.prof)")
 	ptwMiB := flag.Int("ptwrite-max", 0, "the overlay's PassthroughWriteMax in MiB (0: its default; -1: no writable passthrough)")
+	serve := flag.Bool("serve", false, "with -image: mount the overlay over the image at -work/mnt (upper -work/upper) and serve it until interrupted, for looking at it with other tools")
 	flag.Parse()
 	if *home == "" || *work == "" {
 		flag.Usage()
@@ -70,10 +74,37 @@ func main() {
 		}
 		b.groups[g] = true
 	}
+	b.workloads = map[string]bool{}
+	for _, w := range strings.Split(*workloadsFlag, ",") {
+		if w = strings.TrimSpace(w); w == "" {
+			continue
+		}
+		if !slices.Contains(installedKeys, w) {
+			fmt.Fprintf(os.Stderr, "fsbench: unknown workload %q (have %s)\n", w, strings.Join(installedKeys, ","))
+			os.Exit(2)
+		}
+		b.workloads[w] = true
+	}
 	b.profile, b.image = *cpuprofile, *image
 	run := b.run
+	if *serve {
+		run = b.serve
+	}
 	if *installed {
-		run = func() error { return b.runInstalled(*trials) }
+		run = func() error { return b.runInstalled(*trials, *profileDir) }
+	}
+	// Interrupted: unmount what was mounted before going (-serve waits
+	// for the signal itself).
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	b.interrupted = sig
+	if !*serve {
+		go func() {
+			s := <-sig
+			fmt.Fprintf(os.Stderr, "fsbench: %v: unmounting\n", s)
+			b.cleanup()
+			os.Exit(1)
+		}()
 	}
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "fsbench:", err)
@@ -91,28 +122,33 @@ func (b *bench) newStats() *fs.Stats {
 	if !b.stats {
 		return nil
 	}
-	return fs.NewStats()
+	b.curStats = fs.NewStats()
+	return b.curStats
 }
 
 // want reports whether group g runs.
 func (b *bench) want(g string) bool { return len(b.groups) == 0 || b.groups[g] }
 
 type bench struct {
-	home, work string
-	runs       int
-	bigMiB     int
-	entries    int
-	groups     map[string]bool
-	profile    string // CPU profile of the workloads
-	ptwMax     int64  // fs.Options.PassthroughWriteMax
-	stats      bool   // fs.Options.Stats set
-	img        string // the lower layer in use
-	image      string // packed lower layer to reuse
-	lowerFile  *os.File
-	m          *fs.Mounted
-	mnt, upper string
-	native     string // scratch dir for native write workloads
-	cleanups   []func()
+	home, work  string
+	runs        int
+	bigMiB      int
+	entries     int
+	groups      map[string]bool
+	workloads   map[string]bool // -installed workloads to run (empty: all)
+	interrupted chan os.Signal  // SIGINT, SIGTERM
+	profile     string          // CPU profile of the workloads
+	ptwMax      int64           // fs.Options.PassthroughWriteMax
+	stats       bool            // fs.Options.Stats set
+	curStats    *fs.Stats       // the mounted overlay's, when stats is set
+	imageReads  countingReader  // reads of the image, counted when stats is set
+	img         string          // the lower layer in use
+	image       string          // packed lower layer to reuse
+	lowerFile   *os.File
+	m           *fs.Mounted
+	mnt, upper  string
+	native      string // scratch dir for native write workloads
+	cleanups    []func()
 }
 
 func (b *bench) cleanup() {
@@ -348,7 +384,12 @@ func (b *bench) mount(img string, noPT bool) error {
 		b.cleanups = append(b.cleanups, func() { f.Close() })
 	}
 	st, _ := b.lowerFile.Stat()
-	r, err := archive.Open(b.lowerFile, st.Size(), archive.ReaderOptions{Name: img})
+	var ra io.ReaderAt = b.lowerFile
+	if b.stats {
+		ra = &b.imageReads
+	}
+	b.imageReads.ra = b.lowerFile
+	r, err := archive.Open(ra, st.Size(), archive.ReaderOptions{Name: img})
 	if err != nil {
 		return err
 	}
@@ -962,3 +1003,48 @@ func (b *bench) writeModes() error {
 }
 
 var _ = syscall.Getpid
+
+// countingReader counts the reads of the image and the time they take.
+type countingReader struct {
+	ra          io.ReaderAt
+	calls, size atomic.Int64
+	took        atomic.Int64 // nanoseconds
+}
+
+func (c *countingReader) ReadAt(p []byte, off int64) (int, error) {
+	t := time.Now()
+	n, err := c.ra.ReadAt(p, off)
+	c.took.Add(int64(time.Since(t)))
+	c.calls.Add(1)
+	c.size.Add(int64(n))
+	return n, err
+}
+
+// take returns the figures since the last take.
+func (c *countingReader) take() (calls, size int64, took time.Duration) {
+	return c.calls.Swap(0), c.size.Swap(0), time.Duration(c.took.Swap(0))
+}
+
+// serve mounts the overlay over -image and serves it until SIGINT or
+// SIGTERM, printing the mountpoint and, at the end, the requests served.
+func (b *bench) serve() error {
+	if b.image == "" {
+		return errors.New("-serve needs -image")
+	}
+	b.mnt = filepath.Join(b.work, "mnt")
+	b.upper = filepath.Join(b.work, "upper")
+	if err := os.MkdirAll(b.mnt, 0o755); err != nil {
+		return err
+	}
+	b.stats = true
+	b.img = b.image
+	if err := b.mount(b.image, false); err != nil {
+		return err
+	}
+	fmt.Println(b.mnt)
+	<-b.interrupted
+	for _, o := range b.curStats.Ops() {
+		fmt.Printf("%-12s %8d\n", o.Op, o.Calls)
+	}
+	return nil
+}
