@@ -92,7 +92,7 @@ func BenchmarkPackCheck(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	blocks, err := r.dataBlocks()
+	blocks, _, err := r.dataBlocks(b.Context())
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -59,8 +59,11 @@ func (r *Reader) extents(l *fileLayout, off, end int64) []Extent {
 			out = append(out, Extent{At: int64(l.offs[i]), Size: int64(w &^ dataUncompBit), Off: i * bs, Len: min(bs, l.size-i*bs)})
 		}
 	}
-	if l.frag >= 0 && l.frag < len(r.frags) && last >= int64(len(l.words)) {
-		f := r.frags[l.frag]
+	if l.frag >= 0 && last >= int64(len(l.words)) {
+		f, err := r.fragAt(uint32(l.frag))
+		if err != nil {
+			return out
+		}
 		at := int64(len(l.words)) * bs
 		out = append(out, Extent{At: int64(f.start), Size: int64(f.word &^ dataUncompBit), Off: at, Len: l.size - at})
 	}
@@ -69,32 +72,25 @@ func (r *Reader) extents(l *fileLayout, off, end int64) []Extent {
 
 // filePaths returns a path for each regular file inode: the first one
 // found walking the tree breadth first (a hard-linked file has several).
+// Damage ends the walk: the files found so far are returned.
 func (r *Reader) filePaths() map[Inode]string {
 	paths := map[Inode]string{}
-	type dir struct {
-		ino  Inode
-		path string
-	}
-	queue := []dir{{r.root, "."}}
-	for len(queue) > 0 {
-		d := queue[0]
-		queue = queue[1:]
-		ents, err := r.dirEntries(d.ino)
-		if err != nil {
-			continue
-		}
+	dirs := map[Inode]string{r.root: "."}
+	r.walk(false, func(dir Inode, ents []DirEntry, _ []uint64) error {
 		for _, e := range ents {
-			p := path.Join(d.path, e.Name)
+			p := path.Join(dirs[dir], e.Name)
 			switch {
 			case e.Mode.IsDir():
-				queue = append(queue, dir{e.Ino, p})
+				dirs[e.Ino] = p
 			case e.Mode.IsRegular():
 				if _, ok := paths[e.Ino]; !ok {
 					paths[e.Ino] = p
 				}
 			}
 		}
-	}
+		delete(dirs, dir)
+		return nil
+	})
 	return paths
 }
 

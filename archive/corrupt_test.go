@@ -6,11 +6,55 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
+	iofs "io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 )
+
+// useAll uses every part of an archive (every inode, listing, link and
+// file, then Verify) and returns the first error.
+func useAll(t *testing.T, r *Reader) error {
+	seen := map[Inode]bool{}
+	queue := []Inode{r.Root()}
+	buf := make([]byte, 1<<20)
+	for len(queue) > 0 {
+		ino := queue[0]
+		queue = queue[1:]
+		a, err := r.Stat(ino)
+		if err != nil {
+			return err
+		}
+		switch {
+		case a.Mode.IsDir():
+			ents, err := r.ReadDir(ino)
+			if err != nil {
+				return err
+			}
+			for _, e := range ents {
+				if _, err := r.Lookup(ino, e.Name); err != nil {
+					return err
+				}
+				if !seen[e.Ino] {
+					seen[e.Ino] = true
+					queue = append(queue, e.Ino)
+				}
+			}
+		case a.Mode.Type() == iofs.ModeSymlink:
+			if _, err := r.Readlink(ino); err != nil {
+				return err
+			}
+		case a.Mode.IsRegular():
+			for off := int64(0); off < a.Size; off += int64(len(buf)) {
+				if _, err := r.ReadAt(ino, buf, off); err != nil && err != io.EOF {
+					return err
+				}
+			}
+		}
+	}
+	return r.Verify(t.Context())
+}
 
 func flipAt(t *testing.T, p string, off int64) {
 	t.Helper()
@@ -93,7 +137,11 @@ func TestCorruptDataBlocks(t *testing.T) {
 			if tc.fragment {
 				a, _ := r0.resolve("test", tc.file, false)
 				l, _ := r0.layout(a.Ino)
-				ino, off, word, what = a.Ino, r0.frags[l.frag].start, r0.frags[l.frag].word, "fragment block"
+				f, err := r0.fragAt(uint32(l.frag))
+				if err != nil {
+					t.Fatal(err)
+				}
+				ino, off, word, what = a.Ino, f.start, f.word, "fragment block"
 			} else {
 				ino, boff, word = fileBlock(t, r0, tc.file, tc.block)
 				off, what = boff, "data block"
@@ -129,7 +177,9 @@ func TestCorruptDataBlocks(t *testing.T) {
 }
 
 // A flipped byte in a metadata block (compressed with zstd, or stored with
-// "none") makes Open fail, naming the block.
+// "none") makes Open fail, or the first use of what the block holds
+// (Open reads only the superblock, the trailer's root and the table
+// indexes), naming the block.
 func TestCorruptMetadata(t *testing.T) {
 	src := makeTree(t)
 	for _, c := range []Compression{Zstd, None} {
@@ -140,7 +190,7 @@ func TestCorruptMetadata(t *testing.T) {
 			t.Run(string(c)+"/"+kind.String(), func(t *testing.T) {
 				orig, _ := packToFile(t, src, PackOptions{Compression: c})
 				r0 := openFile(t, orig)
-				ex := &r0.tr.ext
+				ex := allBlocks(t, r0)
 				i := -1
 				for k := range ex.len {
 					if ex.kind[k] == kind {
@@ -156,15 +206,19 @@ func TestCorruptMetadata(t *testing.T) {
 				f, _ := os.Open(p)
 				defer f.Close()
 				st, _ := f.Stat()
-				_, err := Open(f, st.Size(), ReaderOptions{Name: "copy.sqfs"})
+				r, err := Open(f, st.Size(), ReaderOptions{Name: "copy.sqfs"})
+				if err == nil {
+					err = useAll(t, r)
+				}
 				wantCorrupt(t, err, ex.off[i], kind.String())
 			})
 		}
 	}
 }
 
-// Damage to the trailer, the footer or the padding is reported too, and a
-// truncated archive is refused.
+// Damage to the trailer, the footer or the padding is reported too (by
+// Open, or when the damaged part is first used), and a truncated archive
+// is refused.
 func TestCorruptTrailer(t *testing.T) {
 	src := makeTree(t)
 	orig, res := packToFile(t, src, PackOptions{})
@@ -173,12 +227,15 @@ func TestCorruptTrailer(t *testing.T) {
 		f, _ := os.Open(p)
 		defer f.Close()
 		st, _ := f.Stat()
-		_, err := Open(f, st.Size(), ReaderOptions{Name: "x"})
+		r, err := Open(f, st.Size(), ReaderOptions{Name: "x"})
+		if err == nil {
+			err = useAll(t, r)
+		}
 		return err
 	}
 	for name, off := range map[string]int64{
 		"footer":  res.Size - 10,
-		"trailer": r0.tr.offset + 20,
+		"trailer": int64(r0.trailerStart()) + 20,
 		"magic":   res.Size - footerSize,
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -190,7 +247,7 @@ func TestCorruptTrailer(t *testing.T) {
 		})
 	}
 	t.Run("padding", func(t *testing.T) {
-		if uint64(r0.tr.offset) == r0.sb.BytesUsed {
+		if r0.trailerStart() == r0.sb.BytesUsed {
 			t.Skip("image needs no padding")
 		}
 		p := copyFile(t, orig)
@@ -214,7 +271,7 @@ func stripped(t *testing.T, dir string) (string, *Reader) {
 	p, _ := packToFile(t, dir, PackOptions{Compression: None})
 	r := openFile(t, p)
 	data, _ := os.ReadFile(p)
-	data = data[:r.tr.offset]
+	data = data[:r.trailerStart()]
 	q := filepath.Join(t.TempDir(), "stripped.sqfs")
 	os.WriteFile(q, data, 0o644)
 	r2 := openFile(t, q)
@@ -228,6 +285,12 @@ func stripped(t *testing.T, dir string) (string, *Reader) {
 // uncompressed) to its offset in the file.
 func tableOffset(start, u uint64) int64 {
 	return int64(start + u/metaBlockSize*(metaBlockSize+2) + 2 + u%metaBlockSize)
+}
+
+// streamPos is the position in the decompressed table of a reference
+// into a table stored uncompressed in full blocks.
+func streamPos(ref uint64) uint64 {
+	return refBlock(ref)/(metaBlockSize+2)*metaBlockSize + uint64(refOffset(ref))
 }
 
 func patch(t *testing.T, p string, off int64, b []byte) {
@@ -288,9 +351,8 @@ func TestHostileImages(t *testing.T) {
 			// Point the only entry of loop/ ("x") at the root directory.
 			loop, _ := r0.Lookup(r0.Root(), "loop")
 			in, _ := r0.lookupInode(loop.Ino)
-			base, _ := r0.dirBlk.lookup(uint64(in.dirBlk))
-			u := base + uint64(in.dirOff)
-			root := r0.refs[r0.Root()] &^ refSet
+			u := streamPos(inodeRef(uint64(in.dirBlk), in.dirOff))
+			root, _ := r0.refOf(r0.Root())
 			hdr := binary.LittleEndian.AppendUint32(nil, 0)
 			hdr = binary.LittleEndian.AppendUint32(hdr, uint32(refBlock(root)))
 			hdr = binary.LittleEndian.AppendUint32(hdr, uint32(r0.Root()))
@@ -316,16 +378,14 @@ func TestHostileImages(t *testing.T) {
 		"huge file": func(t *testing.T, p string) {
 			// CC's inode (basic file): file_size at +28.
 			a, _ := r0.Lookup(r0.Root(), "CC")
-			ref := r0.refs[a.Ino] &^ refSet
-			base, _ := r0.inodeBlk.lookup(refBlock(ref))
-			u := base + uint64(refOffset(ref))
+			ref, _ := r0.refOf(a.Ino)
+			u := streamPos(ref)
 			patch(t, p, tableOffset(sb.InodeTable, u+28), []byte{0xff, 0xff, 0xff, 0xff})
 		},
 		"directory size": func(t *testing.T, p string) {
 			in, _ := r0.lookupInode(r0.Root())
-			ref := r0.refs[r0.Root()] &^ refSet
-			base, _ := r0.inodeBlk.lookup(refBlock(ref))
-			u := base + uint64(refOffset(ref))
+			ref, _ := r0.refOf(r0.Root())
+			u := streamPos(ref)
 			off := u + 16 + 8 // basic dir: file_size
 			if in.typ == typeLDir {
 				off = u + 16 + 4

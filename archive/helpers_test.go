@@ -387,3 +387,55 @@ func utimesNoFollow(p string, ts []syscall.Timespec) error {
 	u := []unix.Timespec{{Sec: ts[0].Sec, Nsec: ts[0].Nsec}, {Sec: ts[1].Sec, Nsec: ts[1].Nsec}}
 	return unix.UtimesNanoAt(unix.AT_FDCWD, p, u, unix.AT_SYMLINK_NOFOLLOW)
 }
+
+// allEntries lists every directory entry of the archive, walking it.
+func allEntries(t testing.TB, r *Reader) []DirEntry {
+	t.Helper()
+	var out []DirEntry
+	if err := r.walk(true, func(_ Inode, ents []DirEntry, _ []uint64) error {
+		out = append(out, ents...)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// blockList is every block the archive's trailer records, in image order.
+type blockList struct {
+	off  []uint64
+	len  []uint32
+	kind []extentKind
+	crc  []uint32
+}
+
+func allBlocks(t testing.TB, r *Reader) *blockList {
+	t.Helper()
+	var l blockList
+	if err := r.eachRecord(0, r.sb.BytesUsed, func(off uint64, bi blockInfo, _ *trPage, _ int) error {
+		l.off = append(l.off, off)
+		l.len = append(l.len, bi.length)
+		l.kind = append(l.kind, bi.kind)
+		l.crc = append(l.crc, bi.crc)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return &l
+}
+
+// tableBlocks returns the content length of each metadata block of the
+// table [start, end) of kind, in order.
+func tableBlocks(t testing.TB, r *Reader, kind extentKind, start, end uint64) []int {
+	t.Helper()
+	var out []int
+	for off := start; off < end; {
+		m, err := r.metaBlock(off, kind, end)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, len(m.b))
+		off += m.n
+	}
+	return out
+}

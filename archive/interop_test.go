@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	iofs "io/fs"
 	"os"
 	"os/exec"
 	"path"
@@ -72,8 +73,17 @@ func TestGoDiskfsReads(t *testing.T) {
 }
 
 // checkGoDiskfs reads the archive at p with go-diskfs and compares names,
-// types and content with want.
+// types, permissions, owners, mtimes (seconds), symlink targets and
+// content with want.
 func checkGoDiskfs(t *testing.T, p string, want map[string]entryInfo) {
+	t.Helper()
+	checkGoDiskfsSample(t, p, want, 1)
+}
+
+// checkGoDiskfsSample is checkGoDiskfs reading the content of only every
+// nth file of a directory of more than 50 entries (go-diskfs looks each
+// path up from the root, listing every directory on the way).
+func checkGoDiskfsSample(t *testing.T, p string, want map[string]entryInfo, every int) {
 	t.Helper()
 	f, err := os.Open(p)
 	if err != nil {
@@ -92,7 +102,7 @@ func checkGoDiskfs(t *testing.T, p string, want map[string]entryInfo) {
 		if err != nil {
 			t.Fatalf("go-diskfs ReadDir %s: %v", dir, err)
 		}
-		for _, e := range ents {
+		for i, e := range ents {
 			p := path.Join(dir, e.Name())
 			w, ok := want[p]
 			if !ok {
@@ -103,10 +113,27 @@ func checkGoDiskfs(t *testing.T, p string, want map[string]entryInfo) {
 			if e.Type() != w.mode.Type() {
 				t.Errorf("%s: go-diskfs type %v, want %v", p, e.Type(), w.mode.Type())
 			}
+			if fi, err := e.Info(); err != nil {
+				t.Errorf("%s: go-diskfs Info: %v", p, err)
+			} else {
+				st, _ := fi.Sys().(*squashfs.StatT)
+				switch {
+				case fi.Mode().Perm() != w.mode.Perm():
+					t.Errorf("%s: go-diskfs permissions %v, want %v", p, fi.Mode().Perm(), w.mode.Perm())
+				case fi.ModTime().Unix() != w.mtime.Unix():
+					t.Errorf("%s: go-diskfs mtime %v, want %v", p, fi.ModTime(), w.mtime)
+				case st == nil || st.UID != w.uid || st.GID != w.gid:
+					t.Errorf("%s: go-diskfs owner %+v, want %d:%d", p, st, w.uid, w.gid)
+				case w.mode.Type() == iofs.ModeSymlink && st.LinkTarget != w.target:
+					t.Errorf("%s: go-diskfs symlink target %q, want %q", p, st.LinkTarget, w.target)
+				case w.mode.IsRegular() && fi.Size() != w.size:
+					t.Errorf("%s: go-diskfs size %d, want %d", p, fi.Size(), w.size)
+				}
+			}
 			switch {
 			case e.IsDir():
 				walk(p)
-			case w.mode.IsRegular():
+			case w.mode.IsRegular() && (len(ents) <= 50 || i%every == 0):
 				rf, err := fsys.Open(p)
 				if err != nil {
 					t.Fatalf("go-diskfs open %s: %v", p, err)

@@ -68,6 +68,24 @@ type PackOptions struct {
 	// PackResult.SHA256 is not computed. The destination must be an
 	// *os.File (WriteAt puts the superblock at its start).
 	Segment bool
+	// Extend makes a Segment pack on Base grow Base's image instead of
+	// laying out a fresh one: Base's data region, inode and directory
+	// tables and trailer pages stay where they are (copies, no new bytes),
+	// and the pack writes only what changed, after them (see "Extending"
+	// in the package documentation). The source must implement ChangeFS:
+	// Pack then lists only the directories it does not say are unchanged,
+	// and reads only the files that changed. Unchanged objects keep their
+	// inode numbers (and Base's inode records); changed ones keep their
+	// numbers. It needs Base written by Pack with a version 2 trailer, the
+	// same compression, compressor options and block size; when it cannot
+	// extend (those, a source without ChangeFS, a hard link changed while
+	// another of its names is in an unchanged directory) Pack lays the
+	// image out afresh and says why in PackResult.ExtendFallback; with a
+	// ChangeFS source it still keeps Base's numbers (on a base without
+	// a version 2 trailer, in a new lineage), so the next pack can
+	// extend the image (PackResult.KeptNumbers). PackResult.Base is
+	// BaseExtended when it extended.
+	Extend bool
 
 	// Progress, if set, is called on Pack's goroutine once the files'
 	// content is about to be read (all zero but the totals) and after each
@@ -75,9 +93,18 @@ type PackOptions struct {
 	// must return quickly; rate-limiting what it shows is its business.
 	Progress func(PackProgress)
 
-	noSums  bool       // tests: record no content sums, as archives did before them
-	noCheck bool       // benchmarks: skip Pack's check of its own blocks (worker.check, store)
-	tamper  func(*job) // tests: alter a processed block before it is checked
+	noSums    bool         // tests: record no content sums, as archives did before them
+	trailerV1 bool         // tests: write the version 1 trailer, as archives did before version 2
+	noCheck   bool         // benchmarks: skip Pack's check of its own blocks (worker.check, store)
+	tamper    func(*job)   // tests: alter a processed block before it is checked
+	probe     *formatProbe // tests: write layouts our packs never write, to see what readers accept
+}
+
+// formatProbe bends the layout for TestFormatProbes.
+type formatProbe struct {
+	cutBefore string // before this directory's listing and inode, end the current inode and directory metablocks short
+	inoGap    uint32 // number inodes 1*gap, 2*gap, ...: the numbers between are holes (export entry 0)
+	inoExtra  uint32 // sb.Inodes this far past the highest number in use
 }
 
 // PackProgress is how far Pack is through the files' content.
@@ -121,6 +148,25 @@ type PackResult struct {
 	// order; SegmentSize is the bytes the destination received.
 	Runs        []Run
 	SegmentSize int64
+
+	// Lineage and Generation are the image's (see Reader.Lineage and
+	// Reader.Generation). When the image extended Base (BaseExtended) or
+	// was compacted, GarbageBytes is its trailer's estimate of bytes no
+	// longer used (Reader.GarbageBytes) rather than the shared prefix's,
+	// Inodes counts the inodes in use, and Files and Dirs count those this
+	// pack wrote.
+	Lineage    Lineage
+	Generation int
+	// ExtendFallback says why PackOptions.Extend was asked for but the
+	// image laid out afresh; empty otherwise.
+	ExtendFallback string
+	// KeptNumbers: every inode the source's ChangeFS says stands for an
+	// inode of Base (changed or not) has Base's number in the image, so
+	// the image may in turn be the Base of an extending pack whose
+	// ChangeFS answers in Base's numbers. True when the pack extended
+	// Base, when an extending pack fell back to a fresh layout, and for
+	// Compact.
+	KeptNumbers bool
 }
 
 // Run is a stretch of an image packed with PackOptions.Segment: Length
@@ -250,6 +296,15 @@ type node struct {
 	ref  uint64 // inode reference, once written (owner only)
 	file *fileData
 
+	// PackOptions.Extend (pack_extend.go).
+	claim     Inode       // the base inode the source says the entry stands for; 0: none
+	unchanged bool        // ... and that it is that inode exactly
+	reused    bool        // the base's inode as it is: ino and ref are the base's
+	relist    bool        // a directory whose base listing is kept under a new inode (its parent changed)
+	baseIn    *inode      // the base inode it keeps the number of (owner only)
+	baseList  *dirListing // a listed directory's base listing
+	srcIno    uint64      // the source's inode number (Stat_t.Ino)
+
 	// Regular files: where the content already is, learnt before packing.
 	src     *fileSource // the file said it is an earlier archive's content
 	checked bool        // src was asked for
@@ -308,15 +363,18 @@ type packer struct {
 	bs    int
 	root  *node
 
-	inodes   uint32
-	order    []*node // regular-file inode owners in data order
-	mtimeNs  []uint32
-	fileSums []sum
-	newest   time.Time
-	res      PackResult
+	inodes    uint32
+	order     []*node // regular-file inode owners in data order
+	inodeRecs [][]inodeRec
+	newest    time.Time
+	res       PackResult
 
 	base     *baseState
 	liveFrag map[oldFragment]int64 // bytes of this tree's files in each earlier fragment block
+	extend   *extender             // PackOptions.Extend, while extending
+	keep     *keepNumbers          // a fresh layout that keeps a lineage's numbers
+	compact  bool                  // Compact: files in the order of their blocks in the base
+	lineage  Lineage
 }
 
 func newPacker(src iofs.FS, opts PackOptions) (*packer, error) {
@@ -446,7 +504,7 @@ func (p *packer) fill(n *node, fi iofs.FileInfo) error {
 		}
 	}
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		n.uid, n.gid = st.Uid, st.Gid
+		n.uid, n.gid, n.srcIno = st.Uid, st.Gid, st.Ino
 		if n.mode&iofs.ModeDevice != 0 {
 			n.rdev = uint64(st.Rdev)
 		}
@@ -468,6 +526,72 @@ func (p *packer) number(d *node) {
 	}
 	p.inodes++
 	d.ino = p.inodes
+}
+
+// keepNumbers makes a fresh layout keep the inode numbers of a base of
+// its lineage (Compact, and an extending pack that could not extend):
+// every inode that claims a number the base gives an inode of its type
+// keeps it (the first one, if several claim one), the others get numbers
+// no image of the lineage used.
+type keepNumbers struct {
+	base    *Reader
+	claim   func(n *node) Inode
+	lineage Lineage
+	next    uint32
+}
+
+// keepNumbers renumbers the tree so (after number) and returns the count
+// of inodes.
+func (p *packer) keepNumbers() uint32 {
+	k := p.keep
+	var owners []*node
+	var walk func(d *node)
+	walk = func(d *node) {
+		for _, c := range d.children {
+			if c.mode.IsDir() {
+				walk(c)
+			} else if o := c.inode(); o.ino != 0 {
+				o.ino = 0
+				owners = append(owners, o)
+			}
+		}
+		d.ino = 0
+		owners = append(owners, d)
+	}
+	walk(p.root)
+	taken := map[Inode]bool{}
+	for _, o := range owners {
+		x := k.claim(o)
+		if x == 0 || taken[x] || uint32(x) >= k.next {
+			continue
+		}
+		if in, err := k.base.lookupBare(x); err != nil || basicType(in.typ) != inodeTypeOf(o.mode) {
+			continue
+		}
+		taken[x] = true
+		o.ino = uint32(x)
+	}
+	next := k.next
+	for _, o := range owners {
+		if o.ino == 0 {
+			o.ino = next
+			next++
+		}
+	}
+	p.inodes = next - 1
+	return uint32(len(owners))
+}
+
+// regap multiplies every inode number by gap (formatProbe).
+func (p *packer) regap(d *node, gap uint32) {
+	d.ino *= gap
+	for _, c := range d.children {
+		if c.mode.IsDir() {
+			p.regap(c, gap)
+		} else if c.owner == nil {
+			c.ino *= gap
+		}
+	}
 }
 
 // output counts and buffers what goes to the destination, and records the
@@ -562,6 +686,28 @@ func (o *output) appendExtent(b []byte, kind extentKind, crc uint32, s sum) {
 	}
 }
 
+// trailerWrite writes trailer bytes (new ones).
+func (o *output) trailerWrite(b []byte) {
+	if o.err != nil || len(b) == 0 {
+		return
+	}
+	_, o.err = o.bw.Write(b)
+	o.grow(int64(len(b)), nil, 0)
+}
+
+// trailerCopy accounts for n trailer bytes that are src's bytes at off
+// (PackOptions.Segment only: the destination does not receive them).
+func (o *output) trailerCopy(n int64, src *Reader, off int64) {
+	if o.err != nil || n == 0 {
+		return
+	}
+	if !o.segment {
+		o.err = errors.New("internal error: trailer bytes copied outside a segment pack")
+		return
+	}
+	o.grow(n, src, off)
+}
+
 // name names the archive being written in errors.
 func (o *output) name() string {
 	if f, ok := o.f.(interface{ Name() string }); ok {
@@ -602,16 +748,65 @@ func (p *packer) packTo(ctx context.Context, f packFile) (res PackResult, err er
 			err = fmt.Errorf("archive: pack: %w", err)
 		}
 	}()
+	if p.opts.Extend {
+		why := p.extendable()
+		if why == "" {
+			res, err := p.packExtend(ctx, f)
+			var fb *extendFallback
+			if !errors.As(err, &fb) {
+				return res, err
+			}
+			why = fb.reason
+		}
+		// Nothing was written: pack afresh.
+		p.log.Info("pack: the base cannot be extended; packing afresh", "reason", why)
+		opts := p.opts
+		opts.Extend = false
+		q, err := newPacker(p.src, opts)
+		if err != nil {
+			return res, err
+		}
+		q.res.ExtendFallback = why
+		if cfs, ok := p.src.(ChangeFS); ok && p.opts.Base != nil {
+			// Keep the numbers all the same: the lineage's, or, on a
+			// base that has none (a version 1 trailer), the base's, in
+			// a new lineage that the next pack can extend.
+			b := p.opts.Base
+			q.keep = &keepNumbers{base: b, next: b.sb.Inodes + 1,
+				claim: func(n *node) Inode {
+					x, _, ok := cfs.BaseInode(n.path)
+					if !ok {
+						return 0
+					}
+					return x
+				}}
+			if b.tr2 != nil {
+				q.keep.lineage, q.keep.next = b.tr2.root.lineage, max(b.tr2.root.nextInode, b.sb.Inodes+1)
+			}
+		}
+		return q.packTo(ctx, f)
+	}
 	if err := p.scan(ctx); err != nil {
 		return res, err
 	}
 	p.number(p.root)
+	live := p.inodes
+	if p.keep != nil {
+		live = p.keepNumbers()
+	}
+	if pr := p.opts.probe; pr != nil && pr.inoGap > 1 {
+		p.regap(p.root, pr.inoGap)
+		p.inodes = p.inodes*pr.inoGap + pr.inoExtra
+	}
 	p.base = p.newBase(p.opts.Base)
 	if p.opts.Segment && p.base != nil {
 		p.base.canAppend = false
 	}
 	if err := p.plan(ctx); err != nil {
 		return res, err
+	}
+	if p.compact {
+		p.sortByBase()
 	}
 	p.log.Debug("pack: tree scanned", "inodes", p.inodes, "elapsed", time.Since(start))
 	var base int64
@@ -655,15 +850,29 @@ func (p *packer) packTo(ctx context.Context, f packFile) (res PackResult, err er
 	}
 	sbBytes := sb.marshal()
 	exts := append([]extent{{length: superblockSize, kind: kindSuperblock, crc: crc32c(sbBytes)}}, out.ext...)
-	sums := &trailerSums{blocks: out.sums, files: p.fileSums}
-	if p.opts.noSums {
-		sums = nil
+	var trailerEnd uint64
+	if p.opts.trailerV1 {
+		tr := p.trailerV1(exts, out.sums, padded, imageBytes)
+		out.trailerWrite(tr)
+		trailerEnd = padded + uint64(len(tr))
+	} else {
+		ri := rootInfo{imageBytes: imageBytes, sbCRC: crc32c(sbBytes), nextInode: p.inodes + 1, liveInodes: live}
+		if p.keep != nil {
+			ri.lineage = p.keep.lineage
+		}
+		if !p.opts.noSums {
+			ri.flags |= rootHasSums
+		}
+		b := newTrBuilder(out, padded)
+		if err := b.fresh(p.records(exts, out.sums)); err != nil {
+			return res, err
+		}
+		if err := b.finish(ri, sbBytes); err != nil {
+			return res, err
+		}
+		trailerEnd = b.pos
+		p.lineage = b.root.lineage
 	}
-	tr := marshalTrailer(exts, p.mtimeNs, sums, padded, imageBytes)
-	if _, err := out.bw.Write(tr); err != nil {
-		return res, err
-	}
-	out.grow(int64(len(tr)), nil, 0)
 	if out.err != nil {
 		return res, out.err
 	}
@@ -674,7 +883,7 @@ func (p *packer) packTo(ctx context.Context, f packFile) (res PackResult, err er
 		return res, fmt.Errorf("write superblock: %w", err)
 	}
 	p.log.Debug("pack: tables written", "elapsed", time.Since(start))
-	total := int64(padded) + int64(len(tr))
+	total := int64(trailerEnd)
 	switch {
 	case out.segment:
 		p.res.Runs, p.res.SegmentSize = out.runs, out.spos
@@ -686,7 +895,9 @@ func (p *packer) packTo(ctx context.Context, f packFile) (res PackResult, err er
 		copy(p.res.SHA256[:], h.Sum(nil))
 	}
 	p.res.Size = total
-	p.res.Inodes = int64(p.inodes)
+	p.res.Inodes = int64(live)
+	p.res.Lineage = p.lineage
+	p.res.KeptNumbers = p.keep != nil
 	if b := p.base; b != nil {
 		p.res.Base = BaseCompacted
 		if b.appending {
@@ -703,6 +914,47 @@ func (p *packer) packTo(ctx context.Context, f packFile) (res PackResult, err er
 		"data_bytes", p.res.DataBytes, "reused_bytes", p.res.ReusedBytes, "matched_bytes", p.res.MatchedBytes, "base", p.res.Base,
 		"copied_bytes", p.res.CopiedBytes, "garbage_bytes", p.res.GarbageBytes, "elapsed", time.Since(start))
 	return p.res, nil
+}
+
+// records gives the trailer's record of every block of the image: the
+// extents with their data blocks' sums and their inode blocks' inodes.
+func (p *packer) records(exts []extent, sums []sum) []blockRec {
+	recs := make([]blockRec, len(exts))
+	d, k := 0, 0
+	for i, e := range exts {
+		recs[i] = blockRec{length: e.length, kind: e.kind, crc: e.crc}
+		switch e.kind {
+		case kindData:
+			if d < len(sums) && !p.opts.noSums {
+				recs[i].sum = sums[d]
+			}
+			d++
+		case kindInodeTable:
+			if k < len(p.inodeRecs) {
+				recs[i].inodes = p.inodeRecs[k]
+			}
+			k++
+		}
+	}
+	return recs
+}
+
+// trailerV1 encodes the version 1 trailer (tests: the archives written
+// before version 2).
+func (p *packer) trailerV1(exts []extent, blockSums []sum, padded, imageBytes uint64) []byte {
+	mtimeNs := make([]uint32, p.inodes)
+	fileSums := make([]sum, p.inodes)
+	for _, blk := range p.inodeRecs {
+		for _, in := range blk {
+			mtimeNs[in.ino-1] = in.ns
+			fileSums[in.ino-1] = in.sum
+		}
+	}
+	sums := &trailerSums{blocks: blockSums, files: fileSums}
+	if p.opts.noSums {
+		sums = nil
+	}
+	return marshalTrailer(exts, mtimeNs, sums, padded, imageBytes)
 }
 
 // mtimeSecs clamps t to what squashfs can store and returns the

@@ -3,6 +3,7 @@ package archive
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 )
@@ -26,7 +27,13 @@ const (
 	// the archive is laid out afresh; unchanged files' blocks are still
 	// copied from the base rather than recompressed.
 	BaseCompacted BaseUse = "compacted"
+	// BaseExtended: the image is the base's image grown at the end of
+	// each region (PackOptions.Extend): only what changed was written.
+	BaseExtended BaseUse = "extended"
 )
+
+// errStop ends an iteration early.
+var errStop = errors.New("stop")
 
 // CopyRange is a byte range of a packed archive that is a verbatim copy of
 // a range of the same length of the base archive.
@@ -101,17 +108,21 @@ func (p *packer) newBase(r *Reader) *baseState {
 		}
 	}
 	b.end = r.sb.InodeTable
-	ex := &r.tr.ext
-	i := ex.find(b.start)
-	if b.end < b.start || (b.end > b.start && i < 0) || ex.find(b.end) < 0 {
+	if b.end < b.start {
 		return b
 	}
-	if b.end > b.start {
-		for ; ex.off[i] < b.end; i++ {
-			if k := ex.kind[i]; k != kindData && k != kindFragment {
-				return b
-			}
+	// The region must be data and fragment blocks only, from its first
+	// byte to its last.
+	next := b.start
+	err := r.eachRecord(b.start, b.end, func(off uint64, bi blockInfo, _ *trPage, _ int) error {
+		if off != next || (bi.kind != kindData && bi.kind != kindFragment) {
+			return errStop
 		}
+		next = off + uint64(bi.length)
+		return nil
+	})
+	if err != nil || next != b.end {
+		return b
 	}
 	b.canAppend = true
 	return b
@@ -175,6 +186,10 @@ func (p *packer) plan(ctx context.Context) error {
 				n.inBase = b.lookup(s, n.size)
 			}
 		}
+	}
+	if p.extend != nil {
+		// Only base files matter, and they are used in place.
+		return nil
 	}
 	if err := p.scanFragments(ctx); err != nil {
 		return err
@@ -258,7 +273,10 @@ func (b *baseState) markLive(ino Inode) error {
 		}
 	}
 	if l.frag >= 0 {
-		f := b.r.frags[l.frag]
+		f, err := b.r.fragAt(uint32(l.frag))
+		if err != nil {
+			return err
+		}
 		b.use(f.start, uint64(f.word&^dataUncompBit))
 	}
 	return nil
@@ -301,13 +319,18 @@ func (d *dataWriter) inPlace(n *node, fd *fileData) error {
 			fd.sparse += uint64(min(bs, n.size-int64(i)*bs))
 		}
 	}
-	if l.frag >= 0 {
+	if l.frag >= 0 && d.p.extend != nil {
+		// An extending pack keeps the base's fragment table entries.
+		fd.frag, fd.fragOff = uint32(l.frag), l.fragOff
+	} else if l.frag >= 0 {
 		idx, ok := b.fragIndex[l.frag]
 		if !ok {
 			idx = d.nfrags
 			d.nfrags++
 			b.fragIndex[l.frag] = idx
-			d.fixedFrags[idx] = b.r.frags[l.frag]
+			if d.fixedFrags[idx], err = b.r.fragAt(uint32(l.frag)); err != nil {
+				return err
+			}
 		}
 		fd.frag, fd.fragOff = idx, l.fragOff
 	}
@@ -337,40 +360,49 @@ func (b *baseState) copyPrefix(ctx context.Context, out *output) error {
 		return fmt.Errorf("internal error: prefix starts at %d, output at %d", b.start, out.pos)
 	}
 	r := b.r
-	ex := &r.tr.ext
-	i := ex.find(b.start)
-	buf := make([]byte, 4<<20)
-	for off := b.start; off < b.end; {
+	type blk struct {
+		off uint64
+		bi  blockInfo
+	}
+	var batch []blk
+	var n uint64
+	copyBatch := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		// Whole extents, up to the buffer's size (one extent may be
-		// bigger only if it is a whole block larger than the buffer,
-		// which blocks never are).
-		j := i
-		for j < len(ex.len) && ex.off[j+1] <= b.end && ex.off[j+1]-off <= uint64(len(buf)) {
-			j++
+		chunk, err := r.readAt(batch[0].off, n, "data region")
+		if err != nil {
+			return fmt.Errorf("read base at %d: %w", batch[0].off, err)
 		}
-		if j == i {
-			return fmt.Errorf("internal error: extent at %d does not fit the copy buffer", off)
-		}
-		n := ex.off[j] - off
-		chunk := buf[:n]
-		if _, err := r.ra.ReadAt(chunk, int64(off)); err != nil {
-			return fmt.Errorf("read base at %d: %w", off, err)
-		}
-		for k := i; k < j; k++ {
-			blk := chunk[ex.off[k]-off : ex.off[k+1]-off]
-			if crc32c(blk) != ex.crc[k] {
-				return r.corrupt(ex.off[k], ex.kind[k].String(), errChecksum)
+		for _, x := range batch {
+			b := chunk[x.off-batch[0].off : x.off-batch[0].off+uint64(x.bi.length)]
+			if crc32c(b) != x.bi.crc {
+				return r.corrupt(x.off, x.bi.kind.String(), errChecksum)
 			}
-			var s sum
-			if r.tr.blockSums != nil {
-				s = r.tr.blockSums[k]
-			}
-			out.appendExtent(blk, ex.kind[k], ex.crc[k], s)
+			out.appendExtent(b, x.bi.kind, x.bi.crc, x.bi.sum)
 		}
-		i, off = j, ex.off[j]
+		batch, n = batch[:0], 0
+		return out.err
+	}
+	// Whole blocks, about 4 MiB at a time.
+	err := r.eachRecord(b.start, b.end, func(off uint64, bi blockInfo, _ *trPage, _ int) error {
+		if n+uint64(bi.length) > 4<<20 {
+			if err := copyBatch(); err != nil {
+				return err
+			}
+		}
+		batch = append(batch, blk{off, bi})
+		n += uint64(bi.length)
+		return nil
+	})
+	if err == nil {
+		err = copyBatch()
+	}
+	if err != nil {
+		return err
 	}
 	// The compressor options before the region are the same bytes too.
 	out.copied(superblockSize, superblockSize, b.end-superblockSize)

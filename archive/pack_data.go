@@ -163,6 +163,10 @@ func (p *packer) writeData(ctx context.Context, out *output) ([]fragEntry, error
 		adopted:    map[oldFragment]uint32{},
 		fixedFrags: map[uint32]fragEntry{},
 	}
+	if p.extend != nil {
+		// The base's fragments keep their indexes; new ones follow.
+		d.nfrags = p.extend.base.sb.Fragments
+	}
 	for _, n := range p.order {
 		if n.size > 0 {
 			d.sizeCount[n.size]++
@@ -230,12 +234,19 @@ func (p *packer) writeData(ctx context.Context, out *output) ([]fragEntry, error
 		}
 		frags[idx] = f
 	}
-	for i, f := range frags {
-		if f.word == 0 {
-			return nil, fmt.Errorf("internal error: fragment %d never written", i)
+	first := 0
+	if p.extend != nil {
+		first = int(p.extend.base.sb.Fragments)
+		for len(frags) < first {
+			frags = append(frags, fragEntry{})
 		}
 	}
-	return frags, nil
+	for i, f := range frags[first:] {
+		if f.word == 0 {
+			return nil, fmt.Errorf("internal error: fragment %d never written", first+i)
+		}
+	}
+	return frags[first:], nil
 }
 
 // store writes one finished block and records where it went.
@@ -284,6 +295,14 @@ func (d *dataWriter) store(out *output, j *job, frags *[]fragEntry) error {
 	}
 	if j.baseOff >= 0 && j.word != 0 {
 		out.copied(at, uint64(j.baseOff), uint64(len(j.out)))
+	}
+	if e := d.p.extend; e != nil && j.copyFrom != nil {
+		if j.copyFrom == d.p.opts.Base {
+			e.copied[j.copyOff] = true
+		}
+		if (j.kind == jobData || j.kind == jobRaw) && j.sum.known() {
+			e.copiedSums[j.sum] = true
+		}
 	}
 	return out.err
 }

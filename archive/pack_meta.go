@@ -14,6 +14,7 @@ import (
 type metaWriter struct {
 	comp   blockCompressor
 	kind   extentKind
+	prefix uint64 // bytes of the table before this writer's first block (an extended image's base blocks)
 	buf    []byte // the piece being filled, < metaBlockSize bytes
 	out    []byte // finished blocks
 	starts []uint64
@@ -24,7 +25,7 @@ type metaWriter struct {
 
 // pos is where the next byte goes: the start of its block in the table and
 // the offset inside the uncompressed block.
-func (m *metaWriter) pos() (uint64, uint16) { return uint64(len(m.out)), uint16(len(m.buf)) }
+func (m *metaWriter) pos() (uint64, uint16) { return m.prefix + uint64(len(m.out)), uint16(len(m.buf)) }
 
 func (m *metaWriter) write(b []byte) error {
 	m.total += uint64(len(b))
@@ -67,6 +68,16 @@ func (m *metaWriter) flush() error {
 	return nil
 }
 
+// cut ends the block being filled short (formatProbe) and moves the
+// stream position to the next block, as if it had been full.
+func (m *metaWriter) cut() error {
+	if len(m.buf) == 0 {
+		return nil
+	}
+	m.total += uint64(metaBlockSize - len(m.buf))
+	return m.flush()
+}
+
 // emit writes the finished table to out and returns where it started.
 func (m *metaWriter) emit(out *output) (uint64, error) {
 	if err := m.flush(); err != nil {
@@ -100,10 +111,26 @@ func (m *metaWriter) emitIndexed(out *output) (uint64, error) {
 
 type tables struct {
 	inodes, dirs *metaWriter
-	ids          []uint32
-	idIndex      map[uint32]uint16
-	export       []uint64
-	written      []bool // by inode number
+	// inodeRecs lists, per inode table block, the inodes that start in
+	// it, for the trailer.
+	inodeRecs [][]inodeRec
+	ids       []uint32
+	idIndex   map[uint32]uint16
+	export    []uint64
+	written   []bool // by inode number
+
+	// An extending pack's: the export entries it changes, and the
+	// inodes it wrote, by number (the number space may be large).
+	extend     bool
+	exportMap  map[uint32]uint64
+	writtenMap map[uint32]bool
+}
+
+func (t *tables) isWritten(ino uint32) bool {
+	if t.extend {
+		return t.writtenMap[ino]
+	}
+	return t.written[ino]
 }
 
 func (t *tables) id(v uint32) (uint16, error) {
@@ -128,8 +155,6 @@ func (p *packer) writeTables(out *output, frags []fragEntry) (*superblock, error
 		export:  make([]uint64, p.inodes),
 		written: make([]bool, p.inodes+1),
 	}
-	p.mtimeNs = make([]uint32, p.inodes)
-	p.fileSums = make([]sum, p.inodes)
 	if err := p.writeDir(t, p.root, p.inodes+1); err != nil {
 		return nil, err
 	}
@@ -196,6 +221,7 @@ func (p *packer) writeTables(out *output, frags []fragEntry) (*superblock, error
 	}
 	sb.IDs = uint16(len(t.ids))
 	sb.BytesUsed = out.pos
+	p.inodeRecs = t.inodeRecs
 	return sb, nil
 }
 
@@ -209,8 +235,7 @@ func (p *packer) header(t *tables, b []byte, typ uint16, n *node) ([]byte, error
 	if err != nil {
 		return nil, err
 	}
-	secs, ns := mtimeSecs(n.mtime)
-	p.mtimeNs[n.ino-1] = ns
+	secs, _ := mtimeSecs(n.mtime)
 	le := binary.LittleEndian
 	b = le.AppendUint16(b, typ)
 	b = le.AppendUint16(b, squashMode(n.mode))
@@ -227,8 +252,25 @@ func (p *packer) putInode(t *tables, n *node, b []byte) error {
 		return fmt.Errorf("inode table larger than 4 GiB")
 	}
 	n.ref = inodeRef(blk, off)
-	t.export[n.ino-1] = n.ref
-	t.written[n.ino] = true
+	if t.extend {
+		t.exportMap[n.ino] = n.ref
+		t.writtenMap[n.ino] = true
+	} else {
+		t.export[n.ino-1] = n.ref
+		t.written[n.ino] = true
+	}
+	k := len(t.inodes.starts) // the block being filled
+	for len(t.inodeRecs) <= k {
+		t.inodeRecs = append(t.inodeRecs, nil)
+	}
+	_, ns := mtimeSecs(n.mtime)
+	rec := inodeRec{off: off, ns: ns, ino: n.ino}
+	if n.mode.IsRegular() && n.file != nil && !p.opts.noSums {
+		if s := n.file.contentSum(); s.known() {
+			rec.sum, rec.hasSum = s, true
+		}
+	}
+	t.inodeRecs[k] = append(t.inodeRecs[k], rec)
 	return t.inodes.write(b)
 }
 
@@ -242,7 +284,6 @@ func (p *packer) writeLeaf(t *tables, n *node) error {
 		if fd == nil {
 			return fmt.Errorf("internal error: %s has no data", n.path)
 		}
-		p.fileSums[n.ino-1] = fd.contentSum()
 		if n.nlink == 1 && fd.size <= math.MaxUint32 && fd.start <= math.MaxUint32 && fd.sparse == 0 {
 			if b, err = p.header(t, b, typeFile, n); err != nil {
 				return err
@@ -307,17 +348,32 @@ type dirIndex struct {
 // the directory table, then d's inode.
 func (p *packer) writeDir(t *tables, d *node, parent uint32) error {
 	for _, c := range d.children {
-		if c.mode.IsDir() {
+		switch o := c.inode(); {
+		case o.reused:
+			// An extending pack's unchanged entry: the base's inode.
+		case o.relist:
+			if err := p.writeRelisted(t, o, d.ino); err != nil {
+				return err
+			}
+		case c.mode.IsDir():
 			if err := p.writeDir(t, c, d.ino); err != nil {
 				return err
 			}
-		} else if o := c.inode(); !t.written[o.ino] {
+		case !t.isWritten(o.ino):
 			if err := p.writeLeaf(t, o); err != nil {
 				return err
 			}
 		}
 	}
 	p.res.Dirs++
+	if pr := p.opts.probe; pr != nil && pr.cutBefore != "" && d.name == pr.cutBefore {
+		if err := t.inodes.cut(); err != nil {
+			return err
+		}
+		if err := t.dirs.cut(); err != nil {
+			return err
+		}
+	}
 
 	le := binary.LittleEndian
 	dw := t.dirs

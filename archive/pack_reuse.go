@@ -92,7 +92,9 @@ func (d *dataWriter) reuse(n *node, fd *fileData, r *Reader, ino Inode) error {
 
 	bs := int64(p.bs)
 	if n.size < bs {
-		if l.frag >= 0 {
+		// (An extending pack does not weigh the fragment blocks of other
+		// archives: that would walk the whole archive.)
+		if l.frag >= 0 && p.extend == nil {
 			if ok, err := d.reuseFragment(n, fd, r, l); ok || err != nil {
 				return err
 			}
@@ -216,7 +218,7 @@ func (b *baseFS) Open(name string) (iofs.File, error) {
 		return f, nil
 	}
 	mt := fi.ModTime()
-	if b.base.tr == nil || len(b.base.tr.mtimeNs) == 0 {
+	if !b.base.Checksummed() || (b.base.tr != nil && len(b.base.tr.mtimeNs) == 0) {
 		mt = mt.Truncate(1e9)
 	}
 	if !a.Mtime.Equal(mt) {
@@ -265,7 +267,10 @@ func (d *dataWriter) reuseFragment(n *node, fd *fileData, r *Reader, l *fileLayo
 	if l.frag >= len(used) || float64(d.p.liveFrag[key]) < fragmentLive*float64(used[l.frag]) {
 		return false, nil
 	}
-	f := r.frags[l.frag]
+	f, err := r.fragAt(uint32(l.frag))
+	if err != nil {
+		return true, fmt.Errorf("reuse %s: %w", n.path, err)
+	}
 	flen := f.word &^ dataUncompBit
 	var j *job
 	if d.p.opts.Segment {
@@ -320,8 +325,9 @@ func (d *dataWriter) adoptTail(n *node, fd *fileData, r *Reader, l *fileLayout, 
 // archive's files use (the end of the last tail in it).
 func (r *Reader) fragmentUse() []int64 {
 	r.fragUseOnce.Do(func() {
-		use := make([]int64, len(r.frags))
-		for _, ino := range r.fileInodes() {
+		use := make([]int64, r.sb.Fragments)
+		inos, _ := r.fileInodes()
+		for _, ino := range inos {
 			in, err := r.lookupInode(ino)
 			if err != nil || in.frag == noFragment || int64(in.frag) >= int64(len(use)) {
 				continue

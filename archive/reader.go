@@ -7,7 +7,6 @@ import (
 	"io"
 	iofs "io/fs"
 	"log/slog"
-	"math"
 	"sort"
 	"sync"
 	"syscall"
@@ -40,17 +39,24 @@ type DirEntry struct {
 // ReaderOptions configures Open.
 type ReaderOptions struct {
 	Name       string // names the archive in errors
-	CacheBytes int64  // bound on cached decompressed blocks; default 32 MiB
-	Logger     *slog.Logger
+	CacheBytes int64  // bound on cached decompressed data blocks; default 32 MiB
+	// MetaCacheBytes bounds the decoded metadata kept: metadata blocks,
+	// directory listings, file block lists and trailer pages. Default
+	// 8 MiB. Metadata not kept is read again when used again.
+	MetaCacheBytes int64
+	Logger         *slog.Logger
 }
 
-// maxMetadata bounds the decompressed inode, directory and lookup tables a
-// reader keeps, so a hostile image cannot make Open allocate without limit.
-const maxMetadata = 1 << 30
+// maxObject bounds one inode's block list or one directory's listing as
+// read from the tables, so that a hostile image cannot make a read allocate
+// without limit (a listing of a million entries is about 40 MiB).
+const maxObject = 256 << 20
 
 // Reader gives random access to an archive. All methods are safe for
-// concurrent use. Open reads the superblock, the trailer and all metadata
-// tables once; data blocks are read, checked and decompressed on demand.
+// concurrent use. Open reads the superblock, the trailer's root and the
+// tables' small index arrays; inodes, directory listings and data blocks
+// are read, checked and decoded when first used, and kept in caches
+// bounded in bytes.
 type Reader struct {
 	ra   io.ReaderAt
 	size int64
@@ -58,23 +64,24 @@ type Reader struct {
 	log  *slog.Logger
 	sb   superblock
 	dec  decompressor
-	tr   *trailer // nil for archives without our trailer
 	bs   int
 
-	inodeTab []byte
-	inodeBlk blockMap
-	dirTab   string
-	dirBlk   blockMap
-	frags    []fragEntry
-	ids      []uint32
+	tr  *trailer  // a version 1 trailer, read whole at Open
+	tr2 *trailer2 // a version 2 trailer, read as used
 
-	refs    []uint64 // by inode number; refSet marks known entries
-	dirs    map[Inode]dirSpan
-	entries []DirEntry
-	root    Inode
+	ids       []uint32
+	fragIdx   []uint64 // the fragment table's index array
+	exportIdx []uint64 // the export table's index array; nil without one
+	dirEnd    uint64   // where the directory table ends
+	refs      map[Inode]uint64
+	root      Inode
 
-	cache   *blockCache
-	layouts sync.Map // Inode -> *fileLayout
+	cache *blockCache
+	meta  *lru[metaKey, any]
+	pre   struct {
+		off uint64
+		b   []byte
+	} // bytes Open read ahead, while it runs
 
 	fragUseOnce sync.Once
 	fragUse     []int64 // see fragmentUse
@@ -84,25 +91,19 @@ type Reader struct {
 	sums      sync.Map      // Inode -> sum, computed by contentSum
 }
 
-const refSet = 1 << 63
-
-type dirSpan struct{ start, n uint32 }
-
-// blockMap maps the on-disk start of each metadata block of a table
-// (relative to the table) to where its bytes begin in the decompressed
-// table.
-type blockMap struct {
-	disk   []uint64
-	uncomp []uint64
+// metaKey names a cached piece of decoded metadata.
+type metaKey struct {
+	k    uint8
+	a, b uint64
 }
 
-func (m *blockMap) lookup(disk uint64) (uint64, bool) {
-	i := sort.Search(len(m.disk), func(i int) bool { return m.disk[i] >= disk })
-	if i < len(m.disk) && m.disk[i] == disk {
-		return m.uncomp[i], true
-	}
-	return 0, false
-}
+const (
+	mkBlock   = iota + 1 // a metadata block at image offset a
+	mkListing            // the listing at table position a (block<<16|offset), b bytes
+	mkLayout             // the block list of inode a
+	mkTrIndex            // the index page of trailer group a
+	mkTrPage             // page b of trailer group a
+)
 
 func (r *Reader) corrupt(off uint64, what string, err error) error {
 	return &CorruptError{Name: r.name, Offset: int64(off), What: what, Err: err}
@@ -112,10 +113,14 @@ func (r *Reader) corruptf(off uint64, what, format string, a ...any) error {
 	return r.corrupt(off, what, fmt.Errorf(format, a...))
 }
 
-// Open reads an archive's superblock, trailer and metadata tables from r,
-// which holds size bytes. It reads any squashfs 4.0 image (zstd, gzip, lz4,
-// xz or lzma); only archives written by Pack carry checksums (Checksummed).
-// Damage found here or later is reported with errors matching ErrCorrupt.
+// Open reads an archive's superblock, integrity trailer and table indexes
+// from ra, which holds size bytes: a few ranges, none of them proportional
+// to the number of files (for an archive with a version 1 trailer, the
+// trailer; for an image without an export table, mksquashfs -no-exports,
+// the directory tree, walked to number the inodes). It reads any squashfs
+// 4.0 image (zstd, gzip, lz4, xz or lzma); only archives written by Pack
+// carry checksums (Checksummed). Damage found here or later is reported
+// with errors matching ErrCorrupt.
 func Open(ra io.ReaderAt, size int64, opts ReaderOptions) (*Reader, error) {
 	r := &Reader{ra: ra, size: size, name: opts.Name, log: opts.Logger}
 	if r.log == nil {
@@ -124,16 +129,23 @@ func Open(ra io.ReaderAt, size int64, opts ReaderOptions) (*Reader, error) {
 	if opts.CacheBytes <= 0 {
 		opts.CacheBytes = 32 << 20
 	}
+	if opts.MetaCacheBytes <= 0 {
+		opts.MetaCacheBytes = 8 << 20
+	}
+	r.cache = newBlockCache(opts.CacheBytes)
+	r.meta = newLRU[metaKey, any](opts.MetaCacheBytes)
 	if err := r.open(); err != nil {
 		return nil, err
 	}
-	r.cache = newBlockCache(opts.CacheBytes)
 	return r, nil
 }
 
 func (r *Reader) readAt(off uint64, n uint64, what string) ([]byte, error) {
 	if off > uint64(r.size) || n > uint64(r.size)-off {
 		return nil, r.corruptf(off, what, "%d bytes at offset %d lie beyond the end of the file (%d bytes)", n, off, r.size)
+	}
+	if p := r.pre; off >= p.off && off-p.off <= uint64(len(p.b)) && n <= uint64(len(p.b))-(off-p.off) {
+		return append([]byte(nil), p.b[off-p.off:off-p.off+n]...), nil
 	}
 	b := make([]byte, n)
 	m, err := r.ra.ReadAt(b, int64(off))
@@ -146,35 +158,35 @@ func (r *Reader) readAt(off uint64, n uint64, what string) ([]byte, error) {
 	return nil, fmt.Errorf("archive %s: read %s at offset %d: %w", r.name, what, off, err)
 }
 
+// tailRead is how much of the end of the file Open reads at once: the
+// footer, and with it, most of the time, the trailer's root and tail.
+const tailRead = 64 << 10
+
 func (r *Reader) open() error {
 	if r.size < superblockSize {
 		return r.corruptf(0, "superblock", "file of %d bytes is too small", r.size)
-	}
-	if r.size >= superblockSize+footerSize {
-		fb, err := r.readAt(uint64(r.size-footerSize), footerSize, "integrity footer")
-		if err != nil {
-			return err
-		}
-		f, err := parseFooter(fb, r.size)
-		switch {
-		case errors.Is(err, errNoFooter):
-		case err != nil:
-			return r.corrupt(uint64(r.size-footerSize), "integrity footer", err)
-		default:
-			tb, err := r.readAt(f.trailerOff, f.trailerLen, "integrity trailer")
-			if err != nil {
-				return err
-			}
-			if r.tr, err = parseTrailer(tb, f); err != nil {
-				return r.corrupt(f.trailerOff, "integrity trailer", err)
-			}
-		}
 	}
 	sbb, err := r.readAt(0, superblockSize, "superblock")
 	if err != nil {
 		return err
 	}
-	if err := r.check(0, sbb, "superblock"); err != nil {
+	if r.size >= superblockSize+footerSize {
+		// The trailer starts after the padded image: read no further
+		// back than that (if the superblock is sound).
+		var sb superblock
+		from := uint64(superblockSize)
+		if sb.unmarshal(sbb) == nil && sb.BytesUsed <= uint64(r.size) {
+			from = max(from, (sb.BytesUsed+padAlign-1)/padAlign*padAlign)
+		}
+		if err := r.openTrailer(min(from, uint64(r.size)-footerSize)); err != nil {
+			return err
+		}
+	}
+	if r.tr2 != nil {
+		if crc32c(sbb) != r.tr2.root.sbCRC {
+			return r.corrupt(0, "superblock", errChecksum)
+		}
+	} else if err := r.check(0, sbb, "superblock"); err != nil {
 		return err
 	}
 	if err := r.sb.unmarshal(sbb); err != nil {
@@ -186,35 +198,153 @@ func (r *Reader) open() error {
 	if r.dec, err = newDecompressor(r.sb.Compression); err != nil {
 		return fmt.Errorf("archive %s: %w", r.name, err)
 	}
-	if r.sb.Flags&flagCompOpts != 0 {
+	if r.sb.Flags&flagCompOpts != 0 && !r.Checksummed() {
 		// Present for some compressors; decoding needs none of them, but
-		// the block must be sound.
-		if _, _, err := r.readMetaAt(superblockSize, kindCompOpts); err != nil {
+		// the block must be sound. (Checksummed archives: Verify.)
+		if _, err := r.metaBlock(superblockSize, kindCompOpts, r.sb.InodeTable); err != nil {
 			return err
 		}
 	}
-	if err := r.readTables(); err != nil {
+	if err := r.readIndexes(); err != nil {
 		return err
 	}
-	return r.walk()
+	root, err := r.inodeBare(r.sb.RootInode)
+	if err != nil {
+		return err
+	}
+	if basicType(root.typ) != typeDir {
+		return r.corruptf(r.sb.InodeTable, "inode table", "root inode is not a directory")
+	}
+	r.root = root.ino
+	if r.exportIdx == nil {
+		return r.numberByWalk()
+	}
+	return nil
 }
 
-// check verifies b, read at off, against the trailer's extent there.
-func (r *Reader) check(off uint64, b []byte, what string) error {
-	if r.tr == nil {
+// openTrailer reads the footer and, by its version, the trailer (version
+// 1, whole) or its root and tail (version 2), reading nothing before from
+// with the footer.
+func (r *Reader) openTrailer(from uint64) error {
+	n := min(uint64(r.size)-from, tailRead)
+	at := uint64(r.size) - n
+	end, err := r.readAt(at, n, "integrity footer")
+	if err != nil {
+		return err
+	}
+	fb := end[len(end)-footerSize:]
+	foff := uint64(r.size - footerSize)
+	version, err := footerVersion(fb)
+	switch {
+	case errors.Is(err, errNoFooter):
+		return nil
+	case err != nil:
+		return r.corrupt(foff, "integrity footer", err)
+	case version == formatVersion:
+		f, err := parseFooter(fb, r.size)
+		if err != nil {
+			return r.corrupt(foff, "integrity footer", err)
+		}
+		tb, err := r.readAt(f.trailerOff, f.trailerLen, "integrity trailer")
+		if err != nil {
+			return err
+		}
+		if r.tr, err = parseTrailer(tb, f); err != nil {
+			return r.corrupt(f.trailerOff, "integrity trailer", err)
+		}
 		return nil
 	}
-	i := r.tr.ext.find(off)
-	if i < 0 {
+	rootOff, rootLen, tailOff, rootCRC, err := parseFooter2(fb, r.size)
+	if err != nil {
+		return r.corrupt(foff, "integrity footer", err)
+	}
+	var tail []byte
+	if tailOff >= at {
+		tail = end[tailOff-at:]
+	} else if tail, err = r.readAt(tailOff, uint64(r.size)-tailOff, "integrity trailer"); err != nil {
+		return err
+	}
+	rb := tail[rootOff-tailOff : rootOff-tailOff+rootLen]
+	t, err := parseRoot(rb, rootCRC)
+	if err != nil {
+		return r.corrupt(rootOff, "integrity trailer root", err)
+	}
+	t.tailOff, t.tail = tailOff, tail[:rootOff-tailOff]
+	t.start = (t.root.imageBytes + padAlign - 1) / padAlign * padAlign
+	for _, g := range t.groups {
+		if g.idxOff < t.start || g.idxOff > rootOff || uint64(g.idxLen) > rootOff-g.idxOff {
+			return r.corruptf(rootOff, "integrity trailer root", "a group's index at %d lies outside the trailer [%d, %d)", g.idxOff, t.start, rootOff)
+		}
+	}
+	r.tr2 = t
+	return nil
+}
+
+// check verifies b, read at off, against the trailer's record of the block
+// there.
+func (r *Reader) check(off uint64, b []byte, what string) error {
+	if !r.Checksummed() {
+		return nil
+	}
+	bi, ok, err := r.blockAt(off)
+	if err != nil {
+		return err
+	}
+	if !ok {
 		return r.corruptf(off, what, "no checksum recorded for a block at this offset")
 	}
-	if int(r.tr.ext.len[i]) != len(b) {
-		return r.corruptf(off, what, "block is %d bytes, checksum covers %d", len(b), r.tr.ext.len[i])
+	if int(bi.length) != len(b) {
+		return r.corruptf(off, what, "block is %d bytes, checksum covers %d", len(b), bi.length)
 	}
-	if crc32c(b) != r.tr.ext.crc[i] {
+	if crc32c(b) != bi.crc {
 		return r.corrupt(off, what, errChecksum)
 	}
 	return nil
+}
+
+// blockAt returns the trailer's record of the block starting at off.
+func (r *Reader) blockAt(off uint64) (blockInfo, bool, error) {
+	switch {
+	case r.tr != nil:
+		i := r.tr.ext.find(off)
+		if i < 0 {
+			return blockInfo{}, false, nil
+		}
+		bi := blockInfo{length: r.tr.ext.len[i], kind: r.tr.ext.kind[i], crc: r.tr.ext.crc[i]}
+		if r.tr.blockSums != nil {
+			bi.sum = r.tr.blockSums[i]
+		}
+		return bi, true, nil
+	case r.tr2 != nil:
+		pg, i, err := r.recordAt(off)
+		if err != nil || pg == nil {
+			return blockInfo{}, false, err
+		}
+		return pg.info(i), true, nil
+	}
+	return blockInfo{}, false, nil
+}
+
+func (r *Reader) imageEnd() uint64 {
+	switch {
+	case r.tr != nil:
+		return r.tr.ext.off[len(r.tr.ext.len)]
+	case r.tr2 != nil:
+		return r.tr2.root.imageBytes
+	}
+	return r.sb.BytesUsed
+}
+
+// trailerStart is where the trailer begins (the padded end of the image),
+// or the file's end without one.
+func (r *Reader) trailerStart() uint64 {
+	switch {
+	case r.tr != nil:
+		return uint64(r.tr.offset)
+	case r.tr2 != nil:
+		return r.tr2.start
+	}
+	return uint64(r.size)
 }
 
 func (r *Reader) checkSuperblock() error {
@@ -231,10 +361,10 @@ func (r *Reader) checkSuperblock() error {
 	if sb.BytesUsed > uint64(r.size) {
 		return bad("image of %d bytes in a file of %d", sb.BytesUsed, r.size)
 	}
-	if r.tr != nil && sb.BytesUsed != r.tr.ext.off[len(r.tr.ext.len)] {
-		return bad("image size %d does not match the trailer's %d", sb.BytesUsed, r.tr.ext.off[len(r.tr.ext.len)])
+	if r.Checksummed() && sb.BytesUsed != r.imageEnd() {
+		return bad("image size %d does not match the trailer's %d", sb.BytesUsed, r.imageEnd())
 	}
-	if r.tr == nil {
+	if !r.Checksummed() {
 		// Images from other tools end at bytes_used or its 4 KiB padding
 		// (or sit in a larger device). Bytes after the padding that are not
 		// a valid footer mean our footer was damaged: refuse rather than
@@ -278,154 +408,67 @@ func (r *Reader) checkSuperblock() error {
 	if uint64(sb.Fragments) > (end-sb.DirTable)/8*fragsPerBlock {
 		return bad("%d fragments cannot fit", sb.Fragments)
 	}
+	if sb.ExportTable != noTable {
+		if eb := (uint64(sb.Inodes) + refsPerBlock - 1) / refsPerBlock; eb > (end-sb.ExportTable)/8 {
+			return bad("%d inodes cannot fit the export table", sb.Inodes)
+		}
+	} else if uint64(sb.Inodes) > (sb.DirTable-sb.InodeTable)*(metaBlockSize/minInodeSize) {
+		return bad("%d inodes cannot fit the inode table", sb.Inodes)
+	}
 	return nil
 }
 
-// readMetaAt reads one metadata block at off: it returns the decompressed
-// bytes and the block's on-disk length.
-func (r *Reader) readMetaAt(off uint64, kind extentKind) ([]byte, uint64, error) {
-	hb, err := r.readAt(off, 2, kind.String())
+// readIndex reads and checks the index array of count block pointers at
+// idx; every pointer must lie in [lo, idx).
+func (r *Reader) readIndex(idx, count, lo uint64, what string) ([]uint64, error) {
+	end := r.sb.BytesUsed
+	if count > (end-idx)/8 {
+		return nil, r.corruptf(idx, "table index", "%d entries do not fit", count)
+	}
+	b, err := r.readChecked(idx, 8*count, kindIndex)
 	if err != nil {
-		return nil, 0, err
-	}
-	h := binary.LittleEndian.Uint16(hb)
-	n := uint64(h &^ metaUncompBit)
-	if n == 0 || n > metaBlockSize {
-		return nil, 0, r.corruptf(off, kind.String(), "metadata block length %d", n)
-	}
-	b, err := r.readAt(off, n+2, kind.String())
-	if err != nil {
-		return nil, 0, err
-	}
-	out, err := r.metaBlock(off, b, kind)
-	return out, n + 2, err
-}
-
-// metaBlock checks and decodes a metadata block b (header included) read at
-// off.
-func (r *Reader) metaBlock(off uint64, b []byte, kind extentKind) ([]byte, error) {
-	if err := r.check(off, b, kind.String()); err != nil {
 		return nil, err
 	}
-	h := binary.LittleEndian.Uint16(b)
-	if h&metaUncompBit != 0 {
-		return b[2:], nil
-	}
-	out, err := r.dec.decompress(nil, b[2:], metaBlockSize)
-	if err != nil {
-		return nil, r.corruptf(off, kind.String(), "decompress: %v", err)
+	out := make([]uint64, count)
+	for i := range out {
+		p := binary.LittleEndian.Uint64(b[8*i:])
+		if p < lo || p >= idx {
+			return nil, r.corruptf(idx+8*uint64(i), "table index", "%s block at %d outside [%d, %d)", what, p, lo, idx)
+		}
+		out[i] = p
 	}
 	return out, nil
 }
 
-// metaRegion is the tail of the image holding every table, read at once so
-// that a ranged reader needs one request for all metadata.
-type metaRegion struct {
-	r     *Reader
-	start uint64
-	b     []byte
-	used  uint64 // decompressed bytes so far, bounded by maxMetadata
-}
-
-// block decodes the metadata block at absolute offset off, returning its
-// bytes and on-disk length.
-func (m *metaRegion) block(off uint64, kind extentKind) ([]byte, uint64, error) {
-	r := m.r
-	if off < m.start || off+2 > m.start+uint64(len(m.b)) {
-		return nil, 0, r.corruptf(off, kind.String(), "metadata block outside the tables")
+// readChecked reads n bytes at off, which the trailer describes as one
+// block or a run of blocks of kind, and checks them.
+func (r *Reader) readChecked(off, n uint64, kind extentKind) ([]byte, error) {
+	b, err := r.readAt(off, n, kind.String())
+	if err != nil || !r.Checksummed() {
+		return b, err
 	}
-	rel := off - m.start
-	h := binary.LittleEndian.Uint16(m.b[rel:])
-	n := uint64(h &^ metaUncompBit)
-	if n == 0 || n > metaBlockSize || rel+2+n > uint64(len(m.b)) {
-		return nil, 0, r.corruptf(off, kind.String(), "metadata block length %d", n)
-	}
-	out, err := r.metaBlock(off, m.b[rel:rel+2+n], kind)
-	if err != nil {
-		return nil, 0, err
-	}
-	m.used += uint64(len(out))
-	if m.used > maxMetadata {
-		return nil, 0, r.corruptf(off, kind.String(), "more than %d bytes of metadata", maxMetadata)
-	}
-	return out, n + 2, nil
-}
-
-// table decodes the consecutive metadata blocks from start to end into one
-// stream.
-func (m *metaRegion) table(start, end uint64, kind extentKind) ([]byte, blockMap, error) {
-	var out []byte
-	var bm blockMap
-	for off := start; off < end; {
-		b, n, err := m.block(off, kind)
+	for at := uint64(0); at < n; {
+		bi, ok, err := r.blockAt(off + at)
 		if err != nil {
-			return nil, bm, err
+			return nil, err
 		}
-		bm.disk = append(bm.disk, off-start)
-		bm.uncomp = append(bm.uncomp, uint64(len(out)))
-		out = append(out, b...)
-		off += n
-		if off > end {
-			return nil, bm, m.r.corruptf(off-n, kind.String(), "block runs past the end of its table")
+		if !ok || uint64(bi.length) > n-at {
+			return nil, r.corruptf(off+at, kind.String(), "no checksum recorded for a block of %d bytes here", n-at)
 		}
+		if crc32c(b[at:at+uint64(bi.length)]) != bi.crc {
+			return nil, r.corrupt(off+at, kind.String(), errChecksum)
+		}
+		at += uint64(bi.length)
 	}
-	return out, bm, nil
+	return b, nil
 }
 
-// indexed decodes a table found through an index of count block pointers at
-// idx, returning the concatenated blocks and the lowest block start.
-func (m *metaRegion) indexed(idx uint64, count uint64, limit uint64, kind extentKind) ([]byte, uint64, error) {
-	r := m.r
-	if idx < m.start || count > (limit-idx)/8 || idx+8*count > m.start+uint64(len(m.b)) {
-		return nil, 0, r.corruptf(idx, "table index", "%d entries do not fit", count)
-	}
-	var out []byte
-	first := uint64(math.MaxUint64)
-	for i := range count {
-		at := idx + 8*i
-		p := binary.LittleEndian.Uint64(m.b[at-m.start:])
-		if p >= idx {
-			return nil, 0, r.corruptf(at, "table index", "points at %d, after the index", p)
-		}
-		b, _, err := m.block(p, kind)
-		if err != nil {
-			return nil, 0, err
-		}
-		out = append(out, b...)
-		first = min(first, p)
-	}
-	return out, first, nil
-}
-
-func (r *Reader) readTables() error {
+// readIndexes reads the id table and the fragment and export tables'
+// index arrays, and works out where the directory table ends (where the
+// next table's first block starts).
+func (r *Reader) readIndexes() error {
 	sb := &r.sb
-	end := sb.BytesUsed
-	if end-sb.InodeTable > maxMetadata {
-		return r.corruptf(sb.InodeTable, "inode table", "metadata of %d bytes", end-sb.InodeTable)
-	}
-	b, err := r.readAt(sb.InodeTable, end-sb.InodeTable, "metadata tables")
-	if err != nil {
-		return err
-	}
-	m := &metaRegion{r: r, start: sb.InodeTable, b: b}
-	if r.tr != nil {
-		// Check every extent of the region (index arrays included) up
-		// front; blocks decoded below are checked again as they are read.
-		i := r.tr.ext.find(sb.InodeTable)
-		if i < 0 {
-			return r.corruptf(sb.InodeTable, "inode table", "no checksum recorded for the table start")
-		}
-		ex := &r.tr.ext
-		for ; i < len(ex.len); i++ {
-			rel := ex.off[i] - sb.InodeTable
-			if err := r.check(ex.off[i], b[rel:rel+uint64(ex.len[i])], ex.kind[i].String()); err != nil {
-				return err
-			}
-		}
-	}
-
-	// The directory table ends where the next table's first block starts.
-	dirEnd := end
+	dirEnd := sb.BytesUsed
 	lower := func(v uint64) {
 		if v > sb.DirTable && v < dirEnd {
 			dirEnd = v
@@ -439,359 +482,80 @@ func (r *Reader) readTables() error {
 	if sb.XattrTable != noTable {
 		lower(sb.XattrTable)
 	}
-
+	var err error
 	idBlocks := (uint64(sb.IDs) + idsPerBlock - 1) / idsPerBlock
-	idb, first, err := m.indexed(sb.IDTable, idBlocks, end, kindIDTable)
+	// The index arrays and the id table's blocks (which lie right before
+	// its index) are near the image's end: one read when they are close.
+	lo := sb.DirTable
+	if idBlocks*(metaBlockSize+2) < sb.IDTable-lo {
+		lo = sb.IDTable - idBlocks*(metaBlockSize+2)
+	}
+	if sb.FragmentTable < lo && sb.BytesUsed-sb.FragmentTable <= tailRead {
+		lo = sb.FragmentTable
+	}
+	if sb.ExportTable < lo && sb.BytesUsed-sb.ExportTable <= tailRead {
+		lo = sb.ExportTable
+	}
+	if sb.BytesUsed-lo <= tailRead+idBlocks*(metaBlockSize+2) {
+		if b, err := r.readAt(lo, sb.BytesUsed-lo, "tables"); err == nil {
+			r.pre.off, r.pre.b = lo, b
+			defer func() { r.pre.b = nil }()
+		}
+	}
+	idIdx, err := r.readIndex(sb.IDTable, idBlocks, sb.DirTable, "id table")
 	if err != nil {
 		return err
 	}
-	lower(first)
-	if uint64(len(idb)) < 4*uint64(sb.IDs) {
-		return r.corruptf(sb.IDTable, "id table", "holds %d bytes for %d ids", len(idb), sb.IDs)
-	}
-	r.ids = make([]uint32, sb.IDs)
-	for i := range r.ids {
-		r.ids[i] = binary.LittleEndian.Uint32(idb[4*i:])
-	}
-
-	if sb.Fragments > 0 {
-		fb := (uint64(sb.Fragments) + fragsPerBlock - 1) / fragsPerBlock
-		ftab, first, err := m.indexed(sb.FragmentTable, fb, end, kindFragTable)
+	r.ids = make([]uint32, 0, sb.IDs)
+	for k, p := range idIdx {
+		lower(p)
+		m, err := r.metaBlock(p, kindIDTable, sb.IDTable)
 		if err != nil {
 			return err
 		}
-		lower(first)
-		if uint64(len(ftab)) < fragEntrySize*uint64(sb.Fragments) {
-			return r.corruptf(sb.FragmentTable, "fragment table", "holds %d bytes for %d fragments", len(ftab), sb.Fragments)
+		want := min(uint64(sb.IDs)-uint64(k)*idsPerBlock, idsPerBlock)
+		if uint64(len(m.b)) < 4*want {
+			return r.corruptf(p, "id table", "holds %d bytes for %d ids", len(m.b), want)
 		}
-		r.frags = make([]fragEntry, sb.Fragments)
-		for i := range r.frags {
-			e := ftab[fragEntrySize*i:]
-			r.frags[i] = fragEntry{start: binary.LittleEndian.Uint64(e), word: binary.LittleEndian.Uint32(e[8:])}
+		for i := range want {
+			r.ids = append(r.ids, binary.LittleEndian.Uint32(m.b[4*i:]))
 		}
+	}
+	if sb.Fragments > 0 {
+		fb := (uint64(sb.Fragments) + fragsPerBlock - 1) / fragsPerBlock
+		if r.fragIdx, err = r.readIndex(sb.FragmentTable, fb, sb.DirTable, "fragment table"); err != nil {
+			return err
+		}
+		lower(r.fragIdx[0])
 	}
 	if sb.ExportTable != noTable {
-		// Only its position matters (it bounds the directory table); inode
-		// numbers are resolved by walking the tree, which also checks it.
 		eb := (uint64(sb.Inodes) + refsPerBlock - 1) / refsPerBlock
-		if sb.ExportTable >= m.start && eb <= (end-sb.ExportTable)/8 {
-			lower(binary.LittleEndian.Uint64(m.b[sb.ExportTable-m.start:]))
+		if r.exportIdx, err = r.readIndex(sb.ExportTable, eb, sb.DirTable, "export table"); err != nil {
+			return err
 		}
+		lower(r.exportIdx[0])
 	}
-
-	var bm blockMap
-	if r.inodeTab, bm, err = m.table(sb.InodeTable, sb.DirTable, kindInodeTable); err != nil {
-		return err
-	}
-	r.inodeBlk = bm
-	dt, bm, err := m.table(sb.DirTable, dirEnd, kindDirTable)
-	if err != nil {
-		return err
-	}
-	r.dirTab, r.dirBlk = string(dt), bm
+	r.dirEnd = dirEnd
 	return nil
 }
 
-// inode is a decoded inode.
-type inode struct {
-	typ   uint16 // as stored (basic or extended)
-	perm  uint16
-	uid   uint32
-	gid   uint32
-	mtime uint32
-	ino   Inode
-	nlink uint32
-	size  uint64
-	rdev  uint32
-
-	// regular files
-	start   uint64
-	frag    uint32
-	fragOff uint32
-	blocks  uint64 // position of the block list in the inode table
-	// directories
-	dirBlk uint32
-	dirOff uint16
-	parent uint32
-	idxCnt uint16
-	idxAt  uint64 // position of the directory index in the inode table
-	// symlinks
-	target string
-}
-
-const minInodeSize = 20 // the smallest inode (fifo, socket)
-
-// inodeAt decodes the inode at ref.
-func (r *Reader) inodeAt(ref uint64) (*inode, error) {
-	base, ok := r.inodeBlk.lookup(refBlock(ref))
-	if !ok {
-		return nil, r.corruptf(r.sb.InodeTable+refBlock(ref), "inode table block", "inode reference %#x names no metadata block", ref)
-	}
-	pos := base + uint64(refOffset(ref))
-	t := r.inodeTab
-	where := r.sb.InodeTable + refBlock(ref)
-	bad := func(format string, a ...any) (*inode, error) {
-		return nil, r.corruptf(where, "inode table block", "inode %#x: "+format, append([]any{ref}, a...)...)
-	}
-	need := func(n uint64) bool { return pos <= uint64(len(t)) && n <= uint64(len(t))-pos }
-	if !need(16) {
-		return bad("truncated")
-	}
-	le := binary.LittleEndian
-	in := &inode{
-		typ:   le.Uint16(t[pos:]),
-		perm:  le.Uint16(t[pos+2:]),
-		mtime: le.Uint32(t[pos+8:]),
-		ino:   Inode(le.Uint32(t[pos+12:])),
-		nlink: 1,
-	}
-	uidx, gidx := le.Uint16(t[pos+4:]), le.Uint16(t[pos+6:])
-	if int(uidx) >= len(r.ids) || int(gidx) >= len(r.ids) {
-		return bad("owner index out of range")
-	}
-	in.uid, in.gid = r.ids[uidx], r.ids[gidx]
-	if in.ino == 0 || uint32(in.ino) > r.sb.Inodes {
-		return bad("inode number %d out of range", in.ino)
-	}
-	if in.perm&^0o7777 != 0 {
-		return bad("mode %#o", in.perm)
-	}
-	pos += 16
-	switch in.typ {
-	case typeDir:
-		if !need(16) {
-			return bad("truncated")
-		}
-		in.dirBlk = le.Uint32(t[pos:])
-		in.nlink = le.Uint32(t[pos+4:])
-		in.size = uint64(le.Uint16(t[pos+8:]))
-		in.dirOff = le.Uint16(t[pos+10:])
-		in.parent = le.Uint32(t[pos+12:])
-	case typeLDir:
-		if !need(24) {
-			return bad("truncated")
-		}
-		in.nlink = le.Uint32(t[pos:])
-		in.size = uint64(le.Uint32(t[pos+4:]))
-		in.dirBlk = le.Uint32(t[pos+8:])
-		in.parent = le.Uint32(t[pos+12:])
-		in.idxCnt = le.Uint16(t[pos+16:])
-		in.dirOff = le.Uint16(t[pos+18:])
-		in.idxAt = pos + 24
-	case typeFile:
-		if !need(16) {
-			return bad("truncated")
-		}
-		in.start = uint64(le.Uint32(t[pos:]))
-		in.frag = le.Uint32(t[pos+4:])
-		in.fragOff = le.Uint32(t[pos+8:])
-		in.size = uint64(le.Uint32(t[pos+12:]))
-		in.blocks = pos + 16
-	case typeLFile:
-		if !need(40) {
-			return bad("truncated")
-		}
-		in.start = le.Uint64(t[pos:])
-		in.size = le.Uint64(t[pos+8:])
-		in.nlink = le.Uint32(t[pos+24:])
-		in.frag = le.Uint32(t[pos+28:])
-		in.fragOff = le.Uint32(t[pos+32:])
-		in.blocks = pos + 40
-	case typeSymlink, typeLSymlink:
-		if !need(8) {
-			return bad("truncated")
-		}
-		in.nlink = le.Uint32(t[pos:])
-		n := uint64(le.Uint32(t[pos+4:]))
-		if n == 0 || n > maxSymlinkLen {
-			return bad("symlink target of %d bytes", n)
-		}
-		pos += 8
-		if !need(n) {
-			return bad("truncated")
-		}
-		in.target = string(t[pos : pos+n])
-		in.size = n
-	case typeBlockDev, typeCharDev, typeLBlock, typeLChar:
-		if !need(8) {
-			return bad("truncated")
-		}
-		in.nlink = le.Uint32(t[pos:])
-		in.rdev = le.Uint32(t[pos+4:])
-	case typeFifo, typeSocket, typeLFifo, typeLSocket:
-		if !need(4) {
-			return bad("truncated")
-		}
-		in.nlink = le.Uint32(t[pos:])
-	default:
-		return bad("unknown type %d", in.typ)
-	}
-	if in.size > math.MaxInt64 {
-		return bad("size %d", in.size)
-	}
-	return in, nil
-}
-
-func (in *inode) attr(r *Reader) Attr {
-	a := Attr{
-		Ino:   in.ino,
-		Mode:  goMode(in.perm, in.typ),
-		Uid:   in.uid,
-		Gid:   in.gid,
-		Size:  int64(in.size),
-		Nlink: in.nlink,
-	}
-	var ns uint32
-	if r.tr != nil && int(in.ino) <= len(r.tr.mtimeNs) {
-		ns = r.tr.mtimeNs[in.ino-1]
-	}
-	a.Mtime = time.Unix(int64(in.mtime), int64(ns))
-	if m := basicType(in.typ); m == typeBlockDev || m == typeCharDev {
-		a.Rdev = decodeDev(in.rdev)
-	}
-	return a
-}
-
-// walk resolves every inode number reachable from the root and indexes the
-// directories, checking the structure as it goes: names valid, sorted and
-// unique; entries agreeing with their inodes; no directory reached twice
-// (which rules out cycles).
-func (r *Reader) walk() error {
-	sb := &r.sb
-	if uint64(sb.Inodes) > uint64(len(r.inodeTab))/minInodeSize {
-		return r.corruptf(sb.InodeTable, "inode table", "%d inodes cannot fit in %d bytes", sb.Inodes, len(r.inodeTab))
-	}
-	root, err := r.inodeAt(sb.RootInode)
-	if err != nil {
-		return err
-	}
-	if basicType(root.typ) != typeDir {
-		return r.corruptf(sb.InodeTable, "inode table", "root inode is not a directory")
-	}
-	r.root = root.ino
-	r.refs = make([]uint64, sb.Inodes+1)
-	r.refs[root.ino] = sb.RootInode | refSet
-	r.dirs = map[Inode]dirSpan{}
-	queue := []*inode{root}
-	for len(queue) > 0 {
-		d := queue[0]
-		queue = queue[1:]
-		start := len(r.entries)
-		err := r.parseDir(d, func(e DirEntry, ref uint64) error {
-			seen := r.refs[e.Ino] != 0
-			if seen && r.refs[e.Ino] != ref|refSet {
-				return fmt.Errorf("inode %d has two locations", e.Ino)
+// numberByWalk finds where every inode is for an image without an export
+// table (mksquashfs -no-exports), walking the tree once.
+func (r *Reader) numberByWalk() error {
+	r.refs = map[Inode]uint64{r.root: r.sb.RootInode}
+	return r.walk(true, func(dir Inode, ents []DirEntry, refs []uint64) error {
+		for i, e := range ents {
+			if _, ok := r.refs[e.Ino]; !ok {
+				r.refs[e.Ino] = refs[i]
 			}
-			if seen && e.Mode.IsDir() {
-				return fmt.Errorf("directory inode %d is linked twice (a cycle)", e.Ino)
-			}
-			in, err := r.inodeAt(ref)
-			if err != nil {
-				return err
-			}
-			if in.ino != e.Ino {
-				return fmt.Errorf("entry %q names inode %d, inode says %d", e.Name, e.Ino, in.ino)
-			}
-			if typeMode(in.typ) != e.Mode {
-				return fmt.Errorf("entry %q type disagrees with its inode", e.Name)
-			}
-			if !seen {
-				r.refs[e.Ino] = ref | refSet
-				if e.Mode.IsDir() {
-					queue = append(queue, in)
-				}
-			}
-			r.entries = append(r.entries, e)
-			return nil
-		})
-		if err != nil {
-			var ce *CorruptError
-			if errors.As(err, &ce) {
-				return err
-			}
-			return r.corrupt(sb.DirTable+uint64(d.dirBlk), "directory table block", err)
 		}
-		if len(r.entries)-start > math.MaxUint32 {
-			return r.corruptf(sb.DirTable, "directory table", "directory too large")
-		}
-		r.dirs[d.ino] = dirSpan{start: uint32(start), n: uint32(len(r.entries) - start)}
-	}
-	return nil
-}
-
-// parseDir decodes the listing of directory d, calling fn for each entry
-// in order.
-func (r *Reader) parseDir(d *inode, fn func(e DirEntry, ref uint64) error) error {
-	if d.size < 3 {
-		return fmt.Errorf("directory inode %d: size %d", d.ino, d.size)
-	}
-	n := d.size - 3
-	if n == 0 {
 		return nil
-	}
-	base, ok := r.dirBlk.lookup(uint64(d.dirBlk))
-	if !ok {
-		return fmt.Errorf("directory inode %d: listing at %d names no metadata block", d.ino, d.dirBlk)
-	}
-	pos := base + uint64(d.dirOff)
-	t := r.dirTab
-	if pos > uint64(len(t)) || n > uint64(len(t))-pos {
-		return fmt.Errorf("directory inode %d: listing of %d bytes runs past the table", d.ino, n)
-	}
-	t = t[pos : pos+n]
-	var prev string
-	first := true
-	for len(t) > 0 {
-		if len(t) < 12 {
-			return fmt.Errorf("directory inode %d: truncated header", d.ino)
-		}
-		count := uint64(u32s(t, 0)) + 1
-		blk := u32s(t, 4)
-		baseIno := u32s(t, 8)
-		t = t[12:]
-		if count > dirMaxRun {
-			return fmt.Errorf("directory inode %d: header with %d entries", d.ino, count)
-		}
-		for range count {
-			if len(t) < 8 {
-				return fmt.Errorf("directory inode %d: truncated entry", d.ino)
-			}
-			off := u16s(t, 0)
-			delta := int16(u16s(t, 2))
-			typ := u16s(t, 4)
-			nlen := uint64(u16s(t, 6)) + 1
-			t = t[8:]
-			if nlen > uint64(len(t)) || nlen > maxNameLen {
-				return fmt.Errorf("directory inode %d: name of %d bytes", d.ino, nlen)
-			}
-			name := t[:nlen]
-			t = t[nlen:]
-			if !validName(name) {
-				return fmt.Errorf("directory inode %d: invalid name %q", d.ino, name)
-			}
-			if !first && name <= prev {
-				return fmt.Errorf("directory inode %d: names not sorted or duplicated at %q", d.ino, name)
-			}
-			first, prev = false, name
-			ino := int64(baseIno) + int64(delta)
-			if ino <= 0 || ino > int64(r.sb.Inodes) {
-				return fmt.Errorf("directory inode %d: entry %q names inode %d", d.ino, name, ino)
-			}
-			if typ < typeDir || typ > typeSocket {
-				return fmt.Errorf("directory inode %d: entry %q has type %d", d.ino, name, typ)
-			}
-			e := DirEntry{Name: name, Ino: Inode(ino), Mode: typeMode(typ)}
-			if err := fn(e, inodeRef(uint64(blk), off)); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
+	})
 }
 
 // Checksummed reports whether the archive carries our integrity trailer.
 // Archives made by other tools are read without checksums.
-func (r *Reader) Checksummed() bool { return r.tr != nil }
+func (r *Reader) Checksummed() bool { return r.tr != nil || r.tr2 != nil }
 
 // Root returns the root directory's inode.
 func (r *Reader) Root() Inode { return r.root }
@@ -804,7 +568,10 @@ func (r *Reader) Compression() Compression {
 // BlockSize is the archive's data block size.
 func (r *Reader) BlockSize() int { return r.bs }
 
-// Inodes is the number of inodes in the archive.
+// Inodes is the archive's inode number space: every inode's number is at
+// most this. An image packed fresh numbers its inodes 1..Inodes; one packed
+// by extending another keeps the numbers of objects that went away unused,
+// so it may hold fewer.
 func (r *Reader) Inodes() int { return int(r.sb.Inodes) }
 
 // Size is the archive file's size in bytes.
@@ -813,11 +580,79 @@ func (r *Reader) Size() int64 { return r.size }
 // ModTime is the archive's creation time as recorded in the superblock.
 func (r *Reader) ModTime() time.Time { return time.Unix(int64(r.sb.MkfsTime), 0) }
 
+// Lineage returns the line of images this archive belongs to (see
+// PackOptions.Extend and Compact); ok is false for an archive written
+// without a version 2 trailer, which belongs to none.
+func (r *Reader) Lineage() (l Lineage, ok bool) {
+	if r.tr2 == nil {
+		return Lineage{}, false
+	}
+	return r.tr2.root.lineage, true
+}
+
+// Generation is the number of extending packs since the lineage's last
+// fresh pack or compaction: 0 for those themselves (and for archives
+// without a lineage).
+func (r *Reader) Generation() int {
+	if r.tr2 == nil {
+		return 0
+	}
+	return int(r.tr2.root.generation)
+}
+
+// GarbageBytes estimates the bytes of the archive that nothing in its tree
+// uses any more: the inodes, listings, table blocks, trailer pages and data
+// blocks that extending packs replaced or whose files went away, counted
+// as they went (a block shared by a file that went and one that stayed
+// may count; the estimate errs high). Compact brings it to 0.
+func (r *Reader) GarbageBytes() int64 {
+	if r.tr2 == nil {
+		return 0
+	}
+	return int64(r.tr2.root.garbage)
+}
+
+// refOf returns where inode ino is: its export table entry, or what the
+// walk at Open found. A number the image does not use gives ErrNotExist.
+func (r *Reader) refOf(ino Inode) (uint64, error) {
+	if ino == 0 || uint64(ino) > uint64(r.sb.Inodes) {
+		return 0, fmt.Errorf("archive %s: inode %d: %w", r.name, ino, iofs.ErrNotExist)
+	}
+	if r.exportIdx == nil {
+		ref, ok := r.refs[ino]
+		if !ok {
+			return 0, fmt.Errorf("archive %s: inode %d: %w", r.name, ino, iofs.ErrNotExist)
+		}
+		return ref, nil
+	}
+	k := uint64(ino-1) / refsPerBlock
+	m, err := r.metaBlock(r.exportIdx[k], kindExportTable, r.sb.ExportTable)
+	if err != nil {
+		return 0, err
+	}
+	at := uint64(ino-1) % refsPerBlock * 8
+	if at+8 > uint64(len(m.b)) {
+		return 0, r.corruptf(r.exportIdx[k], "export table block", "holds %d bytes, inode %d is at %d", len(m.b), ino, at)
+	}
+	return binary.LittleEndian.Uint64(m.b[at:]), nil
+}
+
+// lookupInode returns inode ino. A number that names no inode (a hole in
+// the numbers, or an entry whose record carries another number) gives
+// ErrNotExist.
 func (r *Reader) lookupInode(ino Inode) (*inode, error) {
-	if ino == 0 || int(ino) >= len(r.refs) || r.refs[ino] == 0 {
+	ref, err := r.refOf(ino)
+	if err != nil {
+		return nil, err
+	}
+	in, err := r.inodeAt(ref)
+	if err != nil {
+		return nil, err
+	}
+	if in.ino != ino {
 		return nil, fmt.Errorf("archive %s: inode %d: %w", r.name, ino, iofs.ErrNotExist)
 	}
-	return r.inodeAt(r.refs[ino] &^ refSet)
+	return in, nil
 }
 
 // Stat returns the attributes of ino.
@@ -826,32 +661,103 @@ func (r *Reader) Stat(ino Inode) (Attr, error) {
 	if err != nil {
 		return Attr{}, err
 	}
-	return in.attr(r), nil
+	return in.attr(), nil
 }
 
-func (r *Reader) dirEntries(dir Inode) ([]DirEntry, error) {
-	sp, ok := r.dirs[dir]
-	if !ok {
-		if _, err := r.lookupInode(dir); err != nil {
-			return nil, err
-		}
-		return nil, fmt.Errorf("archive %s: inode %d: %w", r.name, dir, syscall.ENOTDIR)
+// lookupBare is lookupInode without what the trailer records of the
+// inode (Attr.Mtime's nanoseconds), for those that need no Attr.
+func (r *Reader) lookupBare(ino Inode) (*inode, error) {
+	ref, err := r.refOf(ino)
+	if err != nil {
+		return nil, err
 	}
-	return r.entries[sp.start : sp.start+sp.n], nil
+	in, err := r.inodeBare(ref)
+	if err != nil {
+		return nil, err
+	}
+	if in.ino != ino {
+		return nil, fmt.Errorf("archive %s: inode %d: %w", r.name, ino, iofs.ErrNotExist)
+	}
+	return in, nil
+}
+
+// dirEntries returns the listing of directory dir (shared: callers must
+// not modify it).
+func (r *Reader) dirEntries(dir Inode) ([]DirEntry, error) {
+	in, err := r.lookupBare(dir)
+	if err != nil {
+		return nil, err
+	}
+	l, err := r.listing(in)
+	if err != nil {
+		return nil, err
+	}
+	return l.ents, nil
 }
 
 // Lookup finds name in directory dir. A missing name gives an error
 // matching iofs.ErrNotExist; dir not being a directory, syscall.ENOTDIR.
 func (r *Reader) Lookup(dir Inode, name string) (Attr, error) {
-	ents, err := r.dirEntries(dir)
+	d, err := r.lookupBare(dir)
 	if err != nil {
 		return Attr{}, err
 	}
-	i := sort.Search(len(ents), func(i int) bool { return ents[i].Name >= name })
-	if i == len(ents) || ents[i].Name != name {
+	if basicType(d.typ) != typeDir {
+		return Attr{}, fmt.Errorf("archive %s: inode %d: %w", r.name, dir, syscall.ENOTDIR)
+	}
+	e, ref, ok, err := r.find(d, name)
+	if err != nil {
+		return Attr{}, err
+	}
+	if !ok {
 		return Attr{}, fmt.Errorf("archive %s: lookup %q in inode %d: %w", r.name, name, dir, iofs.ErrNotExist)
 	}
-	return r.Stat(ents[i].Ino)
+	in, err := r.entryInode(d, e, ref)
+	if err != nil {
+		return Attr{}, err
+	}
+	return in.attr(), nil
+}
+
+// entryInode reads the inode directory d's entry e names at ref, and
+// checks that they agree: the inode carries the entry's number and type,
+// the export table puts that number at ref, and a directory names d as
+// its parent (so no directory is reachable by two paths: no cycles).
+func (r *Reader) entryInode(d *inode, e DirEntry, ref uint64) (*inode, error) {
+	in, err := r.inodeAt(ref)
+	if err != nil {
+		return nil, err
+	}
+	where := r.sb.DirTable + uint64(d.dirBlk)
+	bad := func(format string, a ...any) (*inode, error) {
+		return nil, r.corruptf(where, "directory table block", "directory inode %d: entry %q: "+format, append([]any{d.ino, e.Name}, a...)...)
+	}
+	if in.ino != e.Ino {
+		return bad("names inode %d, inode says %d", e.Ino, in.ino)
+	}
+	if e.Ino == r.root {
+		return bad("names the root directory (a cycle)")
+	}
+	if typeMode(in.typ) != e.Mode {
+		return bad("type disagrees with its inode")
+	}
+	if basicType(in.typ) == typeDir && in.parent != uint32(d.ino) {
+		return bad("directory whose parent is inode %d (linked twice, or a cycle)", in.parent)
+	}
+	if r.exportIdx == nil {
+		if xref, ok := r.refs[e.Ino]; ok && xref != ref {
+			return bad("inode %d has two locations", e.Ino)
+		}
+		return in, nil
+	}
+	xref, err := r.refOf(e.Ino)
+	if err != nil {
+		return nil, err
+	}
+	if xref != ref {
+		return bad("inode %d is at %#x, the export table says %#x", e.Ino, ref, xref)
+	}
+	return in, nil
 }
 
 // ReadDir lists directory dir, sorted by name. The slice is the caller's.
@@ -865,7 +771,7 @@ func (r *Reader) ReadDir(dir Inode) ([]DirEntry, error) {
 
 // Readlink returns the target of symlink ino.
 func (r *Reader) Readlink(ino Inode) (string, error) {
-	in, err := r.lookupInode(ino)
+	in, err := r.lookupBare(ino)
 	if err != nil {
 		return "", err
 	}
@@ -875,5 +781,81 @@ func (r *Reader) Readlink(ino Inode) (string, error) {
 	return in.target, nil
 }
 
-func u16s(s string, i int) uint16 { return uint16(s[i]) | uint16(s[i+1])<<8 }
-func u32s(s string, i int) uint32 { return uint32(u16s(s, i)) | uint32(u16s(s, i+2))<<16 }
+// walk visits every directory reachable from the root, breadth first,
+// with its listing and the references of its entries. Each directory is
+// visited once; with check set, every entry's inode is read and checked
+// against the entry (entryInode), so a directory reached twice or a cycle
+// is reported as damage.
+func (r *Reader) walk(check bool, fn func(dir Inode, ents []DirEntry, refs []uint64) error) error {
+	root, err := r.inodeBare(r.sb.RootInode)
+	if err != nil {
+		return err
+	}
+	if check && r.exportIdx != nil {
+		if ref, err := r.refOf(root.ino); err != nil {
+			return err
+		} else if ref != r.sb.RootInode {
+			return r.corruptf(r.sb.ExportTable, "export table", "the root inode %d is at %#x, the superblock says %#x", root.ino, ref, r.sb.RootInode)
+		}
+	}
+	seen := map[Inode]bool{root.ino: true}
+	queue := []*inode{root}
+	for len(queue) > 0 {
+		d := queue[0]
+		queue = queue[1:]
+		l, err := r.listing(d)
+		if err != nil {
+			return err
+		}
+		for i, e := range l.ents {
+			if !check && !e.Mode.IsDir() {
+				continue
+			}
+			var in *inode
+			if check {
+				if in, err = r.entryInode(d, e, l.refs[i]); err != nil {
+					return err
+				}
+			} else if in, err = r.inodeBare(l.refs[i]); err != nil {
+				return err
+			}
+			if e.Mode.IsDir() {
+				if seen[e.Ino] || in.ino != e.Ino {
+					return r.corruptf(r.sb.DirTable+uint64(d.dirBlk), "directory table block", "directory inode %d is linked twice (a cycle)", e.Ino)
+				}
+				seen[e.Ino] = true
+				queue = append(queue, in)
+			}
+		}
+		if err := fn(d.ino, l.ents, l.refs); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// fileInodes lists the archive's regular file inodes, each once (hard
+// links share one), in directory order. It walks the whole tree.
+func (r *Reader) fileInodes() ([]Inode, error) {
+	var out []Inode
+	seen := map[Inode]bool{}
+	err := r.walk(false, func(_ Inode, ents []DirEntry, _ []uint64) error {
+		for _, e := range ents {
+			if e.Mode.IsRegular() && !seen[e.Ino] {
+				seen[e.Ino] = true
+				out = append(out, e.Ino)
+			}
+		}
+		return nil
+	})
+	return out, err
+}
+
+// sortedFind returns the index of name in ents (sorted), or -1.
+func sortedFind(ents []DirEntry, name string) int {
+	i := sort.Search(len(ents), func(i int) bool { return ents[i].Name >= name })
+	if i < len(ents) && ents[i].Name == name {
+		return i
+	}
+	return -1
+}

@@ -1,11 +1,9 @@
 package archive
 
 import (
-	"container/list"
 	"encoding/binary"
 	"fmt"
 	"io"
-	"sync"
 	"syscall"
 )
 
@@ -20,26 +18,30 @@ type fileLayout struct {
 }
 
 func (r *Reader) layout(ino Inode) (*fileLayout, error) {
-	if v, ok := r.layouts.Load(ino); ok {
-		return v.(*fileLayout), nil
-	}
-	in, err := r.lookupInode(ino)
-	if err != nil {
-		return nil, err
-	}
-	if basicType(in.typ) != typeFile {
-		if basicType(in.typ) == typeDir {
-			return nil, fmt.Errorf("archive %s: read inode %d: %w", r.name, ino, syscall.EISDIR)
+	v, err := r.meta.get(metaKey{k: mkLayout, a: uint64(ino)}, func() (any, int64, error) {
+		in, err := r.lookupBare(ino)
+		if err != nil {
+			return nil, 0, err
 		}
-		return nil, fmt.Errorf("archive %s: read inode %d: %w", r.name, ino, syscall.EINVAL)
-	}
-	l, err := r.decodeLayout(in)
+		if basicType(in.typ) != typeFile {
+			if basicType(in.typ) == typeDir {
+				return nil, 0, fmt.Errorf("archive %s: read inode %d: %w", r.name, ino, syscall.EISDIR)
+			}
+			return nil, 0, fmt.Errorf("archive %s: read inode %d: %w", r.name, ino, syscall.EINVAL)
+		}
+		l, err := r.decodeLayout(in)
+		if err != nil {
+			return nil, 0, err
+		}
+		return l, l.cost(), nil
+	})
 	if err != nil {
 		return nil, err
 	}
-	v, _ := r.layouts.LoadOrStore(ino, l)
 	return v.(*fileLayout), nil
 }
+
+func (l *fileLayout) cost() int64 { return int64(12*len(l.offs)) + 96 }
 
 func (r *Reader) decodeLayout(in *inode) (*fileLayout, error) {
 	bs := uint64(r.bs)
@@ -50,8 +52,8 @@ func (r *Reader) decodeLayout(in *inode) (*fileLayout, error) {
 	l := &fileLayout{size: int64(in.size), frag: -1, fragOff: in.fragOff}
 	nblocks := (in.size + bs - 1) / bs
 	if in.frag != noFragment {
-		if int64(in.frag) >= int64(len(r.frags)) {
-			return bad("fragment %d of %d", in.frag, len(r.frags))
+		if in.frag >= r.sb.Fragments {
+			return bad("fragment %d of %d", in.frag, r.sb.Fragments)
 		}
 		tail := in.size % bs
 		if in.size > 0 && tail == 0 {
@@ -63,14 +65,24 @@ func (r *Reader) decodeLayout(in *inode) (*fileLayout, error) {
 		nblocks = (in.size - tail) / bs
 		l.frag = int(in.frag)
 	}
-	if in.blocks > uint64(len(r.inodeTab)) || nblocks > (uint64(len(r.inodeTab))-in.blocks)/4 {
-		return bad("block list of %d blocks runs past the inode table", nblocks)
+	if nblocks > maxObject/4 {
+		return bad("block list of %d blocks", nblocks)
 	}
-	l.offs = make([]uint64, nblocks)
-	l.words = make([]uint32, nblocks)
+	c := r.resume(kindInodeTable, r.sb.InodeTable, r.sb.DirTable, in.blocks)
+	// Read a piece at a time: a hostile size must meet the table's end
+	// before it allocates much.
+	l.offs = make([]uint64, 0, min(nblocks, 4096))
+	l.words = make([]uint32, 0, min(nblocks, 4096))
 	off := in.start
+	var buf []byte
 	for i := range nblocks {
-		w := binary.LittleEndian.Uint32(r.inodeTab[in.blocks+4*i:])
+		if i%1024 == 0 {
+			var err error
+			if buf, err = c.read(buf[:0], int(4*min(1024, nblocks-i))); err != nil {
+				return nil, err
+			}
+		}
+		w := binary.LittleEndian.Uint32(buf[4*(i%1024):])
 		n := uint64(w &^ dataUncompBit)
 		if n > bs || w&^(dataUncompBit|(dataUncompBit-1)) != 0 {
 			return bad("block %d has size word %#x", i, w)
@@ -81,7 +93,8 @@ func (r *Reader) decodeLayout(in *inode) (*fileLayout, error) {
 		if n == 0 {
 			w = 0
 		}
-		l.offs[i], l.words[i] = off, w
+		l.offs = append(l.offs, off)
+		l.words = append(l.words, w)
 		off += n
 	}
 	return l, nil
@@ -91,7 +104,10 @@ func (r *Reader) decodeLayout(in *inode) (*fileLayout, error) {
 // off, which must decompress to exactly want bytes (or at least want, for
 // fragments). The result is shared: callers must not modify it.
 func (r *Reader) block(off uint64, w uint32, want int, kind extentKind, exact bool) ([]byte, error) {
-	b, err := r.cache.get(cacheKey{off, w}, func() ([]byte, error) { return r.loadBlock(off, w, kind) })
+	b, err := r.cache.get(cacheKey{off, w}, func() ([]byte, int64, error) {
+		b, err := r.loadBlock(off, w, kind)
+		return b, int64(cap(b)), err
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -121,7 +137,10 @@ func (r *Reader) blockContent(dst, raw []byte, w uint32) ([]byte, error) {
 
 // fragment returns fragment block i, decompressed.
 func (r *Reader) fragment(i int, need int) ([]byte, error) {
-	f := r.frags[i]
+	f, err := r.fragAt(uint32(i))
+	if err != nil {
+		return nil, err
+	}
 	return r.block(f.start, f.word, need, kindFragment, false)
 }
 
@@ -176,73 +195,4 @@ func (r *Reader) readLayout(l *fileLayout, p []byte, off int64) (int, error) {
 		return n, io.EOF
 	}
 	return n, nil
-}
-
-// blockCache is an LRU of decompressed blocks keyed by disk offset, bounded
-// in bytes. Concurrent misses on one block load it once.
-type blockCache struct {
-	mu       sync.Mutex
-	max, cur int64
-	lru      list.List // of *cacheEntry, most recent first
-	m        map[cacheKey]*list.Element
-	inflight map[cacheKey]*cacheLoad
-}
-
-// cacheKey names a block by offset and size word: a hostile image could
-// describe one offset two ways.
-type cacheKey struct {
-	off  uint64
-	word uint32
-}
-
-type cacheEntry struct {
-	key cacheKey
-	b   []byte
-}
-
-type cacheLoad struct {
-	done chan struct{}
-	b    []byte
-	err  error
-}
-
-func newBlockCache(max int64) *blockCache {
-	return &blockCache{max: max, m: map[cacheKey]*list.Element{}, inflight: map[cacheKey]*cacheLoad{}}
-}
-
-func (c *blockCache) get(off cacheKey, load func() ([]byte, error)) ([]byte, error) {
-	c.mu.Lock()
-	if e, ok := c.m[off]; ok {
-		c.lru.MoveToFront(e)
-		b := e.Value.(*cacheEntry).b
-		c.mu.Unlock()
-		return b, nil
-	}
-	if l, ok := c.inflight[off]; ok {
-		c.mu.Unlock()
-		<-l.done
-		return l.b, l.err
-	}
-	l := &cacheLoad{done: make(chan struct{})}
-	c.inflight[off] = l
-	c.mu.Unlock()
-
-	l.b, l.err = load()
-
-	c.mu.Lock()
-	delete(c.inflight, off)
-	if l.err == nil && int64(len(l.b)) <= c.max {
-		c.m[off] = c.lru.PushFront(&cacheEntry{key: off, b: l.b})
-		c.cur += int64(cap(l.b))
-		for c.cur > c.max {
-			e := c.lru.Back()
-			ce := e.Value.(*cacheEntry)
-			c.lru.Remove(e)
-			delete(c.m, ce.key)
-			c.cur -= int64(cap(ce.b))
-		}
-	}
-	c.mu.Unlock()
-	close(l.done)
-	return l.b, l.err
 }

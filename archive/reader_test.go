@@ -3,6 +3,7 @@ package archive
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	iofs "io/fs"
 	"math/rand/v2"
@@ -74,54 +75,83 @@ func TestConcurrentReadAt(t *testing.T) {
 // countingReaderAt records the reads a Reader makes, as a ranged reader
 // over an object store would see them.
 type countingReaderAt struct {
-	ra    io.ReaderAt
-	calls atomic.Int64
-	bytes atomic.Int64
+	ra     io.ReaderAt
+	calls  atomic.Int64
+	bytes  atomic.Int64
+	lo, hi int64 // reads overlapping [lo, hi) are counted in inRange
+	inRng  atomic.Int64
 }
 
 func (c *countingReaderAt) ReadAt(p []byte, off int64) (int, error) {
 	c.calls.Add(1)
 	c.bytes.Add(int64(len(p)))
+	if off < c.hi && c.lo < off+int64(len(p)) {
+		c.inRng.Add(1)
+	}
 	return c.ra.ReadAt(p, off)
 }
 
-// Open reads a handful of ranges (footer, trailer, superblock, compressor
-// options, one range holding all tables) and no data; a lookup touches
-// nothing; a read of one small file reads one block.
+// Open reads a handful of small ranges, none of them proportional to the
+// number of files and none in the data; a lookup reads metadata only, and
+// a second one nothing; reading a small file reads its fragment block.
 func TestOpenReadsOnlyMetadata(t *testing.T) {
-	src := makeTree(t)
-	p, res := packToFile(t, src, PackOptions{})
-	f, _ := os.Open(p)
-	defer f.Close()
-	c := &countingReaderAt{ra: f}
-	r, err := Open(c, res.Size, ReaderOptions{Name: "a"})
-	if err != nil {
-		t.Fatal(err)
+	openBytes := map[int]int64{}
+	for _, files := range []int{2000, 20000} {
+		src := filepath.Join(t.TempDir(), "tree")
+		writeFile(t, filepath.Join(src, "config.yaml"), []byte("a: 1\n"), 0o644)
+		for i := range files {
+			writeFile(t, filepath.Join(src, fmt.Sprintf("d%02d", i%50), fmt.Sprintf("f%05d.js", i)), text(100+i%300, i), 0o644)
+		}
+		p, res := packToFile(t, src, PackOptions{})
+		f, _ := os.Open(p)
+		defer f.Close()
+		r0 := openFile(t, p)
+		c := &countingReaderAt{ra: f, lo: superblockSize, hi: int64(r0.sb.InodeTable)}
+		r, err := Open(c, res.Size, ReaderOptions{Name: "a"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := c.calls.Load(); n > 6 {
+			t.Errorf("%d files: Open made %d reads", files, n)
+		}
+		if n := c.inRng.Load(); n > 0 {
+			t.Errorf("%d files: Open made %d reads in the data", files, n)
+		}
+		openBytes[files] = c.bytes.Load()
+		t.Logf("%d files: Open read %d bytes in %d reads (image %d bytes)", files, c.bytes.Load(), c.calls.Load(), res.Size)
+
+		before := c.calls.Load()
+		a, err := r.resolve("t", "d07/f00007.js", false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := c.inRng.Load(); n > 0 {
+			t.Errorf("a lookup read the data (%d reads)", n)
+		}
+		if c.calls.Load() == before {
+			t.Error("the first lookup read nothing: is the metadata read at Open?")
+		}
+		before = c.calls.Load()
+		if _, err := r.resolve("t", "d07/f00007.js", false); err != nil {
+			t.Fatal(err)
+		}
+		if c.calls.Load() != before {
+			t.Error("a second lookup of the same name read the archive")
+		}
+		buf := make([]byte, a.Size)
+		if _, err := r.ReadAt(a.Ino, buf, 0); err != nil {
+			t.Fatal(err)
+		}
+		if n := c.inRng.Load(); n != 1 {
+			t.Errorf("reading a small file made %d reads in the data, want 1 (its fragment block)", n)
+		}
 	}
-	tables := int64(r.sb.BytesUsed - r.sb.InodeTable)
-	if n := c.calls.Load(); n > 7 {
-		t.Errorf("Open made %d reads", n)
-	}
-	if b := c.bytes.Load(); b > tables+int64(res.Size-r.tr.offset)+superblockSize+64 {
-		t.Errorf("Open read %d bytes; the tables and trailer are %d", b, tables+res.Size-r.tr.offset)
-	}
-	before := c.calls.Load()
-	a, err := r.resolve("t", "sessions/small.json", false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := r.ReadDir(r.Root()); err != nil {
-		t.Fatal(err)
-	}
-	if c.calls.Load() != before {
-		t.Error("lookups read the archive")
-	}
-	buf := make([]byte, a.Size)
-	if _, err := r.ReadAt(a.Ino, buf, 0); err != nil {
-		t.Fatal(err)
-	}
-	if c.calls.Load() != before+1 {
-		t.Errorf("reading a small file made %d reads", c.calls.Load()-before)
+	// The end of the trailer and the end of the image, each at most
+	// tailRead (the index arrays past that are read on their own).
+	for files, n := range openBytes {
+		if n > 3*tailRead {
+			t.Errorf("%d files: Open read %d bytes", files, n)
+		}
 	}
 }
 
@@ -176,5 +206,45 @@ func TestInodeAPIErrors(t *testing.T) {
 	}
 	if tgt, err := r.ReadLink("dangling"); err != nil || tgt != "does/not/exist" {
 		t.Errorf("ReadLink: %q, %v", tgt, err)
+	}
+}
+
+// Archives written before the version 2 trailer read as they did: every
+// entry with its nanoseconds, checked blocks, content sums; and a pack
+// on one as its base (the first snapshot after an upgrade) copies its
+// blocks and writes a version 2 trailer.
+func TestReadTrailerV1(t *testing.T) {
+	src := makeTree(t)
+	p, _ := packToFile(t, src, PackOptions{trailerV1: true})
+	r := openFile(t, p)
+	if r.tr == nil || r.tr2 != nil {
+		t.Fatal("not read as a version 1 archive")
+	}
+	if _, ok := r.Lineage(); ok {
+		t.Error("a version 1 archive reports a lineage")
+	}
+	want := scanTree(t, src)
+	compareTrees(t, want, scanArchive(t, r), compareOpts{nsec: true, owners: true, dirMtime: true, devices: true})
+	if err := r.Verify(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	q, res := packBase(t, WithBase(os.DirFS(src), r), PackOptions{Base: r})
+	if res.ReusedBytes == 0 {
+		t.Errorf("nothing reused from the version 1 base: %+v", res)
+	}
+	r2 := openFile(t, q)
+	if r2.tr2 == nil {
+		t.Fatal("the new archive has no version 2 trailer")
+	}
+	compareTrees(t, want, scanArchive(t, r2), compareOpts{nsec: true, owners: true, dirMtime: true, devices: true})
+	if err := r2.Verify(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	ino, off, word := fileBlock(t, r, "sessions/big.json", 1)
+	c := copyFile(t, p)
+	flipAt(t, c, int64(off)+int64(word&^dataUncompBit)/2)
+	rc := openFile(t, c)
+	if _, err := rc.ReadAt(ino, make([]byte, 4*r.bs), 0); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("a flipped byte in a version 1 archive: %v", err)
 	}
 }

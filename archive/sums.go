@@ -90,27 +90,30 @@ type contentIndex struct {
 // fileSumOf returns the recorded content sum of regular inode ino, or the
 // zero sum.
 func (r *Reader) fileSumOf(ino Inode) sum {
-	if r.tr == nil || ino == 0 || int(ino) > len(r.tr.fileSums) {
+	if !r.hasSums() {
 		return sum{}
 	}
-	return r.tr.fileSums[ino-1]
+	in, err := r.lookupInode(ino)
+	if err != nil || !in.hasSum {
+		return sum{}
+	}
+	return in.sum
 }
 
 // blockSumAt returns the recorded sum of the data block at off, or the
 // zero sum.
 func (r *Reader) blockSumAt(off uint64) sum {
-	if r.tr == nil || r.tr.blockSums == nil {
+	bi, ok, err := r.blockAt(off)
+	if err != nil || !ok || bi.kind != kindData {
 		return sum{}
 	}
-	i := r.tr.ext.find(off)
-	if i < 0 {
-		return sum{}
-	}
-	return r.tr.blockSums[i]
+	return bi.sum
 }
 
 // hasSums reports whether the archive records content sums.
-func (r *Reader) hasSums() bool { return r.tr != nil && r.tr.fileSums != nil }
+func (r *Reader) hasSums() bool {
+	return (r.tr != nil && r.tr.fileSums != nil) || (r.tr2 != nil && r.tr2.root.flags&rootHasSums != 0)
+}
 
 // index returns the archive's content index (empty without sums).
 func (r *Reader) index() *contentIndex {
@@ -120,12 +123,16 @@ func (r *Reader) index() *contentIndex {
 		if !r.hasSums() {
 			return
 		}
-		for _, ino := range r.fileInodes() {
+		inos, err := r.fileInodes()
+		if err != nil {
+			return // damage: nothing found by sum, each file packed as it is
+		}
+		for _, ino := range inos {
 			in, err := r.lookupInode(ino)
 			if err != nil {
 				continue
 			}
-			if s := r.fileSumOf(ino); s.known() {
+			if s := in.sum; in.hasSum && s.known() {
 				if _, dup := ix.byFile[s]; !dup {
 					ix.byFile[s] = ino
 				}
@@ -153,15 +160,18 @@ func (r *Reader) index() *contentIndex {
 // crcAt returns the checksum the trailer records for the block of n bytes
 // at off, without reading it.
 func (r *Reader) crcAt(off uint64, n uint32, what string) (uint32, error) {
-	if r.tr == nil {
+	if !r.Checksummed() {
 		return 0, r.corruptf(off, what, "no checksums recorded")
 	}
-	i := r.tr.ext.find(off)
-	if i < 0 {
+	bi, ok, err := r.blockAt(off)
+	if err != nil {
+		return 0, err
+	}
+	if !ok {
 		return 0, r.corruptf(off, what, "no checksum recorded for a block at this offset")
 	}
-	if r.tr.ext.len[i] != n {
-		return 0, r.corruptf(off, what, "block is %d bytes, checksum covers %d", n, r.tr.ext.len[i])
+	if bi.length != n {
+		return 0, r.corruptf(off, what, "block is %d bytes, checksum covers %d", n, bi.length)
 	}
-	return r.tr.ext.crc[i], nil
+	return bi.crc, nil
 }

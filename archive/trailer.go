@@ -8,9 +8,10 @@ import (
 	"sort"
 )
 
-// The integrity trailer follows the squashfs image after its 4 KiB padding,
-// where standard readers never look (they stop at the superblock's
-// bytes_used). Layout:
+// The integrity trailer, version 1: what Pack wrote before version 2
+// (trailer2.go), still read. It follows the squashfs image after its 4 KiB
+// padding, where standard readers never look (they stop at the
+// superblock's bytes_used). Layout:
 //
 //	trailer:  "HFSTRAIL" | version u32 | section count u32 | sections...
 //	section:  tag u32 | reserved u32 | length u64 | payload
@@ -212,6 +213,25 @@ type footer struct {
 }
 
 var errNoFooter = errors.New("no integrity footer")
+
+// footerVersion checks the footer's magic and checksum and returns its
+// version: 1 or 2 (trailer2.go). errNoFooter when the magic is absent (an
+// image from another tool).
+func footerVersion(b []byte) (uint32, error) {
+	le := binary.LittleEndian
+	if len(b) != footerSize || string(b[:8]) != footerMagic {
+		return 0, errNoFooter
+	}
+	if crc32c(b[:44]) != le.Uint32(b[44:]) {
+		return 0, errors.New("footer checksum mismatch")
+	}
+	switch v := le.Uint32(b[8:]); v {
+	case formatVersion, formatVersion2:
+		return v, nil
+	default:
+		return 0, fmt.Errorf("unsupported trailer version %d", v)
+	}
+}
 
 // parseFooter decodes the last footerSize bytes of a file. It returns
 // errNoFooter when the magic is absent (an image from another tool).

@@ -203,29 +203,16 @@ func (u *unpacker) run() error {
 }
 
 // contentBytes sums the sizes of the archive's regular files (each inode
-// once).
+// once). It walks the whole tree; damage counts as nothing more.
 func (r *Reader) contentBytes() int64 {
 	var total int64
-	for _, ino := range r.fileInodes() {
+	inos, _ := r.fileInodes()
+	for _, ino := range inos {
 		if a, err := r.Stat(ino); err == nil {
 			total += a.Size
 		}
 	}
 	return total
-}
-
-// fileInodes lists the archive's regular file inodes, each once (hard
-// links share one), in directory order.
-func (r *Reader) fileInodes() []Inode {
-	var out []Inode
-	seen := map[Inode]bool{}
-	for _, e := range r.entries {
-		if e.Mode.IsRegular() && !seen[e.Ino] {
-			seen[e.Ino] = true
-			out = append(out, e.Ino)
-		}
-	}
-	return out
 }
 
 // dir creates the entries of directory a inside the open directory fd.

@@ -14,56 +14,107 @@ const verifyChunk = 8 << 20
 
 // Verify reads the whole archive and checks every block: against the
 // trailer's checksums when the archive has them (superblock, data and
-// fragment blocks, metadata blocks, table indexes, padding), and by
-// decompressing every data and fragment block in any case. Content sums
-// the trailer records are checked against the content: each data block's,
-// then each file's. It returns nil or the damage at the lowest offset, as
-// an error matching ErrCorrupt that names the block's kind and offset.
-// Reads are sequential and large, so Verify suits a ranged reader too.
+// fragment blocks, metadata blocks, table indexes, trailer pages,
+// padding), and by decompressing every data, fragment and metadata block
+// in any case. It walks the whole tree, checking that every entry agrees
+// with its inode and the export table and that no directory is reached
+// twice. Content sums the trailer records are checked against the
+// content: each data block's, then each file's. It returns nil or the
+// damage at the lowest offset it found, as an error matching ErrCorrupt
+// that names the block's kind and offset. Reads are sequential and large,
+// so Verify suits a ranged reader too.
 func (r *Reader) Verify(ctx context.Context) error {
-	blocks, err := r.dataBlocks()
+	blocks, files, err := r.dataBlocks(ctx)
 	if err != nil {
 		return err
 	}
-	if r.tr == nil {
+	if !r.Checksummed() {
 		return r.verifyBlocks(ctx, blocks)
-	}
-	ex := &r.tr.ext
-	for _, b := range blocks {
-		i := ex.find(b.off)
-		if i < 0 || ex.len[i] != b.word&^dataUncompBit {
-			return r.corruptf(b.off, b.kind.String(), "no checksum recorded for a block of %d bytes here", b.word&^dataUncompBit)
-		}
 	}
 	words := make(map[uint64]uint32, len(blocks))
 	for _, b := range blocks {
-		words[b.off] = b.word
-	}
-	n := len(ex.len)
-	for i := 0; i < n; {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		// Read whole extents, about verifyChunk bytes at a time.
-		j := i + 1
-		for j < n && ex.off[j+1]-ex.off[i] <= verifyChunk {
-			j++
-		}
-		buf, err := r.readAt(ex.off[i], ex.off[j]-ex.off[i], ex.kind[i].String())
+		bi, ok, err := r.blockAt(b.off)
 		if err != nil {
 			return err
 		}
-		if err := r.verifyExtents(buf, i, j, words); err != nil {
+		if !ok || bi.length != b.word&^dataUncompBit {
+			return r.corruptf(b.off, b.kind.String(), "no checksum recorded for a block of %d bytes here", b.word&^dataUncompBit)
+		}
+		words[b.off] = b.word
+	}
+	// Read whole blocks, about verifyChunk bytes at a time.
+	type blk struct {
+		off uint64
+		bi  blockInfo
+	}
+	var batch []blk
+	var batchLen uint64
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		buf, err := r.readAt(batch[0].off, batchLen, batch[0].bi.kind.String())
+		if err != nil {
 			return err
 		}
-		i = j
+		errs := make([]error, len(batch))
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, runtime.GOMAXPROCS(0))
+		for k, x := range batch {
+			b := buf[x.off-batch[0].off : x.off-batch[0].off+uint64(x.bi.length)]
+			what := x.bi.kind.String()
+			if crc32c(b) != x.bi.crc {
+				errs[k] = r.corrupt(x.off, what, errChecksum)
+				continue
+			}
+			sem <- struct{}{}
+			wg.Go(func() {
+				defer func() { <-sem }()
+				errs[k] = r.verifyContent(x.off, b, x.bi, words)
+			})
+		}
+		wg.Wait()
+		batch, batchLen = batch[:0], 0
+		for _, err := range errs {
+			if err != nil {
+				return err
+			}
+		}
+		return nil
 	}
-	if err := r.verifyFileSums(ctx); err != nil {
+	var next uint64
+	err = r.eachRecord(0, r.sb.BytesUsed, func(off uint64, bi blockInfo, _ *trPage, _ int) error {
+		if off != next {
+			return r.corruptf(next, "integrity trailer", "no block recorded at %d", next)
+		}
+		next = off + uint64(bi.length)
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if batchLen+uint64(bi.length) > verifyChunk {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+		batch = append(batch, blk{off, bi})
+		batchLen += uint64(bi.length)
+		return nil
+	})
+	if err == nil {
+		err = flush()
+	}
+	if err != nil {
+		return err
+	}
+	if next != r.sb.BytesUsed {
+		return r.corruptf(next, "integrity trailer", "blocks recorded up to %d, the image ends at %d", next, r.sb.BytesUsed)
+	}
+	if err := r.verifyFileSums(ctx, files); err != nil {
 		return err
 	}
 	// Padding between the image and the trailer must be zeros.
 	end := r.sb.BytesUsed
-	if pad := uint64(r.tr.offset) - end; pad > 0 {
+	if pad := r.trailerStart() - end; pad > 0 {
 		b, err := r.readAt(end, pad, "padding")
 		if err != nil {
 			return err
@@ -77,47 +128,37 @@ func (r *Reader) Verify(ctx context.Context) error {
 	return nil
 }
 
-// verifyExtents checks extents [i, j) held in buf, decompressing data and
-// fragment blocks on all cores, and returns the error at the lowest offset.
-func (r *Reader) verifyExtents(buf []byte, i, j int, words map[uint64]uint32) error {
-	ex := &r.tr.ext
-	base := ex.off[i]
-	errs := make([]error, j-i)
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
-	for k := i; k < j; k++ {
-		b := buf[ex.off[k]-base : ex.off[k+1]-base]
-		what := ex.kind[k].String()
-		if crc32c(b) != ex.crc[k] {
-			errs[k-i] = r.corrupt(ex.off[k], what, errChecksum)
-			continue
+// verifyContent checks what a block holds, its checksum already checked:
+// a data or fragment block some file uses must decompress (to the sum the
+// trailer records, if any), a metadata block must decode.
+func (r *Reader) verifyContent(off uint64, b []byte, bi blockInfo, words map[uint64]uint32) error {
+	what := bi.kind.String()
+	switch bi.kind {
+	case kindInodeTable, kindDirTable, kindFragTable, kindExportTable, kindIDTable, kindCompOpts:
+		if len(b) < 3 {
+			return r.corruptf(off, what, "metadata block of %d bytes", len(b))
 		}
-		w, ok := words[ex.off[k]]
-		var want sum
-		if r.tr.blockSums != nil {
-			want = r.tr.blockSums[k]
+		h := uint16(b[0]) | uint16(b[1])<<8
+		if n := int(h &^ metaUncompBit); n != len(b)-2 {
+			return r.corruptf(off, what, "metadata block length %d in a block of %d bytes", n, len(b))
 		}
-		if !ok || (w&dataUncompBit != 0 && !want.known()) {
-			continue
-		}
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			c, err := r.blockContent(nil, b, w)
-			if err != nil {
-				errs[k-i] = r.corruptf(ex.off[k], what, "decompress: %v", err)
-				return
+		if h&metaUncompBit == 0 {
+			if _, err := r.dec.decompress(nil, b[2:], metaBlockSize); err != nil {
+				return r.corruptf(off, what, "decompress: %v", err)
 			}
-			if want.known() && chunkSum(c) != want {
-				errs[k-i] = r.corruptf(ex.off[k], what, "content does not match its recorded sum")
-			}
-		})
+		}
+		return nil
 	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return err
-		}
+	w, ok := words[off]
+	if !ok || (w&dataUncompBit != 0 && !bi.sum.known()) {
+		return nil
+	}
+	c, err := r.blockContent(nil, b, w)
+	if err != nil {
+		return r.corruptf(off, what, "decompress: %v", err)
+	}
+	if bi.sum.known() && chunkSum(c) != bi.sum {
+		return r.corruptf(off, what, "content does not match its recorded sum")
 	}
 	return nil
 }
@@ -125,22 +166,18 @@ func (r *Reader) verifyExtents(buf []byte, i, j int, words map[uint64]uint32) er
 // verifyFileSums checks every recorded file sum against the file's
 // content: the (already checked) sums of its blocks, and its fragment
 // tail's bytes.
-func (r *Reader) verifyFileSums(ctx context.Context) error {
+func (r *Reader) verifyFileSums(ctx context.Context, files []*inode) error {
 	if !r.hasSums() {
 		return nil
 	}
 	bs := int64(r.bs)
 	buf := make([]byte, r.bs)
-	for _, ino := range r.fileInodes() {
-		want := r.fileSumOf(ino)
-		if !want.known() {
+	for _, in := range files {
+		want := in.sum
+		if !in.hasSum || !want.known() {
 			continue
 		}
 		if err := ctx.Err(); err != nil {
-			return err
-		}
-		in, err := r.lookupInode(ino)
-		if err != nil {
 			return err
 		}
 		l, err := r.decodeLayout(in)
@@ -169,7 +206,7 @@ func (r *Reader) verifyFileSums(ctx context.Context) error {
 			chunks = append(chunks, chunkSum(buf[:l.size-off]))
 		}
 		if fileSum(l.size, chunks) != want {
-			return r.corruptf(r.sb.InodeTable, "inode table", "inode %d: content does not match its recorded sum", ino)
+			return r.corruptf(r.sb.InodeTable+refBlock(in.ref), "inode table block", "inode %d: content does not match its recorded sum", in.ino)
 		}
 	}
 	return nil
@@ -181,25 +218,48 @@ type blockRef struct {
 	kind extentKind
 }
 
-// dataBlocks lists every stored data and fragment block, by offset.
-func (r *Reader) dataBlocks() ([]blockRef, error) {
+// dataBlocks walks the whole tree, checking it, and lists every stored
+// data and fragment block, by offset, and every regular file inode.
+func (r *Reader) dataBlocks(ctx context.Context) ([]blockRef, []*inode, error) {
 	var out []blockRef
-	for _, ino := range r.fileInodes() {
-		l, err := r.layout(ino)
-		if err != nil {
-			return nil, err
+	var files []*inode
+	seen := map[Inode]bool{}
+	err := r.walk(true, func(_ Inode, ents []DirEntry, refs []uint64) error {
+		if err := ctx.Err(); err != nil {
+			return err
 		}
-		for k, w := range l.words {
-			if w != 0 {
-				out = append(out, blockRef{off: l.offs[k], word: w, kind: kindData})
+		for i, e := range ents {
+			if !e.Mode.IsRegular() || seen[e.Ino] {
+				continue
 			}
+			seen[e.Ino] = true
+			in, err := r.inodeAt(refs[i])
+			if err != nil {
+				return err
+			}
+			l, err := r.decodeLayout(in)
+			if err != nil {
+				return err
+			}
+			for k, w := range l.words {
+				if w != 0 {
+					out = append(out, blockRef{off: l.offs[k], word: w, kind: kindData})
+				}
+			}
+			files = append(files, in)
 		}
-		// Layouts of a full verify are not worth keeping.
-		r.layouts.Delete(ino)
+		return nil
+	})
+	if err != nil {
+		return nil, nil, err
 	}
-	for _, f := range r.frags {
+	for i := range r.sb.Fragments {
+		f, err := r.fragAt(i)
+		if err != nil {
+			return nil, nil, err
+		}
 		if f.word&^dataUncompBit == 0 {
-			return nil, r.corruptf(r.sb.FragmentTable, "fragment table", "empty fragment at %d", f.start)
+			return nil, nil, r.corruptf(r.sb.FragmentTable, "fragment table", "empty fragment at %d", f.start)
 		}
 		out = append(out, blockRef{off: f.start, word: f.word, kind: kindFragment})
 	}
@@ -212,7 +272,7 @@ func (r *Reader) dataBlocks() ([]blockRef, error) {
 		}
 		return 0
 	})
-	return slices.CompactFunc(out, func(a, b blockRef) bool { return a.off == b.off }), nil
+	return slices.CompactFunc(out, func(a, b blockRef) bool { return a.off == b.off }), files, nil
 }
 
 // verifyBlocks decompresses every block of an archive without checksums.

@@ -420,6 +420,53 @@ func (a *adopter) walk(sfd int, srel, drel string) error {
 	return nil
 }
 
+// subtreeChanged reports whether directory name of sfd holds, at any
+// depth, an entry walk would look at (its status changed at or after
+// Since): stats only. An error says "changed": walk then looks and
+// reports it.
+func (a *adopter) subtreeChanged(sfd int, name string) (bool, error) {
+	fd, err := unix.Openat(sfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return true, err
+	}
+	df := os.NewFile(uintptr(fd), name)
+	defer df.Close()
+	names, err := df.Readdirnames(-1)
+	if err != nil {
+		return true, err
+	}
+	since := a.opts.Since.UnixNano()
+	for _, n := range names {
+		if err := a.ctx.Err(); err != nil {
+			return true, err
+		}
+		if isReserved(n) {
+			continue
+		}
+		var st unix.Stat_t
+		if err := unix.Fstatat(fd, n, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			if err == unix.ENOENT {
+				continue
+			}
+			return true, err
+		}
+		switch st.Mode & syscall.S_IFMT {
+		case syscall.S_IFDIR:
+			if st.Ctim.Nano() >= since {
+				return true, nil
+			}
+			if c, err := a.subtreeChanged(fd, n); err != nil || c {
+				return true, err
+			}
+		case syscall.S_IFREG, syscall.S_IFLNK:
+			if st.Ctim.Nano() >= since {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
+}
+
 func orDot(rel string) string {
 	if rel == "" {
 		return "."
@@ -430,6 +477,15 @@ func orDot(rel string) string {
 // dir adopts directory name of sfd (s underneath) at merged path d, or
 // beside it when d is not a directory, and walks into it.
 func (a *adopter) dir(sfd int, name, s, d string, st *unix.Stat_t, changed bool) error {
+	if !changed {
+		// Most of what lies underneath (the home the first snapshot was
+		// packed from) is as it was: find that with stats alone, without
+		// resolving every directory in the merged tree (which reads the
+		// lower layer's listings).
+		if c, err := a.subtreeChanged(sfd, name); err == nil && !c {
+			return nil
+		}
+	}
 	k, _, l, err := a.merged(d)
 	if l != nil {
 		l.close()

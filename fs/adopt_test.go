@@ -1,10 +1,12 @@
 package fs
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -131,6 +133,60 @@ func TestAdopt(t *testing.T) {
 		if b, err := os.ReadFile(filepath.Join(under, name)); err != nil || string(b) != content {
 			t.Errorf("underneath %s: %q, %v", name, b, err)
 		}
+	}
+}
+
+// countingLower counts the lookups and listings of the lower layer.
+type countingLower struct {
+	Lower
+	n atomic.Int64
+}
+
+func (c *countingLower) Lookup(dir archive.Inode, name string) (archive.Attr, error) {
+	c.n.Add(1)
+	return c.Lower.Lookup(dir, name)
+}
+
+func (c *countingLower) ReadDir(dir archive.Inode) ([]archive.DirEntry, error) {
+	c.n.Add(1)
+	return c.Lower.ReadDir(dir)
+}
+
+// What lies underneath unchanged since the last look (the home a first
+// snapshot was packed from, under every later mount) is found unchanged
+// by its stats alone: Adopt resolves in the merged tree only the
+// directories on the way to what changed, however many there are.
+func TestAdoptLooksOnlyAtWhatChanged(t *testing.T) {
+	t.Parallel()
+	under := tempDir(t)
+	for i := range 60 {
+		for j := range 5 {
+			p := filepath.Join(under, "pkgs", fmt.Sprintf("p%02d", i), "lib", fmt.Sprintf("m%d.py", j))
+			must(t, os.MkdirAll(filepath.Dir(p), 0o755))
+			must(t, os.WriteFile(p, []byte(p), 0o644))
+		}
+	}
+	img := filepath.Join(tempDir(t), "lower.sqfs")
+	f, err := os.Create(img)
+	must(t, err)
+	_, err = archive.PackDir(t.Context(), f, under, archive.PackOptions{})
+	must(t, err)
+	f.Close()
+	lower := &countingLower{Lower: openLower(t, img)}
+	upper := tempDir(t)
+
+	since := time.Now()
+	time.Sleep(20 * time.Millisecond) // past the coarse clock's tick
+	changed := filepath.Join(under, "pkgs", "p41", "lib", "m3.py")
+	must(t, os.WriteFile(changed, []byte("written underneath"), 0o644))
+
+	got, err := Adopt(t.Context(), under, upper, lower, AdoptOptions{Since: since, Stamp: "S"})
+	must(t, err)
+	if len(got) != 1 || got[0].From != "pkgs/p41/lib/m3.py" {
+		t.Fatalf("adopted %+v; want the one file changed, beside the lower one", got)
+	}
+	if n := lower.n.Load(); n > 40 {
+		t.Errorf("%d lookups and listings of the lower layer for one changed file in %d unchanged directories", n, 60*2+1)
 	}
 }
 

@@ -132,7 +132,12 @@
 // instead of its own plus 2^32, so no two live objects share a number.
 // Directory listings stat the entries the map knows, for the same d_ino. A
 // merged directory reports its lower number. Numbers hold for the life of
-// the lower layer: a new archive numbers its inodes anew.
+// the lower layer, and across lower layers: a snapshot packed by extending
+// (or compacting) an image of this lineage keeps the number of every
+// object it carries over, a changed one included (View.BaseInode gives the
+// pack the lower numbers), so a mount on the next snapshot reports the
+// same numbers. An object born in the upper layer gets its snapshot
+// number when packed; a mount on that snapshot reports it from then on.
 //
 // # Kernel I/O modes
 //

@@ -38,6 +38,10 @@ type View struct {
 	inos       map[uint64]inoRec
 	root       *ventry // the upper root
 
+	// origins are the lower numbers inos keeps (copiedUp), made once.
+	originsOnce sync.Once
+	origins     map[archive.Inode]bool
+
 	// capMu guards the maps below; it is never held across a listing.
 	capMu sync.RWMutex
 	// dirs are the listings of upper directories, by upper inode

@@ -108,6 +108,10 @@ type Manifest struct {
 	// Standalone is set when Archive holds the whole image as one object
 	// besides the extents (--standalone).
 	Standalone bool `json:"standalone,omitempty"`
+	// Compacts names the snapshot (the parent) whose tree this one holds
+	// unchanged, laid out anew to drop what that image carried unused
+	// (archive.Compact): a compaction, not a change of the tree.
+	Compacts string `json:"compacts,omitempty"`
 }
 
 // Segmented reports whether the manifest describes its image as extents

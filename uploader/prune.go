@@ -73,6 +73,13 @@ func (c *Catalog) Prune(ctx context.Context, keep int) (PruneResult, error) {
 //   - an archive without a manifest younger than OrphanGrace (an upload in
 //     progress).
 //
+// A compaction (a snapshot whose manifest says it compacts another:
+// the same tree, laid out anew) takes the place of the snapshot it
+// compacts: the policy sees it at that snapshot's time, and not the
+// compacted one, which goes unless kept for one of the reasons above.
+// So compactions neither take a rule's places nor keep old layouts
+// alive beside them.
+//
 // Then the segments no snapshot left uses are deleted (see collect): a
 // segment shared by a snapshot that stays, or by one published while the
 // prune ran, stays.
@@ -118,6 +125,7 @@ func (c *Catalog) PruneWith(ctx context.Context, opts PruneOptions) (PruneResult
 		t, _ := IDTime(id) // scan kept valid ids only
 		cand, times = append(cand, id), append(times, t)
 	}
+	cand, times, replaced := c.compactions(ctx, cand, times)
 	policy := map[string][]string{}
 	for i, r := range opts.Policy.Keep(times) {
 		policy[cand[i]] = r
@@ -145,6 +153,9 @@ func (c *Catalog) PruneWith(ctx context.Context, opts PruneOptions) (PruneResult
 			d.Keep = len(d.Reasons) > 0
 			if !d.Keep {
 				d.Reasons = []string{"no rule keeps it"}
+				if by, ok := replaced[id]; ok {
+					d.Reasons = []string{"its compaction " + by + " holds the same tree and takes its place"}
+				}
 				if !complete {
 					d.Reasons = []string{"incomplete (archive or manifest missing)"}
 				}
@@ -365,4 +376,50 @@ func segmentID(key string) string {
 		}
 	}
 	return ""
+}
+
+// compactions returns the candidates (newest first, with their times)
+// with each snapshot a newer candidate compacts left out, and that
+// compaction given its time (the time of its tree); replaced maps each
+// left out to the compaction that replaces it. A manifest that cannot be
+// read counts as no compaction: both stay candidates.
+func (c *Catalog) compactions(ctx context.Context, cand []string, times []time.Time) ([]string, []time.Time, map[string]string) {
+	replaced := map[string]string{}
+	index := map[string]int{}
+	for i, id := range cand {
+		index[id] = i
+	}
+	// Oldest first, so that a compaction of a compaction takes the time
+	// of the first snapshot of the chain.
+	at := slices.Clone(times)
+	for i := len(cand) - 1; i >= 0; i-- {
+		m, err := c.manifestCached(ctx, cand[i])
+		if err != nil || m.Compacts == "" || m.Compacts >= cand[i] {
+			continue
+		}
+		// Only the snapshot just before it (a compaction is published
+		// only while what it compacts is LATEST): the times stay in
+		// order.
+		j, ok := index[m.Compacts]
+		if !ok || j != i+1 {
+			continue
+		}
+		if _, gone := replaced[m.Compacts]; gone {
+			continue
+		}
+		replaced[m.Compacts] = cand[i]
+		at[i] = at[j]
+	}
+	if len(replaced) == 0 {
+		return cand, times, replaced
+	}
+	var outC []string
+	var outT []time.Time
+	for i, id := range cand {
+		if _, gone := replaced[id]; gone {
+			continue
+		}
+		outC, outT = append(outC, id), append(outT, at[i])
+	}
+	return outC, outT, replaced
 }

@@ -62,6 +62,9 @@ type ImageInput struct {
 	// plaintext (required with Standalone).
 	Standalone bool
 	Image      io.ReaderAt
+	// Compacts, recorded in the manifest, names the snapshot whose tree
+	// this image holds unchanged (a compaction of it; it is the Parent).
+	Compacts string
 
 	// Progress, if set, is told how many bytes of the new segment the
 	// store has read for its upload (a retry reads some again; never more
@@ -159,6 +162,7 @@ func (c *Catalog) PublishImage(ctx context.Context, in ImageInput) (Published, e
 		Extents:     ExtentsKey(id),
 		ExtentCount: ext.Len(),
 		NewBytes:    newBytes,
+		Compacts:    in.Compacts,
 	}
 	if enc != nil {
 		m.Files = 0

@@ -332,3 +332,47 @@ func (b bytesReaderAt) ReadAt(p []byte, off int64) (int, error) {
 	}
 	return n, nil
 }
+
+// A compaction takes the place of the snapshot it compacts: the policy
+// sees one snapshot where there are two with the same tree, and the
+// compacted one goes, with the old layout's segments only it used.
+func TestPruneCompactionTakesItsParentsPlace(t *testing.T) {
+	eachStore(t, func(t *testing.T, s uploader.Store) {
+		ctx := t.Context()
+		clk := newClock()
+		c := catalog(s, "h", clk)
+		a := publishImage(t, c, 100_000)
+		clk.Add(time.Minute)
+		b := publishImage(t, c, 50_000, uploader.Extent{Key: ownSegment(a), Offset: 0, Length: 100_000})
+		clk.Add(time.Minute)
+		// b's tree laid out anew in one segment of its own.
+		seg := filepath.Join(t.TempDir(), "seg")
+		if err := os.WriteFile(seg, bytes.Repeat([]byte{7}, 150_000), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		pr, err := c.PublishImage(ctx, uploader.ImageInput{Segment: seg, Extents: []uploader.Extent{{Length: 150_000}},
+			Sources: []uploader.Manifest{b}, Parent: b.ID, Expect: b.ID, Compacts: b.ID})
+		if err != nil {
+			t.Fatal(err)
+		}
+		comp := pr.Manifest
+
+		clk.Add(2 * time.Hour) // past the grace of a publish in progress
+		res, err := c.PruneWith(ctx, uploader.PruneOptions{Policy: uploader.RetentionPolicy{Last: 2}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(res.Kept, []string{comp.ID, a.ID}) || !slices.Equal(res.Deleted, []string{b.ID}) {
+			t.Fatalf("keeping 2: kept %v, deleted %v; want the compaction and a kept, b (compacted) deleted", res.Kept, res.Deleted)
+		}
+		for _, d := range res.Decisions {
+			if d.ID == b.ID && (len(d.Reasons) != 1 || !strings.Contains(d.Reasons[0], comp.ID)) {
+				t.Errorf("b's decision: %v; want it replaced by its compaction", d.Reasons)
+			}
+		}
+		if !slices.Equal(res.SegmentsDeleted, []string{ownSegment(b)}) {
+			t.Errorf("segments deleted %v, want b's own only (a is kept)", res.SegmentsDeleted)
+		}
+		everyManifestComplete(t, c)
+	})
+}

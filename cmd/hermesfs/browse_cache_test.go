@@ -245,20 +245,32 @@ func TestBrowseCacheBound(t *testing.T) {
 	}
 
 	// Shared bytes, cached: a file of the format 4 snapshot that is
-	// extents of the format 2 archive costs no GET of that archive.
+	// extents of the format 2 archive costs no GET of the bytes of that
+	// archive the format 2 snapshot's read fetched. (Read-ahead may fetch
+	// what lies after them, in either read.)
 	const shared = "sessions/blob-05.bin"
+	var cached [][2]int64
 	for i := range 2 {
 		log.reset()
 		b, err := os.ReadFile(at(i, shared))
 		if err != nil || !bytes.Equal(b, want(i, shared)) {
 			t.Fatalf("%s of %s: %v (right bytes: %v)", shared, snaps[i].ID, err, bytes.Equal(b, want(i, shared)))
 		}
-		gets, _ := log.matching(old.Archive)
-		switch {
-		case i == 0 && gets == 0:
-			t.Fatalf("%s of %s fetched nothing of its archive", shared, old.ID)
-		case i == 1 && gets != 0:
-			t.Fatalf("%s of %s (format 4) fetched %d ranges of %s, which the format 2 snapshot's read cached: the readers do not share it", shared, snaps[1].ID, gets, old.Archive)
+		got := log.rangesOf(old.Archive)
+		if i == 0 {
+			if len(got) == 0 {
+				t.Fatalf("%s of %s fetched nothing of its archive", shared, old.ID)
+			}
+			cached = got
+			continue
+		}
+		for _, g := range got {
+			for _, c := range cached {
+				if g[0] <= c[1] && c[0] <= g[1] {
+					t.Fatalf("%s of %s (format 4) fetched bytes %d-%d of %s again, which the format 2 snapshot's read fetched (%d-%d): the readers do not share them",
+						shared, snaps[1].ID, g[0], g[1], old.Archive, c[0], c[1])
+				}
+			}
 		}
 	}
 

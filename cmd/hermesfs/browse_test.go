@@ -28,9 +28,10 @@ import (
 
 // getLog records the ranged GETs that cross the fault proxy.
 type getLog struct {
-	mu    sync.Mutex
-	keys  map[string]int   // GetObject requests by object path
-	bytes map[string]int64 // bytes asked for by range, by object path
+	mu     sync.Mutex
+	keys   map[string]int   // GetObject requests by object path
+	bytes  map[string]int64 // bytes asked for by range, by object path
+	ranges map[string][][2]int64
 }
 
 func (g *getLog) rule(r faultproxy.Request) faultproxy.Fault {
@@ -43,6 +44,10 @@ func (g *getLog) rule(r faultproxy.Request) faultproxy.Fault {
 	var lo, hi int64
 	if _, err := fmt.Sscanf(r.Range, "bytes=%d-%d", &lo, &hi); err == nil {
 		g.bytes[r.Path] += hi - lo + 1
+		if g.ranges == nil {
+			g.ranges = map[string][][2]int64{}
+		}
+		g.ranges[r.Path] = append(g.ranges[r.Path], [2]int64{lo, hi})
 	} else {
 		g.bytes[r.Path] += 1 << 40 // a whole-object GET: fails any fraction
 	}
@@ -53,7 +58,22 @@ func (g *getLog) reset() {
 	g.mu.Lock()
 	clear(g.keys)
 	clear(g.bytes)
+	clear(g.ranges)
 	g.mu.Unlock()
+}
+
+// rangesOf returns the byte ranges (first, last) asked for of paths ending
+// in suffix.
+func (g *getLog) rangesOf(suffix string) [][2]int64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var out [][2]int64
+	for k, v := range g.ranges {
+		if strings.HasSuffix(k, suffix) {
+			out = append(out, v...)
+		}
+	}
+	return out
 }
 
 // matching returns the GETs and bytes of paths ending in suffix.

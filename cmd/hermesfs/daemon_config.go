@@ -13,6 +13,7 @@ import (
 	"github.com/hermesfs/hermesfs/cmd/hermesfs/internal/daemon"
 	"github.com/hermesfs/hermesfs/fs"
 	"github.com/hermesfs/hermesfs/uploader"
+	"github.com/hermesfs/hermesfs/uploader/image"
 	"github.com/hermesfs/hermesfs/uploader/storeurl"
 )
 
@@ -41,6 +42,10 @@ type mountConfig struct {
 	// as 32M, or 0 for none); validate parses it into
 	// Config.PassthroughWriteMax.
 	WritePassthroughMax string
+
+	// CompactSpec is --compact as given; validate parses it into
+	// Config.Compact.
+	CompactSpec string
 
 	// CopyUpByRangeMin is --copy-up-by-range-min as given ("off" copies
 	// every file whole); validate parses it into Config.CopyUpMin.
@@ -105,6 +110,7 @@ var envFlags = map[string]string{
 	"HERMESFS_LAZY":                  "lazy",
 	"HERMESFS_STANDALONE":            "standalone",
 	"HERMESFS_READ_TIMEOUT":          "read-timeout",
+	"HERMESFS_COMPACT":               "compact",
 }
 
 // addFlags declares c's flags on fs, with c's current values as defaults.
@@ -134,6 +140,7 @@ func (c *mountConfig) addFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.Lazy, "lazy", c.Lazy, "boot without downloading the snapshot first: fetch its data as it is read and fill the cache in the background; --lazy=false downloads it whole before mounting (env HERMESFS_LAZY)")
 	fs.DurationVar(&c.ReadTimeout, "read-timeout", c.ReadTimeout, "how long a lazy read retries data the store does not deliver before it fails with EIO (env HERMESFS_READ_TIMEOUT)")
 	fs.StringVar(&c.OwnerSpec, "owner", c.OwnerSpec, "USER[:GROUP] the mount serves when the daemon runs as root: the mount root becomes theirs, and other users may use the mount as the modes allow (allow_other); files belong to whoever creates them (env HERMESFS_OWNER)")
+	fs.StringVar(&c.CompactSpec, "compact", "default", "when to compact the snapshots' image in the background (rewrite it afresh: what extending snapshots left unused goes, extents are fewer): off, or bounds like garbage=25%,extents=300,snapshots=1000 (any of them; 0 turns one off; default: "+image.DefaultCompactPolicy().String()+") (env HERMESFS_COMPACT)")
 	c.addCopyUpFlags(fs)
 }
 
@@ -218,6 +225,13 @@ func (c *mountConfig) validate() error {
 	}
 	if err := c.validateCopyUp(); err != nil {
 		return err
+	}
+	if c.CompactSpec != "default" {
+		p, err := image.ParseCompactPolicy(c.CompactSpec)
+		if err != nil {
+			return usageError("--compact %v", err)
+		}
+		c.Compact = &p
 	}
 	if _, err := daemon.ParseLevel(c.LogLevel); err != nil {
 		return usageError("--log-level: %v", err)

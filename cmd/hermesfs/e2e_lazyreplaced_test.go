@@ -135,13 +135,13 @@ func TestE2ELazyObjectReplaced(t *testing.T) {
 	}
 
 	// The base's segment back (a versioned bucket's earlier version),
-	// the new snapshot's own segment (its image's tables) replaced: a new
-	// host's boot needs those bytes, finds them wrong, and falls back to
-	// the base.
+	// the new snapshot's own segment (the end of its image: the tables it
+	// wrote, its trailer's root) replaced: a new host's boot needs those
+	// bytes, finds them wrong, and falls back to the base.
 	replace(seg.Key, origBase)
-	x := storeExtents(t, storeDir, m).Slice(m.MetaOffset, 1)[0]
+	x := storeExtents(t, storeDir, m).Slice(m.Size-1, 1)[0]
 	if x.Key != own.Key {
-		t.Fatalf("the tables of %s are in %s, not in its own segment", m.ID, x.Key)
+		t.Fatalf("the end of the image of %s is in %s, not in its own segment", m.ID, x.Key)
 	}
 	origOwn := replace(own.Key, flipped(mustReadBytes(t, filepath.Join(storeDir, filepath.FromSlash(own.Key))), x.Offset, x.Offset+1))
 	mpE := e2eDir(t, "homeE")

@@ -142,9 +142,13 @@ func TestE2EPruneRacesReaders(t *testing.T) {
 		t.Fatalf("the read-only mount's fill asked for none of s1's data in 60s:\n%s", ld.stderr)
 	}
 
+	// The blobs replaced: the snapshot extends s1's image, which keeps
+	// s1's blobs as garbage; its compaction copies what it still uses of
+	// s1's segment, a small part of it, into its own.
 	d := a.mount(mp, "--interval", "0")
 	blobs()
 	want2 := snapshotTree(t, mp)
+	snapshotCompacted(t, a, d)
 	d.stopOK(t)
 	s2 := readManifest(t, storeDir, localLatest(t, storeDir))
 	for _, r := range s2.Segments {

@@ -144,13 +144,16 @@ func TestE2EUpgradeFromArchives(t *testing.T) {
 	}
 	restores(id3)
 
-	// Most of the home goes: what the next image keeps of the old
-	// archive (a mostly dead segment) is copied into its own segment, and
-	// once the snapshot before is pruned, the old archive goes.
+	// Most of the home goes: the snapshot extends the image before it,
+	// which keeps the blobs unused; its compaction in the background
+	// copies what it keeps of the old archive (a mostly dead segment)
+	// into its own segment, and once the snapshots before are pruned,
+	// the old archive goes.
 	d = h.mount(mp, "--interval", "0")
 	if err := os.RemoveAll(filepath.Join(mp, "blobs")); err != nil {
 		t.Fatal(err)
 	}
+	snapshotCompacted(t, h, d)
 	d.stopOK(t)
 	id4 := localLatest(t, storeDir)
 	for _, r := range readManifest(t, storeDir, id4).Segments {

@@ -291,6 +291,7 @@ func printStatus(w io.Writer, rs []daemon.StatusReport, asJSON bool) error {
 		printMemoryStatus(row, r)
 		printPartials(row, r.PartialCopyUps)
 		printAdopted(row, r.Adopted)
+		printCompaction(row, r.Compaction)
 		for _, a := range r.Rejections {
 			row("memory rejected", "%s %s: %s", a.Time.Local().Format(time.DateTime), a.File, a.Reason)
 		}

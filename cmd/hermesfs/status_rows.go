@@ -107,3 +107,24 @@ func printAdopted(row func(k, f string, a ...any), got []fs.Adopted) {
 	}
 	row("taken in at boot", "%d written into the mountpoint directory while no mount covered it: %s", len(got), strings.Join(names, ", "))
 }
+
+// printCompaction is status' "compaction" row: running, or what the last
+// compaction of the snapshots' image freed.
+func printCompaction(row func(k, f string, a ...any), c *daemon.CompactionStatus) {
+	if c == nil || !c.Running && c.Last == nil && c.Failed == 0 {
+		return
+	}
+	var parts []string
+	if c.Running {
+		parts = append(parts, "running now (in the background; a stop does not wait for it)")
+	}
+	if l := c.Last; l != nil {
+		parts = append(parts, fmt.Sprintf("last %s: %s of %s (%s), freed %s of image, extents %d -> %d, %s uploaded, took %s",
+			l.Time.Local().Format(time.DateTime), l.ID, l.Of, l.Reason, daemon.HumanBytes(l.Freed), l.Extents[0], l.Extents[1],
+			daemon.HumanBytes(l.Uploaded), l.Took.Round(time.Millisecond)))
+	}
+	if c.Failed > 0 {
+		parts = append(parts, fmt.Sprintf("%d failed (see the log)", c.Failed))
+	}
+	row("compaction", "%s", strings.Join(parts, "; "))
+}

@@ -27,6 +27,12 @@ const MostlyDead = 0.25
 // garbage in the store stays bounded, and an encrypted snapshot never
 // points at plaintext. The second result is the bytes so copied.
 func LayOut(ctx context.Context, runs []archive.Run, out string, sources map[*archive.Reader]*Image, encrypting bool) ([]uploader.Extent, int64, error) {
+	return layOut(ctx, runs, out, sources, encrypting, MostlyDead)
+}
+
+// layOut is LayOut copying from segments the image uses less than
+// rewrite of.
+func layOut(ctx context.Context, runs []archive.Run, out string, sources map[*archive.Reader]*Image, encrypting bool, rewrite float64) ([]uploader.Extent, int64, error) {
 	type piece struct {
 		x   uploader.Extent
 		src *Image
@@ -63,8 +69,8 @@ func LayOut(ctx context.Context, runs []archive.Run, out string, sources map[*ar
 			size[m.Archive], enc[m.Archive] = m.Size, m.Encryption != nil
 		}
 	}
-	rewrite := func(key string) bool {
-		return enc[key] != encrypting || float64(live[key]) < MostlyDead*float64(size[key])
+	copyOut := func(key string) bool {
+		return enc[key] != encrypting || float64(live[key]) < rewrite*float64(size[key])
 	}
 	var (
 		f       *os.File
@@ -73,7 +79,7 @@ func LayOut(ctx context.Context, runs []archive.Run, out string, sources map[*ar
 		extents []uploader.Extent
 	)
 	for _, p := range pieces {
-		if p.src == nil || !rewrite(p.x.Key) {
+		if p.src == nil || !copyOut(p.x.Key) {
 			extents = append(extents, p.x)
 			continue
 		}

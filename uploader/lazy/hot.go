@@ -209,19 +209,41 @@ func (h *HotRecorder) ChunkSize() int64 { return h.chunkSize }
 // archives its snapshots pack. The recorded chunk indexes name bytes of
 // the archive read (the lower layer); a new archive of the same tree puts
 // changed files elsewhere, so the indexes would name the wrong bytes
-// there. Resolve turns the recorded chunks into the file bytes they hold
-// (once: at the first snapshot, which also ends the recording, so the
-// pack's own reads of the lower are not recorded); Chunks maps those file
-// bytes into each new archive. The file ranges stay in memory: a
-// manifest records only its own archive's chunk indexes.
+// there. So the files read are recorded too (NoteFile: inode, offset,
+// length, by the layer that reads the archive's files), and Resolve keeps
+// the file reads whose bytes lie in the recorded chunks (once: at the
+// first snapshot, which also ends the recording, so the pack's own reads
+// of the lower are not recorded); Chunks maps those file bytes into each
+// new archive by inode number, which an archive that keeps the lower's
+// numbers (extended, compacted) gives them. Nothing walks the tree: the
+// cost is the files read. For an archive that numbers its inodes anew,
+// ChunksByPath maps them by path, which takes a walk of the lower
+// archive's tree (once). The file ranges stay in memory: a manifest
+// records only its own archive's chunk indexes.
 type HotFiles struct {
 	*HotRecorder // reads through it are recorded, until Resolve
 	size         int64
 
-	once  sync.Once
-	mu    sync.Mutex
-	files []archive.FileRange
+	once     sync.Once
+	mu       sync.Mutex
+	reads    []HotRange            // NoteFile's, in first-read order, while recording
+	last     map[archive.Inode]int // the latest entry of reads per inode
+	files    []HotRange            // what Resolve kept
+	resolved bool                  // Resolve ran
+
+	pathsOnce sync.Once
+	paths     []archive.FileRange
+	pathsErr  error
 }
+
+// HotRange is bytes [Off, Off+Len) of regular file Ino of an archive.
+type HotRange struct {
+	Ino      archive.Inode
+	Off, Len int64
+}
+
+// maxFileReads bounds the file reads HotFiles keeps while recording.
+const maxFileReads = 1 << 16
 
 // NewHotFiles records reads of the archive ra (size bytes) in chunks of
 // chunkSize for window, at most uploader.HotLimit chunks (see
@@ -230,12 +252,42 @@ func NewHotFiles(ra io.ReaderAt, size, chunkSize int64, window time.Duration) *H
 	if chunkSize <= 0 {
 		chunkSize = uploader.DefaultChunkSize
 	}
-	return &HotFiles{HotRecorder: newHotRecorder(ra, chunkSize, uploader.HotLimit(size, chunkSize), window), size: size}
+	return &HotFiles{HotRecorder: newHotRecorder(ra, chunkSize, uploader.HotLimit(size, chunkSize), window), size: size, last: map[archive.Inode]int{}}
 }
 
-// Resolve stops the recording and turns the chunks recorded into the file
-// byte ranges they hold, read from the archive's metadata (not recorded).
-// Only the first call does anything; it returns how many ranges it found.
+// NoteFile records a read of n bytes at off of regular file ino of the
+// archive, while the recording goes on. A read that continues or overlaps
+// the file's latest one extends it. Safe for concurrent use; cheap once
+// the recording ended.
+func (s *HotFiles) NoteFile(ino archive.Inode, off, n int64) {
+	if n <= 0 || off < 0 || s.closed.Load() {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed.Load() {
+		return
+	}
+	if i, ok := s.last[ino]; ok {
+		r := &s.reads[i]
+		if off <= r.Off+r.Len && off+n >= r.Off {
+			end := max(r.Off+r.Len, off+n)
+			r.Off = min(r.Off, off)
+			r.Len = end - r.Off
+			return
+		}
+	}
+	if len(s.reads) >= maxFileReads {
+		return
+	}
+	s.last[ino] = len(s.reads)
+	s.reads = append(s.reads, HotRange{Ino: ino, Off: off, Len: n})
+}
+
+// Resolve stops the recording and keeps the file reads whose bytes lie in
+// the chunks recorded, read from the archive's metadata (not recorded):
+// per file read, the file's block list. Only the first call does
+// anything; it returns how many ranges it kept.
 func (s *HotFiles) Resolve() (int, error) {
 	var (
 		n   int
@@ -244,6 +296,10 @@ func (s *HotFiles) Resolve() (int, error) {
 	s.once.Do(func() {
 		s.Stop()
 		hot := s.Hot()
+		s.mu.Lock()
+		reads := s.reads
+		s.reads, s.last, s.resolved = nil, nil, true
+		s.mu.Unlock()
 		if len(hot) == 0 || s.ra == nil {
 			return
 		}
@@ -253,7 +309,20 @@ func (s *HotFiles) Resolve() (int, error) {
 			err = fmt.Errorf("hot set: %w", err)
 			return
 		}
-		files := archive.ChunkFiles(r, s.chunkSize, hot)
+		in := make(map[int64]bool, len(hot))
+		for _, c := range hot {
+			in[c] = true
+		}
+		var files []HotRange
+		for _, fr := range reads {
+			ext, err := r.Extents(fr.Ino)
+			if err != nil {
+				continue
+			}
+			if s.anyHot(ext, fr, in) {
+				files = append(files, fr)
+			}
+		}
 		s.mu.Lock()
 		s.files = files
 		s.mu.Unlock()
@@ -262,10 +331,28 @@ func (s *HotFiles) Resolve() (int, error) {
 	return n, err
 }
 
+// anyHot reports whether any stored block of file range fr (its file's
+// extents ext) lies in a chunk of in.
+func (s *HotFiles) anyHot(ext []archive.Extent, fr HotRange, in map[int64]bool) bool {
+	for _, e := range ext {
+		if e.Off+e.Len <= fr.Off || e.Off >= fr.Off+fr.Len || e.Size <= 0 {
+			continue
+		}
+		for c := e.At / s.chunkSize; c <= (e.At+e.Size-1)/s.chunkSize; c++ {
+			if in[c] {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // Chunks returns the chunks (of chunkSize; 0: uploader.DefaultChunkSize)
-// of the archive ra (size bytes) that hold the file bytes Resolve found,
+// of the archive ra (size bytes) that hold the file bytes Resolve kept,
 // in their order, at most uploader.HotLimit of that archive; nil before
-// Resolve. Only the archive's metadata is read.
+// Resolve. The archive must give the files the inode numbers the archive
+// read gave them (archive.PackResult.KeptNumbers of a pack over it, or an
+// image of that lineage); only the metadata of the files read is read.
 func (s *HotFiles) Chunks(ra io.ReaderAt, size, chunkSize int64) ([]int64, error) {
 	s.mu.Lock()
 	files := s.files
@@ -280,5 +367,65 @@ func (s *HotFiles) Chunks(ra io.ReaderAt, size, chunkSize int64) ([]int64, error
 	if err != nil {
 		return nil, fmt.Errorf("hot set: %w", err)
 	}
-	return archive.FileChunks(r, chunkSize, files, uploader.HotLimit(size, chunkSize)), nil
+	limit := uploader.HotLimit(size, chunkSize)
+	var out []int64
+	seen := map[int64]bool{}
+	for _, fr := range files {
+		a, err := r.Stat(fr.Ino)
+		if err != nil || !a.Mode.IsRegular() {
+			continue
+		}
+		ext, err := r.Extents(fr.Ino)
+		if err != nil {
+			continue
+		}
+		for _, e := range ext {
+			if e.Off+e.Len <= fr.Off || e.Off >= fr.Off+fr.Len || e.Size <= 0 {
+				continue
+			}
+			for c := e.At / chunkSize; c <= (e.At+e.Size-1)/chunkSize; c++ {
+				if seen[c] {
+					continue
+				}
+				if len(out) >= limit {
+					return out, nil
+				}
+				seen[c] = true
+				out = append(out, c)
+			}
+		}
+	}
+	return out, nil
+}
+
+// ChunksByPath is Chunks for an archive that numbers its inodes anew:
+// the chunks recorded are turned into the file bytes they hold by path
+// (archive.ChunkFiles, a walk of the archive read's whole tree, done
+// once), and those into ra's chunks (archive.FileChunks).
+func (s *HotFiles) ChunksByPath(ra io.ReaderAt, size, chunkSize int64) ([]int64, error) {
+	if chunkSize <= 0 {
+		chunkSize = uploader.DefaultChunkSize
+	}
+	s.mu.Lock()
+	resolved := s.resolved
+	s.mu.Unlock()
+	if !resolved || s.ra == nil {
+		return nil, nil
+	}
+	s.pathsOnce.Do(func() {
+		r, err := archive.Open(s.ra, s.size, archive.ReaderOptions{Name: "lower", CacheBytes: 1})
+		if err != nil {
+			s.pathsErr = fmt.Errorf("hot set: %w", err)
+			return
+		}
+		s.paths = archive.ChunkFiles(r, s.chunkSize, s.Hot())
+	})
+	if s.pathsErr != nil || len(s.paths) == 0 {
+		return nil, s.pathsErr
+	}
+	r, err := archive.Open(ra, size, archive.ReaderOptions{Name: "new image", CacheBytes: 1})
+	if err != nil {
+		return nil, fmt.Errorf("hot set: %w", err)
+	}
+	return archive.FileChunks(r, chunkSize, s.paths, uploader.HotLimit(size, chunkSize)), nil
 }

@@ -362,7 +362,8 @@ func TestHotRecorderBegin(t *testing.T) {
 	}
 }
 
-// chunksOfFile is hf.Chunks of the archive file at path.
+// chunksOfFile is hf.ChunksByPath of the archive file at path (packed
+// afresh: its numbers are not the lower's).
 func chunksOfFile(hf *HotFiles, path string, cs int64) ([]int64, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -373,5 +374,5 @@ func chunksOfFile(hf *HotFiles, path string, cs int64) ([]int64, error) {
 	if err != nil {
 		return nil, err
 	}
-	return hf.Chunks(f, fi.Size(), cs)
+	return hf.ChunksByPath(f, fi.Size(), cs)
 }

@@ -53,6 +53,12 @@ type config struct {
 	rounds, resticPruneEvery          int
 	seed                              uint64
 	encryptTo, identity               string
+	// fresh lays every image out afresh on the last (as snapshots did
+	// before they extended the image before them); no compaction.
+	fresh bool
+	// policy is when the last image is compacted (the daemon's default
+	// unless told).
+	policy image.CompactPolicy
 	// apply applies busy-agent rounds [from, from+n) to the home (main:
 	// the genhome churn command).
 	apply func(from, n int) error
@@ -72,6 +78,11 @@ func run() error {
 	flag.IntVar(&c.resticPruneEvery, "restic-prune-every", 1, "run restic forget --prune every this many snapshots")
 	flag.StringVar(&c.encryptTo, "encrypt-to", "", "age recipient: encrypted snapshots")
 	flag.StringVar(&c.identity, "identity", "", "age identity file (with -encrypt-to)")
+	flag.BoolVar(&c.fresh, "fresh", false, "lay every image out afresh (no extending, no compaction), as before images extended")
+	c.policy = image.DefaultCompactPolicy()
+	flag.Float64Var(&c.policy.GarbageShare, "compact-garbage", c.policy.GarbageShare, "compact once the image's garbage passes this share of it")
+	flag.IntVar(&c.policy.Extents, "compact-extents", c.policy.Extents, "compact once the image has more extents")
+	flag.IntVar(&c.policy.Generation, "compact-generation", c.policy.Generation, "compact once this many snapshots extended the image since the last compaction")
 	flag.Parse()
 	if c.home == "" || c.store == "" || c.cache == "" || c.churn == "" || flag.NArg() != 0 {
 		flag.Usage()
@@ -99,6 +110,9 @@ type sim struct {
 	last    *image.Image
 	lastArc *archive.Reader
 	enc     bool
+	// baseExtents: the last image's lineage's extents right after its
+	// last compaction or fresh layout (the daemon's state.json keeps it).
+	baseExtents int
 	// firstSent, firstSegment: the first snapshot's figures (the whole
 	// home), left out of the averages.
 	firstSent, firstSegment int64
@@ -146,7 +160,8 @@ func simulate(ctx context.Context, c config, w io.Writer) (*sim, error) {
 		n, c.every, c.days, s.now.Format(time.RFC3339), c.rounds, s.policy)
 	fmt.Fprintln(w, "# i time pack_s segment_bytes rewritten_bytes sent_bytes image_bytes extents kept store_bytes store_objects restic_bytes")
 	start := s.now
-	var sent, segs, restic int64
+	var sent, segs, restic, compactSent int64
+	compactions := 0
 	for i := range n {
 		s.now = start.Add(time.Duration(i) * c.every)
 		if i > 0 {
@@ -158,9 +173,27 @@ func simulate(ctx context.Context, c config, w io.Writer) (*sim, error) {
 		if err != nil {
 			return s, fmt.Errorf("snapshot %d: %w", i, err)
 		}
+		if r.fallback != "" {
+			fmt.Fprintf(w, "# snapshot %d laid out afresh: %s\n", i, r.fallback)
+		}
 		pr, err := s.cat.PruneWith(ctx, uploader.PruneOptions{Policy: s.policy})
 		if err != nil {
 			return s, err
+		}
+		// The daemon compacts in the background after a snapshot, and
+		// prunes after the compaction publishes.
+		cr, err := s.compact(ctx)
+		if err != nil {
+			return s, fmt.Errorf("compaction after snapshot %d: %w", i, err)
+		}
+		if cr.why != "" && !s.c.fresh {
+			if pr, err = s.cat.PruneWith(ctx, uploader.PruneOptions{Policy: s.policy}); err != nil {
+				return s, err
+			}
+			compactions++
+			compactSent += cr.pub.Sent
+			fmt.Fprintf(w, "# compacted after snapshot %d (%s): %.3f s, segment %d bytes (%d rewritten), sent %d, image %d bytes in %d extents\n",
+				i, cr.why, cr.took.Seconds(), cr.segment, cr.rewritten, cr.pub.Sent, cr.pub.Size, cr.pub.ExtentCount)
 		}
 		if c.restic != "" {
 			if err := s.restic("backup", "--quiet", "--host", "sim", "--time", s.now.Format("2006-01-02 15:04:05"), "."); err != nil {
@@ -192,8 +225,9 @@ func simulate(ctx context.Context, c config, w io.Writer) (*sim, error) {
 	if err != nil {
 		return s, err
 	}
-	fmt.Fprintf(w, "summary: %d snapshots published (%d after the first: %.0f bytes sent each on average, %.0f of them segment); kept %d; store %d bytes in %d objects",
-		n, n-1, float64(sent-s.firstSent)/float64(max(n-1, 1)), float64(segs-s.firstSegment)/float64(max(n-1, 1)), len(kept), bytes, objects)
+	fmt.Fprintf(w, "summary: %d snapshots published (%d after the first: %.0f bytes sent each on average, %.0f of them segment); %d compactions (%.0f bytes sent each, %.0f per snapshot amortised); kept %d; store %d bytes in %d objects",
+		n, n-1, float64(sent-s.firstSent)/float64(max(n-1, 1)), float64(segs-s.firstSegment)/float64(max(n-1, 1)),
+		compactions, float64(compactSent)/float64(max(compactions, 1)), float64(compactSent)/float64(max(n-1, 1)), len(kept), bytes, objects)
 	if c.restic != "" {
 		rb, ro, err := du(c.restic)
 		if err != nil {
@@ -215,6 +249,7 @@ type snapResult struct {
 	pub                uploader.Published
 	segment, rewritten int64
 	pack               time.Duration
+	fallback           string // why an extending pack laid the image out afresh
 }
 
 // snapshot packs the home on the last image, publishes it and makes it
@@ -232,7 +267,16 @@ func (s *sim) snapshot(ctx context.Context) (snapResult, error) {
 	opts := archive.PackOptions{Segment: true}
 	if s.lastArc != nil {
 		opts.Base = s.lastArc
-		src = archive.WithBase(src, s.lastArc)
+		if s.c.fresh {
+			src = archive.WithBase(src, s.lastArc)
+		} else {
+			// As the daemon: extend the last image by what changed.
+			cfs, err := newChangeFS(s.c.home, s.lastArc)
+			if err != nil {
+				return r, fmt.Errorf("compare with the last image: %w", err)
+			}
+			src, opts.Extend = cfs, true
+		}
 	}
 	res, err := archive.Pack(ctx, f, src, opts)
 	if err == nil {
@@ -243,6 +287,9 @@ func (s *sim) snapshot(ctx context.Context) (snapResult, error) {
 	}
 	if err != nil {
 		return r, fmt.Errorf("pack: %w", err)
+	}
+	if opts.Extend && res.Base != archive.BaseExtended {
+		r.fallback = res.ExtendFallback
 	}
 	sources := map[*archive.Reader]*image.Image{}
 	if s.last != nil {
@@ -273,35 +320,86 @@ func (s *sim) snapshot(ctx context.Context) (snapResult, error) {
 	if s.last == nil {
 		s.firstSent, s.firstSegment = pub.Sent, r.segment
 	}
+	if res.Generation == 0 {
+		s.baseExtents = pub.ExtentCount
+	}
+	return r, s.adopt(ctx, out, pub)
+}
+
+// adopt makes the image just published from the segment file out the
+// last image, as the daemon's adoptSegment does.
+func (s *sim) adopt(ctx context.Context, out string, pub uploader.Published) error {
 	// The new segment goes into the cache as the daemon's adoptSegment
 	// puts it, and the image is opened from there.
 	if pub.Segment != "" {
 		name := filepath.Join(s.c.cache, image.PlainName(pub.Segment))
 		if err := os.Rename(out, name); err != nil {
-			return r, err
+			return err
 		}
 		if err := os.WriteFile(name+uploader.SumsExt, pub.SegmentSums, 0o600); err != nil {
-			return r, err
+			return err
 		}
 	}
 	if err := os.WriteFile(filepath.Join(s.c.cache, path.Base(pub.Extents)), pub.ExtentsList, 0o600); err != nil {
-		return r, err
+		return err
 	}
 	im, err := s.pool.Open(ctx, pub.Manifest, nil)
 	if err != nil {
-		return r, fmt.Errorf("open the published image: %w", err)
+		return fmt.Errorf("open the published image: %w", err)
 	}
 	arc, err := archive.Open(im, im.Size(), archive.ReaderOptions{Name: pub.ID})
 	if err != nil {
 		im.Close()
-		return r, fmt.Errorf("open the published image: %w", err)
+		return fmt.Errorf("open the published image: %w", err)
 	}
 	if s.last != nil {
 		s.last.Close()
 	}
 	s.last, s.lastArc = im, arc
 	s.cleanCache(pub.Manifest)
-	return r, nil
+	return nil
+}
+
+// compact compacts the last image when the daemon's policy says so
+// (image.CompactPolicy.Due, image.Compact), publishes it as a snapshot
+// that compacts its parent and makes it the last image.
+func (s *sim) compact(ctx context.Context) (compactResult, error) {
+	var c compactResult
+	m := s.last.Manifest()
+	c.why = s.c.policy.Due(m.Size, s.lastArc.GarbageBytes(), m.ExtentCount, s.baseExtents, s.lastArc.Generation())
+	if c.why == "" || s.c.fresh {
+		return c, nil
+	}
+	out := filepath.Join(s.c.cache, "compact.seg")
+	defer os.Remove(out)
+	t0 := time.Now()
+	cr, err := image.Compact(ctx, out, s.lastArc, s.last, s.enc, 0)
+	if err != nil {
+		return c, err
+	}
+	c.took = time.Since(t0)
+	mf, err := os.Open(out)
+	if err != nil {
+		return c, err
+	}
+	meta := uploader.SquashfsMetaOffset(mf, cr.Size)
+	mf.Close()
+	in := uploader.ImageInput{Segment: out, Extents: cr.Extents, Files: cr.Files, MetaOffset: meta,
+		Sources: []uploader.Manifest{m}, Parent: m.ID, Expect: m.ID, Compacts: m.ID}
+	pub, err := s.cat.PublishImage(ctx, in)
+	if err != nil {
+		return c, fmt.Errorf("publish the compaction: %w", err)
+	}
+	c.pub, c.segment, c.rewritten = pub, cr.SegmentSize+cr.Rewritten, cr.Rewritten
+	s.baseExtents = pub.ExtentCount
+	return c, s.adopt(ctx, out, pub)
+}
+
+type compactResult struct {
+	why                string
+	pub                uploader.Published
+	segment, rewritten int64
+	took               time.Duration
 }
 
 // cleanCache removes the cached segments the image m does not use.

@@ -72,7 +72,9 @@ func TestSimulation(t *testing.T) {
 		return nil
 	}
 	c := config{home: home, store: filepath.Join(dir, "store"), cache: filepath.Join(dir, "cache"),
-		days: 2, every: time.Hour, rounds: 1, apply: apply}
+		days: 2, every: time.Hour, rounds: 1, apply: apply,
+		// Compactions every few snapshots: the kept ones include some.
+		policy: image.CompactPolicy{GarbageShare: 0.2, Extents: 40}}
 	var out bytes.Buffer
 	s, err := simulate(context.Background(), c, &out)
 	if err != nil {
@@ -81,6 +83,21 @@ func TestSimulation(t *testing.T) {
 	defer s.last.Close()
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
 	summary := lines[len(lines)-1]
+	t.Log(summary)
+	var compactions, extended int
+	for _, l := range lines {
+		switch {
+		case strings.HasPrefix(l, "# compacted after"):
+			compactions++
+		case strings.HasPrefix(l, "# snapshot ") && strings.Contains(l, "laid out afresh"):
+			t.Errorf("an extending pack fell back: %s", l)
+		case !strings.HasPrefix(l, "#") && !strings.HasPrefix(l, "summary"):
+			extended++
+		}
+	}
+	if compactions == 0 {
+		t.Errorf("no compaction in %d snapshots", extended)
+	}
 	var i int
 	var when string
 	var pack float64

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hermesfs/hermesfs/uploader"
+	"github.com/hermesfs/hermesfs/uploader/image"
 )
 
 // Config is what one daemon is told: `hermesfs mount` fills it from its
@@ -112,6 +113,18 @@ type Config struct {
 
 	// recoveryGrace replaces defaultRecoveryGrace (writeback.go) in tests.
 	recoveryGrace time.Duration
+	// Compact is when the last published image is compacted in the
+	// background (daemon_compact.go); nil: image.DefaultCompactPolicy.
+	Compact *image.CompactPolicy
+}
+
+// compactPolicy is when the last published image is compacted
+// (daemon_compact.go).
+func (c *Config) compactPolicy() image.CompactPolicy {
+	if c.Compact != nil {
+		return *c.Compact
+	}
+	return image.DefaultCompactPolicy()
 }
 
 // ParseLevel reads a log level: debug, info, warn or error.

@@ -133,6 +133,9 @@ type daemon struct {
 	// relet passes the serve loop the Lost channel of a lease taken again.
 	relet chan (<-chan struct{})
 
+	// compact is the background compaction (daemon_compact.go); d.mu.
+	compact compactState
+
 	// The stop (stop.go): what it does now and since when (status shows
 	// it), when it gives up, and whether a second signal abandoned its
 	// final snapshot.
@@ -577,7 +580,15 @@ func (d *daemon) decideBase(ctx context.Context) (string, error) {
 		case latest.ID == "" || latest.ID == st.Base || latest.ID == st.LastPublished || oursUnrecorded:
 			d.pending, d.expect = true, latest.Pointer
 			if oursUnrecorded {
-				st.LastPublished = latest.ID // the next snapshot's parent
+				// The next snapshot's parent. A compaction of our last
+				// one keeps its inode numbers; how another snapshot
+				// numbers the lower layer's inodes is not known: the
+				// next pack extends the lower image (daemon_extend.go).
+				numbers := ""
+				if latest.Compacts != "" && latest.Compacts == st.LastPublished && keepsLowerNumbers(st, st.LastPublished) {
+					numbers = st.Base
+				}
+				st.LastPublished, st.LastNumbersOf = latest.ID, numbers
 			}
 			d.log.Info("local changes found in the state dir; mounting them over their base and publishing them", "base", OrNone(st.Base), "latest", OrNone(latest.ID))
 			return d.baseFile(ctx, st.Base)
@@ -690,7 +701,7 @@ func (d *daemon) seed(ctx context.Context) (string, error) {
 	}
 	d.log.Info("seeded the store from the existing directory", "id", pr.ID, "files", ps.Files,
 		"bytes_packed", ps.BytesPacked, "size", ps.Size, "pack", packTime.Round(time.Millisecond), "upload", time.Since(t1).Round(time.Millisecond))
-	d.st.Base, d.st.LastPublished, d.st.PublishedAt = pr.ID, pr.ID, time.Now().UTC()
+	d.st.Base, d.st.LastPublished, d.st.PublishedAt, d.st.CompactedExtents = pr.ID, pr.ID, time.Now().UTC(), pr.ExtentCount
 	d.expect = pr.ID
 	return d.sd.cached(pr.ID), d.sd.save(d.st)
 }
@@ -854,6 +865,7 @@ func (d *daemon) serve(ctx context.Context) error {
 	defer d.bgCancel()
 	base, store, pending, lastPub := d.st.Base, d.st.Store, d.pending, d.st.LastPublished
 	d.initSchedule()
+	d.startCompaction()
 	if err := d.listen(); err != nil {
 		d.cleanupBoot(false)
 		return err

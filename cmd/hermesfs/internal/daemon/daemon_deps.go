@@ -66,6 +66,8 @@ type snapshotInfo struct {
 	// NewBytes too (the bytes of the snapshot's own segment).
 	Host, Parent string
 	NewBytes     int64
+	// Compacts: the snapshot this one is a compaction of (manifest).
+	Compacts string
 }
 
 // catalog is the snapshot catalog of one store prefix.
@@ -150,6 +152,20 @@ type packStats struct {
 	// the base by their block sums and copied rather than compressed
 	// (archive.PackResult.MatchedBytes).
 	Matched int64
+	// Extended: the image is the base's grown by the change
+	// (archive.BaseExtended); Fallback says why an extending pack laid
+	// the image out afresh instead. KeptNumbers: the image holds the
+	// lower layer's inode numbers as the view gave them
+	// (archive.PackResult.KeptNumbers), so the next pack may extend it.
+	Extended    bool
+	Fallback    string
+	KeptNumbers bool
+	// Generation, Garbage: the image's extending packs since its
+	// lineage's last fresh or compacted one, and its estimate of the
+	// bytes nothing uses any more (archive.Reader.Generation,
+	// GarbageBytes).
+	Generation int
+	Garbage    int64
 }
 
 // parts builds the real parts; tests of the wiring do not replace it (the
@@ -164,8 +180,11 @@ type parts interface {
 	// holds go to the file out (atomically), the rest are extents of the
 	// sources: the image base (an earlier snapshot of the tree, nil for
 	// none) and the image the view's lower layer is, opened by d. A base
-	// that cannot be read is an error marked errBadBase.
-	packView(ctx context.Context, d *daemon, v frozenView, out string, base *openImage) (packStats, error)
+	// that cannot be read is an error marked errBadBase. extend: the
+	// pack grows base's image by the change the view knows of
+	// (archive.PackOptions.Extend); only for a base that holds the lower
+	// layer's inode numbers (packOn).
+	packView(ctx context.Context, d *daemon, v frozenView, out string, base *openImage, extend bool) (packStats, error)
 	// mount opens the lower archive (path; "" = empty lower) and mounts
 	// the overlay.
 	mount(ctx context.Context, d *daemon, lowerPath string) (overlay, error)

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/hermesfs/hermesfs/archive"
+	"github.com/hermesfs/hermesfs/fs"
 	"github.com/hermesfs/hermesfs/uploader"
 	"github.com/hermesfs/hermesfs/uploader/lazy"
 )
@@ -105,12 +107,19 @@ func (d *daemon) resolveHot() {
 }
 
 // hotSet is the chunks of the image ra (size bytes; just packed) that hold
-// the file bytes the mount read first, for its manifest.
-func (d *daemon) hotSet(ra io.ReaderAt, size int64) []int64 {
+// the file bytes the mount read first, for its manifest. sameNumbers: the
+// image keeps the lower layer's inode numbers (extended or compacted over
+// it), so the files read are found by number, at the cost of what was
+// read; otherwise by path, which walks the lower archive's tree once.
+func (d *daemon) hotSet(ra io.ReaderAt, size int64, sameNumbers bool) []int64 {
 	if d.hot == nil {
 		return nil
 	}
-	hot, err := d.hot.Chunks(ra, size, uploader.DefaultChunkSize)
+	chunks := d.hot.ChunksByPath
+	if sameNumbers {
+		chunks = d.hot.Chunks
+	}
+	hot, err := chunks(ra, size, uploader.DefaultChunkSize)
 	if err != nil {
 		d.log.Warn("no hot set for the new snapshot", "err", err)
 	}
@@ -167,3 +176,24 @@ func LazyLine(l *lazy.Stats) string {
 	}
 	return s
 }
+
+// hotLower is the lower archive as the overlay reads it, noting the file
+// reads of the hot set's recording (lazy.HotFiles.NoteFile): what the
+// session read is then carried to the next images by inode number.
+type hotLower struct {
+	*archive.Reader
+	hot *lazy.HotFiles
+}
+
+func (l hotLower) ReadAt(ino archive.Inode, p []byte, off int64) (int, error) {
+	n, err := l.Reader.ReadAt(ino, p, off)
+	if n > 0 {
+		l.hot.NoteFile(ino, off, int64(n))
+	}
+	return n, err
+}
+
+// ArchiveReader implements fs.ArchiveReaderer.
+func (l hotLower) ArchiveReader() *archive.Reader { return l.Reader }
+
+var _ fs.ArchiveReaderer = hotLower{}

@@ -56,6 +56,7 @@ func (d *daemon) snapshotOf(ctx context.Context, reason string, view frozenView)
 	if d.cfg.ReadOnly {
 		return snapshotResult{}, errors.New("read-only mount: it never publishes")
 	}
+	d.resolveCompaction(ctx)
 	gen := d.ov.Generation()
 	if view != nil {
 		gen = view.Generation()
@@ -146,6 +147,7 @@ func (d *daemon) snapshotOf(ctx context.Context, reason string, view frozenView)
 	d.notify("snapshot " + r.ID + " published")
 
 	d.maybePrune(ctx, reason)
+	d.maybeCompact(reason)
 	return r.snapshotResult, nil
 }
 
@@ -193,26 +195,6 @@ type snapshotDone struct {
 	packedOn          string
 }
 
-// packBase is the image the next snapshot is packed on: the last one this
-// state dir published, else the base the mount sits on (nil: none). Its
-// blocks are copied from where they are in the store, never read.
-func (d *daemon) packBase(ctx context.Context) (*openImage, string) {
-	d.mu.Lock()
-	last, base := d.st.LastPublished, d.st.Base
-	d.mu.Unlock()
-	for _, id := range []string{last, base} {
-		if id == "" {
-			continue
-		}
-		o, err := d.image(ctx, id, nil)
-		if err == nil {
-			return o, id
-		}
-		d.log.Warn("cannot open the snapshot to pack on; trying the next", "id", id, "err", err)
-	}
-	return nil, ""
-}
-
 // snapshotOnce freezes the tree (unless given its view, which it closes),
 // packs it and publishes it. onBase: the newest snapshot is the base the
 // mount sits on, so a tree that is the lower layer's again is not packed
@@ -258,14 +240,18 @@ func (d *daemon) snapshotOnce(ctx context.Context, parent, expect string, onBase
 
 	t1 := time.Now()
 	out := filepath.Join(d.sd.packDir(), "next.seg")
-	base, baseID := d.packBase(ctx)
-	ps, err := d.parts.packView(ctx, d, view, out, base)
+	on := d.packBase(ctx)
+	base, baseID := on.im, on.id
+	ps, err := d.parts.packView(ctx, d, view, out, base, on.extend)
 	if base != nil && ctx.Err() == nil && errors.Is(err, errBadBase) {
 		// The image to build on cannot be read: it only ever saves work,
 		// so pack without it.
 		d.log.Warn("the previous snapshot cannot be packed on; packing without it", "id", baseID, "err", err)
-		base, baseID = nil, ""
-		ps, err = d.parts.packView(ctx, d, view, out, nil)
+		base, baseID, on = nil, "", packOn{}
+		ps, err = d.parts.packView(ctx, d, view, out, nil, false)
+	}
+	if err == nil && on.extend && !ps.Extended {
+		d.log.Info("snapshot laid out afresh: its base could not be extended", "base", baseID, "reason", ps.Fallback)
 	}
 	if cerr := closeView(); cerr != nil && err == nil {
 		err = cerr
@@ -312,7 +298,7 @@ func (d *daemon) snapshotOnce(ctx context.Context, parent, expect string, onBase
 		}
 		defer comp.Close()
 		if d.hot != nil {
-			in.Hot = d.hotSet(comp, ps.Size)
+			in.Hot = d.hotSet(comp, ps.Size, on.numbersOf(ps) != "")
 		}
 		in.Standalone, in.Image = d.cfg.Standalone, comp
 	}
@@ -339,7 +325,15 @@ func (d *daemon) snapshotOnce(ctx context.Context, parent, expect string, onBase
 	d.publishedGen, d.pending, d.expect = viewGen, false, pr.ID
 	d.count++
 	d.last = &snapshotRecord{ID: pr.ID, Time: time.Now().UTC(), snapshotFigures: r.snapshotFigures}
+	switch {
+	case ps.Generation == 0:
+		// Laid out afresh: what later snapshots add is counted from here.
+		d.st.CompactedExtents = pr.ExtentCount
+	case baseID != d.st.LastPublished:
+		d.st.CompactedExtents = 0 // extended another image: not known
+	}
 	d.st.LastPublished, d.st.PublishedAt = pr.ID, d.last.Time
+	d.st.LastNumbersOf = on.numbersOf(ps)
 	if err := d.sd.save(d.st); err != nil {
 		// Published all the same; state.json stays conservative
 		// (Unpublished is true while running).
@@ -397,6 +391,8 @@ func (d *daemon) status() statusReport {
 		r.DirtyFiles, r.DirtyBytes = d.ov.Dirty(d.publishedGen)
 		r.Unpublished = d.pending || r.Generation != d.publishedGen
 		d.recoveryStatusLocked(&r, time.Now())
+		c := &d.compact
+		r.Compaction = &compactionStatus{Running: c.running, Policy: c.policy.String(), Done: c.done, Failed: c.failed, Last: c.last}
 	}
 	r.Rejections = d.parts.rejections(d.sd.auditLog(), 5)
 	r.Lazy = d.lazyStats()

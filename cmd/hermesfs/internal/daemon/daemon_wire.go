@@ -80,7 +80,7 @@ func (realParts) packDir(ctx context.Context, dir, out string, progress func(arc
 	return statsOf(res, []uploader.Extent{{Length: res.Size}}, out), nil
 }
 
-func (realParts) packView(ctx context.Context, d *daemon, v frozenView, out string, base *openImage) (packStats, error) {
+func (realParts) packView(ctx context.Context, d *daemon, v frozenView, out string, base *openImage, extend bool) (packStats, error) {
 	opts := archive.PackOptions{Segment: true}
 	sources := map[*archive.Reader]*openImage{}
 	if base != nil {
@@ -88,7 +88,14 @@ func (realParts) packView(ctx context.Context, d *daemon, v frozenView, out stri
 		if err != nil {
 			return packStats{}, mark(err, errBadBase)
 		}
+		if lr, lo := d.lowerArchive(); lr != nil && lo == base {
+			// The lower layer's own reader: the blocks the view's files
+			// hand over (BlockSource, PartialSource) are then Base's,
+			// which the pack counts as kept, not freed.
+			r = lr
+		}
 		opts.Base = r
+		opts.Extend = extend
 		sources[r] = base
 	}
 	if r, o := d.lowerArchive(); r != nil {
@@ -112,6 +119,8 @@ func (realParts) packView(ctx context.Context, d *daemon, v frozenView, out stri
 	ps := statsOf(res, ext, out)
 	ps.Segment += rewritten
 	ps.Rewritten = rewritten
+	ps.Extended, ps.Fallback, ps.KeptNumbers = res.Base == archive.BaseExtended, res.ExtendFallback, res.KeptNumbers
+	ps.Generation, ps.Garbage = res.Generation, res.GarbageBytes
 	return ps, nil
 }
 
@@ -243,6 +252,9 @@ func (realParts) mount(ctx context.Context, d *daemon, lowerPath string) (overla
 	var lower fs.Lower
 	if reader != nil {
 		lower = reader
+		if d.hot != nil {
+			lower = hotLower{Reader: reader, hot: d.hot}
+		}
 	}
 	guard, err := memguard.New(memguard.Options{
 		MemoryLimit: d.cfg.MemoryLimit,

@@ -64,7 +64,7 @@ func (a *catalogAdapter) Latest(ctx context.Context) (snapshotInfo, error) {
 
 // infoOf is what the daemon needs of manifest m (LATEST naming pointer).
 func infoOf(m uploader.Manifest, pointer string) snapshotInfo {
-	return snapshotInfo{ID: m.ID, Size: m.Size, SHA256: m.SHA256, Host: m.Host, Parent: m.Parent, NewBytes: m.NewBytes, Pointer: pointer}
+	return snapshotInfo{ID: m.ID, Size: m.Size, SHA256: m.SHA256, Host: m.Host, Parent: m.Parent, NewBytes: m.NewBytes, Pointer: pointer, Compacts: m.Compacts}
 }
 
 func (a *catalogAdapter) Manifest(ctx context.Context, id string) (uploader.Manifest, error) {

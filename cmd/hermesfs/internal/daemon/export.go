@@ -7,6 +7,9 @@ package daemon
 // StatusReport is what `hermesfs status` shows; the daemon fills it.
 type StatusReport = statusReport
 
+// CompactionStatus is the compaction part of StatusReport.
+type CompactionStatus = compactionStatus
+
 // SnapshotRecord is the last snapshot a daemon published.
 type SnapshotRecord = snapshotRecord
 

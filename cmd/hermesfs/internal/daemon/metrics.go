@@ -325,6 +325,12 @@ var (
 	descLazyErrors    = desc("lazy_errors_total", "Failed fetches of the lazily read lower archive.")
 	descPartialCopies = desc("partial_copyups_in_progress", "Copy-ups that copy only part of a file, in progress.")
 	descPartialBytes  = desc("partial_copyup_bytes", "Bytes copied by partial copy-ups in progress.")
+	descImageGarbage  = desc("image_garbage_bytes", "Bytes of the last published image that its tree no longer uses (its trailer's estimate), until a compaction drops them.")
+	descImageExtents  = desc("image_extents", "Extents (stretches of segments) the last published image is laid out in.")
+	descCompacting    = desc("compaction_running", "1 while the last published image is being compacted in the background.")
+	descCompactions   = desc("compactions_total", "Compactions of the last published image published, by outcome (published, failed).", "outcome")
+	descCompactFreed  = desc("compaction_bytes_freed_total", "Image bytes compactions left out of the images they rewrote.")
+	descCompactUp     = desc("compaction_bytes_uploaded_total", "Bytes compactions sent to the store.")
 )
 
 var opBounds = func() []float64 {
@@ -339,7 +345,8 @@ func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descInfo, descInterval, descLastTime, descSinceLast, descUnpublished, descUnpubAge, descWriteBack, descRPBound, descRPWarning,
 		descDirtyFiles, descDirtyBytes, descInProgress, descLeaseHeld, descLeaseLost, descLeaseExpiry,
 		descCopyUps, descCopyUpsDone, descFUSECalls, descFUSELatency,
-		descLazyTotal, descLazyPresent, descLazyOnDemand, descLazyFill, descLazyErrors, descPartialCopies, descPartialBytes} {
+		descLazyTotal, descLazyPresent, descLazyOnDemand, descLazyFill, descLazyErrors, descPartialCopies, descPartialBytes,
+		descImageGarbage, descImageExtents, descCompacting, descCompactions, descCompactFreed, descCompactUp} {
 		ch <- d
 	}
 }
@@ -415,7 +422,21 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 		unpublished = d.pending || d.ov.Generation() != d.publishedGen
 		files, bytes = d.ov.Dirty(d.publishedGen)
 	}
+	comp, last := d.compact, d.st.LastPublished
 	d.mu.Unlock()
+	if !d.cfg.ReadOnly {
+		gauge(descCompacting, b2f(comp.running))
+		counter(descCompactions, float64(comp.done), "published")
+		counter(descCompactions, float64(comp.failed), "failed")
+		counter(descCompactFreed, float64(comp.freed))
+		counter(descCompactUp, float64(comp.uploaded))
+		if o := d.openedImage(last); o != nil && last != "" {
+			if r, err := o.archive(); err == nil {
+				gauge(descImageGarbage, float64(r.GarbageBytes()))
+				gauge(descImageExtents, float64(o.im.Manifest().ExtentCount))
+			}
+		}
+	}
 
 	gauge(descInfo, 1, d.e.Version, store, fmt.Sprint(d.cfg.ReadOnly))
 	if !publishedAt.IsZero() {

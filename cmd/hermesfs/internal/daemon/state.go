@@ -32,6 +32,17 @@ type persistedState struct {
 	// clean shutdown rebases onto it).
 	LastPublished string    `json:"last_published,omitempty"`
 	PublishedAt   time.Time `json:"published_at,omitzero"`
+	// LastNumbersOf is the snapshot whose inode numbers LastPublished
+	// keeps for the lower layer's objects (Base, when it was packed by
+	// extending Base or an image that keeps them, or by compacting one):
+	// then the next snapshot may extend LastPublished (daemon_extend.go).
+	// Empty: it may not. Set with LastPublished.
+	LastNumbersOf string `json:"last_published_numbers_of,omitempty"`
+	// CompactedExtents is how many extents LastPublished's lineage had
+	// right after its last compaction or fresh layout (0: not known):
+	// the compaction policy bounds what snapshots add to it
+	// (daemon_compact.go).
+	CompactedExtents int `json:"compacted_extents,omitempty"`
 	// Unpublished is true while the upper layer may hold changes that no
 	// published snapshot contains.
 	Unpublished bool `json:"unpublished"`

@@ -96,6 +96,19 @@ type statusReport struct {
 	// Adopted is what this mount took in at boot from the mountpoint
 	// directory: files written there while no mount covered it.
 	Adopted []fs.Adopted `json:"adopted_underneath,omitempty"`
+
+	// Compaction is the background compaction of the last published
+	// image (daemon_compact.go); absent on a read-only mount.
+	Compaction *compactionStatus `json:"compaction,omitempty"`
+}
+
+// compactionStatus is the "compaction" part of status.
+type compactionStatus struct {
+	Running bool              `json:"running"`
+	Policy  string            `json:"policy"`
+	Done    int               `json:"done"`
+	Failed  int               `json:"failed,omitempty"`
+	Last    *compactionRecord `json:"last,omitempty"`
 }
 
 // snapshotFigures are the measurements of one snapshot, logged and shown.

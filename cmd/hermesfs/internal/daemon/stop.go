@@ -139,6 +139,9 @@ func (d *daemon) stop(waitBg func()) shutdownResult {
 		d.bgCancel()
 	})
 	defer endWatch()
+	// A compaction in progress goes at once: it only ever saves later
+	// snapshots' bytes, and the stop is for getting the change out.
+	d.stopCompaction()
 
 	d.stopLazyFill()
 	res := shutdownResult{Code: exitOK}
