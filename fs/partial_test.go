@@ -346,14 +346,14 @@ func fsxRound(t *testing.T, lower Lower, content []byte, rng *rand.Rand, pool []
 			}
 			resize(cut)
 			if rng.IntN(2) == 0 {
-				size := cut + rng.IntN(maxSize-cut)
+				size := cut + rng.IntN(max(maxSize-cut, 1)) // a cut may be past maxSize
 				if err := unix.Ftruncate(fd, int64(size)); err != nil {
 					fail(i, "grow to %d: %v", size, err)
 				}
 				resize(size)
 			} else {
 				// A page past the end, as SQLite appends one.
-				off := cut + rng.IntN(maxSize-cut)
+				off := cut + rng.IntN(max(maxSize-cut, 1))
 				if _, err := unix.Pwrite(fd, pool[:4096], int64(off)); err != nil {
 					fail(i, "write past the end at %d: %v", off, err)
 				}
